@@ -1,0 +1,5 @@
+from .entrypoints.cli import main
+
+import sys
+
+sys.exit(main())

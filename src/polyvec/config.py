@@ -1,0 +1,162 @@
+"""One validated place for what a loaded model is and how the engine runs it.
+
+`ModelConfig` is read from the checkpoint's files by `polyvec.loader` (HF `config.json` plus the
+sentence-transformers layout); `PoolerConfig` is the user's override of what those files say, with vLLM's
+field names; `EngineConfig` holds the batching and device knobs. Every value that was resolved from several
+possible places records where it came from in `ModelConfig.sources`, so startup can log it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+# Sequence pooling types produce one vector per request; token pooling types one per (selected) token.
+# CLS/LAST/MEAN/ALL/STEP are vLLM's names; MAX, MEAN_SQRT_LEN and WEIGHTED_MEAN cover the remaining
+# sentence-transformers Pooling modes.
+SEQ_POOLING_TYPES = ("CLS", "LAST", "MEAN", "MAX", "MEAN_SQRT_LEN", "WEIGHTED_MEAN")
+TOKEN_POOLING_TYPES = ("ALL", "STEP")
+POOLING_TYPES = SEQ_POOLING_TYPES + TOKEN_POOLING_TYPES
+
+POOLING_TASKS = ("embed", "token_embed", "classify", "token_classify")
+SEQ_TASKS = ("embed", "classify")
+EMBED_TASKS = ("embed", "token_embed")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class PoolerConfig:
+    """Overrides of the pooling behaviour the checkpoint's files describe (vLLM's `PoolerConfig`).
+
+    Any field left as None keeps what the model's files say.
+    """
+
+    pooling_type: str | None = None
+    """CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN, WEIGHTED_MEAN (sequence tasks) or ALL, STEP (token tasks)."""
+    use_activation: bool | None = None
+    """Default for every request: normalize (embed tasks) or softmax/sigmoid (classify tasks)."""
+    dimensions: int | None = None
+    """Default Matryoshka output size for embed tasks."""
+    step_tag_id: int | None = None
+    """STEP pooling: only tokens with this id are returned (all tokens when None)."""
+    returned_token_ids: list[int] | None = None
+    """STEP pooling: only these output columns are returned."""
+
+    def __post_init__(self) -> None:
+        if self.pooling_type is not None:
+            self.pooling_type = str(self.pooling_type).upper()
+            if self.pooling_type not in POOLING_TYPES:
+                raise ValueError(
+                    f"pooling_type={self.pooling_type!r} is not valid; allowed: {', '.join(POOLING_TYPES)}")
+        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """A sentence-transformers (or PyLate) `Dense` module: `activation(linear(x))`."""
+
+    path: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # "identity", "tanh", "relu", "gelu", "sigmoid"
+
+
+@dataclass
+class ModelConfig:
+    """What the checkpoint is: architecture, limits, tokenizer and pooling recipe."""
+
+    model: str
+    path: Path
+    hf_config: dict[str, Any]
+    architecture: str
+    dtype: torch.dtype
+    max_model_len: int
+    max_position_len: int
+    tokenizer_path: Path
+    transformer_dir: Path
+    """Folder of the transformer's config.json and weights (the model folder, or its ST subfolder)."""
+    do_lower_case: bool = False
+    # Sentence-transformers pipeline: pooling modes (in ST's concatenation order), Dense stack.
+    st_pooling: tuple[str, ...] | None = None
+    dense: tuple[DenseSpec, ...] = ()
+    # Matryoshka: an explicit list of trained sizes, or any size up to the embedding size.
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    is_matryoshka: bool = False
+    # Classification heads.
+    num_labels: int = 0
+    id2label: dict[int, str] = field(default_factory=dict)
+    classifier_activation: Literal["softmax", "sigmoid", "identity"] = "softmax"
+    pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf_config["hidden_size"])
+
+    @property
+    def model_type(self) -> str:
+        return str(self.hf_config.get("model_type", ""))
+
+    @property
+    def embed_dim(self) -> int:
+        """Size of the pooled embedding after the Dense stack and the concatenation of pooling modes."""
+        if self.dense:
+            return self.dense[-1].out_features
+        return self.hidden_size * len(self.st_pooling or ("MEAN",))
+
+
+@dataclass
+class EngineConfig:
+    """How requests are batched and where the model runs."""
+
+    max_num_batched_tokens: int = 16384
+    """Token budget of one forward pass (real tokens, no padding)."""
+    max_num_seqs: int = 256
+    """Most sequences in one forward pass."""
+    device: str = "auto"
+    """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
+    truncation: Literal["auto", "error"] = "auto"
+    """auto: input longer than max_model_len is cut to it (as sentence-transformers does); error: rejected."""
+    num_threads: int | None = None
+    """CPU threads for torch (None: torch's default, one per core)."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.truncation not in ("auto", "error"):
+            raise ValueError(f"truncation must be 'auto' or 'error', got {self.truncation!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but torch sees no CUDA device")
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    """`auto`: float32 on CPU (exact mode), the checkpoint's half type (else bfloat16) on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]

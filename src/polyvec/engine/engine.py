@@ -1,0 +1,196 @@
+"""The engine: requests in, pooled outputs out.
+
+`process` turns prompts into verified `Request`s (tokenization, truncation, parameter checks; thread-safe and
+free of engine state, so a server can run it off its event loop), `add_requests` queues them, and each `step`
+runs one scheduled batch through the model and returns the requests it finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
+from ..layers.pooler import PoolingSpec
+from ..outputs import PoolingOutput, PoolingRequestOutput
+from ..pooling_params import PoolingParams, token_pooling_type
+from ..tokenizer import PolyTokenizer, PromptTooLongError
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Request
+
+logger = logging.getLogger(__name__)
+
+# A prompt is text, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
+Prompt = Union[str, Sequence[int], dict[str, Any]]
+
+
+@dataclass
+class EngineStats:
+    num_batches: int = 0
+    num_batched_tokens: int = 0
+    num_batched_seqs: int = 0
+    busy_seconds: float = 0.0
+
+
+class Engine:
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig):
+        if engine_config.max_num_batched_tokens < model_config.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={engine_config.max_num_batched_tokens} is smaller than "
+                f"max_model_len={model_config.max_model_len}; a full-length input would never fit in a batch")
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case)
+        self.runner = ModelRunner(model_config, engine_config)
+        self.scheduler = Scheduler(engine_config.max_num_batched_tokens, engine_config.max_num_seqs)
+        self.supported_tasks: tuple[str, ...] = self.runner.model.supported_tasks
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._id_lock = threading.Lock()
+        self._special_ids = {i for i, tok in self.tokenizer._base.get_added_tokens_decoder().items() if tok.special}
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def default_pooling(self, task: str) -> tuple[str, ...]:
+        """Sequence pooling of a task: the user's PoolerConfig, else the ST Pooling module, else the model's."""
+        override = self.model_config.pooler_config.pooling_type
+        if override in SEQ_POOLING_TYPES:
+            return (override,)
+        if task == "embed" and self.model_config.st_pooling:
+            return self.model_config.st_pooling
+        return (self.runner.model.default_pooling,)
+
+    def output_width(self, task: str) -> int:
+        if task == "embed":
+            return self.model_config.embed_dim
+        if task == "token_embed":
+            return self.model_config.hidden_size
+        if self.runner.model.head_kind == "ForMaskedLM":
+            return int(self.model_config.hf_config["vocab_size"])
+        return self.model_config.num_labels
+
+    def _spec(self, params: PoolingParams) -> PoolingSpec:
+        task = params.task
+        if task in ("embed", "classify"):
+            pooling = self.default_pooling(task)
+        else:
+            pooling = (token_pooling_type(params, self.model_config.pooler_config.pooling_type or "ALL"),)
+        if params.returned_token_ids is not None:
+            width = self.output_width(task)
+            bad = [i for i in params.returned_token_ids if i >= width]
+            if bad:
+                raise ValueError(f"returned_token_ids {bad} are out of range; this output has {width} columns")
+        return PoolingSpec(task=task, pooling=pooling, dimensions=params.dimensions,
+                           use_activation=bool(params.use_activation), step_tag_id=params.step_tag_id,
+                           returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None)
+
+    def verify_params(self, params: PoolingParams | None, task: str | None) -> PoolingParams:
+        return (params or PoolingParams()).verify(task, self.model_config, self.supported_tasks)
+
+    def process(self, prompts: Sequence[Prompt], params: PoolingParams | Sequence[PoolingParams] | None,
+                task: str | None, request_ids: Sequence[str] | None = None) -> list[Request]:
+        """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input."""
+        n = len(prompts)
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
+        if len(per_prompt) != n:
+            raise ValueError(f"got {len(per_prompt)} pooling_params for {n} prompts")
+        verified_cache: dict[int, PoolingParams] = {}
+        verified = []
+        for p in per_prompt:
+            key = id(p)
+            if key not in verified_cache:
+                verified_cache[key] = self.verify_params(p, task)
+            verified.append(verified_cache[key])
+        if request_ids is None:
+            with self._id_lock:
+                request_ids = [str(next(self._ids)) for _ in range(n)]
+
+        limit = self.model_config.max_model_len
+        error_mode = self.engine_config.truncation == "error"
+        tokenized: list[Any] = [None] * n
+        text_groups: dict[tuple[int, bool], list[int]] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, verified)):
+            max_len = p.truncate_prompt_tokens or limit
+            # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input.
+            truncate = not error_mode or p.truncate_prompt_tokens is not None
+            if isinstance(prompt, dict):
+                if "prompt_token_ids" in prompt:
+                    prompt = prompt["prompt_token_ids"]
+                elif "prompt" in prompt:
+                    prompt = prompt["prompt"]
+                else:
+                    raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids'")
+            if isinstance(prompt, str):
+                text_groups.setdefault((max_len, truncate), []).append(i)
+                tokenized[i] = prompt
+            else:
+                tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
+        for (max_len, truncate), members in text_groups.items():
+            try:
+                encoded = self.tokenizer.encode([tokenized[i] for i in members], max_len, truncate)
+            except PromptTooLongError as exc:
+                raise ValueError(_too_long(members[exc.index], exc.num_tokens, max_len)) from None
+            for i, enc in zip(members, encoded):
+                tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
+
+        requests = []
+        for i in range(n):
+            ids, types, num_input = tokenized[i]
+            requests.append(Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
+                                    params=verified[i], spec=self._spec(verified[i]), num_input_tokens=num_input))
+        return requests
+
+    def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool):
+        ids = list(prompt)
+        if not ids:
+            raise ValueError(f"prompt {i} has no tokens")
+        vocab = self.tokenizer.vocab_size
+        vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt {i}: token ids must be integers in 0..{vocab - 1}")
+        num_input = len(ids)
+        if num_input > max_len:
+            if not truncate:
+                raise ValueError(_too_long(i, num_input, max_len))
+            # Keep a closing special token ([SEP], </s>) as tokenizer truncation would.
+            ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self._special_ids and max_len > 1 else ids[:max_len]
+        return ids, None, num_input
+
+    def add_requests(self, requests: list[Request]) -> None:
+        for r in requests:
+            self.scheduler.add(r)
+
+    def abort_requests(self, request_ids: set[str]) -> int:
+        return self.scheduler.abort(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------------------------------ stepping
+
+    def step(self) -> list[PoolingRequestOutput[PoolingOutput]]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        start = time.perf_counter()
+        results = self.runner.execute(batch)
+        self.stats.busy_seconds += time.perf_counter() - start
+        self.stats.num_batches += 1
+        self.stats.num_batched_tokens += sum(r.num_tokens for r in batch)
+        self.stats.num_batched_seqs += len(batch)
+        return [PoolingRequestOutput(request_id=r.request_id, outputs=PoolingOutput(data), task=r.params.task,
+                                     prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens)
+                for r, data in zip(batch, results)]
+
+
+
+def _too_long(index: int, num_tokens: int, max_len: int) -> str:
+    return (f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
+            f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
+            f"or run with truncation='auto'")

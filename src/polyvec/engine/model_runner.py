@@ -1,0 +1,69 @@
+"""Runs one scheduled batch: packs it, runs the model on the device, pools every request.
+
+The packed batch is flat `input_ids` [T] plus the `AttentionMetadata` (`cu_seqlens`, positions); no token of
+padding enters the model's projections or MLPs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+from torch import nn
+
+from ..config import EngineConfig, ModelConfig
+from ..layers.activation import Dense
+from ..layers.attention import AttentionMetadata
+from ..layers.pooler import Pooler
+from ..loader import read_state_dict
+from ..models.registry import EncoderForPooling, build_model
+from .sequence import Request
+
+logger = logging.getLogger(__name__)
+
+
+def _load_dense_stack(model_config: ModelConfig, device: torch.device) -> nn.Module | None:
+    if not model_config.dense:
+        return None
+    layers = []
+    for spec in model_config.dense:
+        layer = Dense(spec.in_features, spec.out_features, spec.bias, spec.activation)
+        state = read_state_dict(spec.path)
+        layer.load_state_dict({k: v for k, v in state.items() if k.startswith("linear.")})
+        layers.append(layer)
+    return nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig):
+        self.model_config = model_config
+        self.device = engine_config.resolve_device()
+        if engine_config.num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(engine_config.num_threads)
+        # The trunk's weights sit beside its config.json (a subfolder in old sentence-transformers layouts).
+        state = read_state_dict(model_config.transformer_dir)
+        self.model: EncoderForPooling = build_model(model_config, state, self.device)
+        del state
+        self.pooler = Pooler(
+            embed_projection=_load_dense_stack(model_config, self.device),
+            sequence_head=self.model.sequence_head, token_head=self.model.token_head,
+            classifier_activation_name=model_config.classifier_activation)
+
+    @torch.inference_mode()
+    def execute(self, requests: list[Request]) -> list[torch.Tensor]:
+        lens = [r.num_tokens for r in requests]
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(r.prompt_token_ids for r in requests)),
+                                 dtype=torch.long).to(self.device, non_blocking=True)
+        token_type_ids = None
+        if any(r.token_type_ids is not None and any(r.token_type_ids) for r in requests):
+            token_type_ids = torch.tensor(
+                list(itertools.chain.from_iterable(r.token_type_ids or [0] * r.num_tokens for r in requests)),
+                dtype=torch.long).to(self.device, non_blocking=True)
+        meta = AttentionMetadata.build(lens, self.device)
+        hidden = self.model(input_ids, token_type_ids, meta)
+        outputs = self.pooler(hidden, meta, input_ids, [r.spec for r in requests])
+        if self.device.type != "cpu":
+            outputs = [o.cpu() for o in outputs]
+        return outputs
+

@@ -1,0 +1,24 @@
+"""State of one request inside the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..pooling_params import PoolingParams
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_type_ids: list[int] | None
+    params: PoolingParams  # verified: task and activation resolved
+    spec: Any  # layers.pooler.PoolingSpec; kept opaque so the scheduler stays free of torch
+    num_input_tokens: int  # before truncation
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids)

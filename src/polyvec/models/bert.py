@@ -1,0 +1,170 @@
+"""BERT over packed sequences, and the pieces RoBERTa and MPNet reuse.
+
+Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers" (2019), https://arxiv.org/abs/1810.04805.
+Post-LayerNorm encoder layers; q, k and v are fused into one projection so each layer does one matmul for
+them. Parameter names follow the paper's roles; `RULES` maps the transformers checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..layers.activation import get_act_fn
+from ..layers.attention import AttentionMetadata, varlen_attention
+from .weights import Rule
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention → add & norm → feed-forward → add & norm, on a flat [T, H] tensor."""
+
+    def __init__(self, hidden: int, num_heads: int, intermediate: int, act: str, eps: float):
+        super().__init__()
+        if hidden % num_heads:
+            raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_up = nn.Linear(hidden, intermediate)
+        self.ffn_down = nn.Linear(intermediate, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act = get_act_fn(act)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)
+        x = self.attn_norm(x + self.attn_out(attn))
+        return self.ffn_norm(x + self.ffn_down(self.act(self.ffn_up(x))))
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
+        types = int(cfg.get("type_vocab_size", 0) or 0)
+        self.token_type_embeddings = nn.Embedding(types, hidden) if types > 0 else None
+        self.norm = nn.LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if self.token_type_embeddings is not None:
+            # Single-segment batches (the common case) add type 0 without a lookup per token.
+            x = x + (self.token_type_embeddings.weight[0] if token_type_ids is None
+                     else self.token_type_embeddings(token_type_ids))
+        return self.norm(x)
+
+
+class BertEncoder(nn.Module):
+    """Embeddings + N encoder layers: packed `input_ids` [T] → hidden states [T, H]."""
+
+    # fairseq-style models (RoBERTa, MPNet) number positions from padding_idx + 1.
+    position_offset_from_padding = False
+
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        self.cfg = cfg
+        self.position_offset = int(cfg.get("pad_token_id", 1)) + 1 if self.position_offset_from_padding else 0
+        self.embeddings = BertEmbeddings(cfg)
+        self.layers = nn.ModuleList(
+            EncoderLayer(cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"],
+                         cfg.get("hidden_act", "gelu"), cfg.get("layer_norm_eps", 1e-12))
+            for _ in range(cfg["num_hidden_layers"]))
+
+    def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        return None
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embeddings(input_ids, meta.positions + self.position_offset, token_type_ids)
+        attn_mask = meta.attn_mask(self.attention_bias(meta))
+        for layer in self.layers:
+            x = layer(x, meta, attn_mask)
+        return x
+
+
+# transformers name → polyvec name, for the trunk (after the base prefix, e.g. "bert.", is stripped).
+_LAYER = r"^encoder\.layer\.(\d+)\."
+ENCODER_RULES: list[Rule] = [
+    (r"^embeddings\.LayerNorm\.", "encoder.embeddings.norm.", None),
+    (r"^embeddings\.", "encoder.embeddings.", None),
+    (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.qkv.", 0),
+    (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.qkv.", 1),
+    (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.qkv.", 2),
+    (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.attn_out.", None),
+    (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
+    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ffn_up.", None),
+    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ffn_down.", None),
+    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.ffn_norm.", None),
+]
+
+
+# ---------------------------------------------------------------------------------------------- heads
+
+class BertSequenceHead(nn.Module):
+    """BertForSequenceClassification: tanh(pooler(h_CLS)) → classifier."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.pooler_dense = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler_dense(x)))
+
+
+class RobertaSequenceHead(nn.Module):
+    """RobertaClassificationHead (also MPNet's): dense → tanh → out_proj."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(torch.tanh(self.dense(x)))
+
+
+class MaskedLMHead(nn.Module):
+    """Transform (dense → act → LayerNorm) → vocabulary decoder, whose weight is usually tied to the input
+    embeddings."""
+
+    def __init__(self, hidden: int, vocab: int, act: str, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.act = get_act_fn(act)
+        self.norm = nn.LayerNorm(hidden, eps=eps)
+        self.decoder = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(self.act(self.dense(x))))
+
+
+BERT_HEAD_RULES: dict[str, list[Rule]] = {
+    "ForSequenceClassification": [
+        (r"^pooler\.dense\.", "sequence_head.pooler_dense.", None),
+        (r"^classifier\.", "sequence_head.classifier.", None),
+    ],
+    "ForTokenClassification": [(r"^classifier\.", "token_head.", None)],
+    "ForMaskedLM": [
+        (r"^cls\.predictions\.transform\.dense\.", "token_head.dense.", None),
+        (r"^cls\.predictions\.transform\.LayerNorm\.", "token_head.norm.", None),
+        (r"^cls\.predictions\.decoder\.weight$", "token_head.decoder.weight", None),
+        (r"^cls\.predictions\.(decoder\.)?bias$", "token_head.decoder.bias", None),
+    ],
+}
+
+ROBERTA_HEAD_RULES: dict[str, list[Rule]] = {
+    "ForSequenceClassification": [(r"^classifier\.", "sequence_head.", None)],
+    "ForTokenClassification": [(r"^classifier\.", "token_head.", None)],
+    "ForMaskedLM": [
+        (r"^lm_head\.dense\.", "token_head.dense.", None),
+        (r"^lm_head\.layer_norm\.", "token_head.norm.", None),
+        (r"^lm_head\.decoder\.weight$", "token_head.decoder.weight", None),
+        (r"^lm_head\.(decoder\.)?bias$", "token_head.decoder.bias", None),
+    ],
+}

@@ -1,0 +1,100 @@
+"""Architecture name (from `config.json`) → polyvec model, and the tasks each kind of head serves.
+
+A pooling model is a trunk (`encoder`: packed ids → hidden states) plus at most one classifier head. Which
+head the checkpoint has decides its tasks:
+  bare encoder (`*Model`)          → embed, token_embed
+  `*ForSequenceClassification`     → classify
+  `*ForTokenClassification`        → token_classify
+  `*ForMaskedLM`                   → token_classify (vocabulary logits per token, e.g. SPLADE)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .bert import (BERT_HEAD_RULES, ENCODER_RULES, ROBERTA_HEAD_RULES, BertEncoder, BertSequenceHead,
+                   MaskedLMHead, RobertaSequenceHead)
+from .mpnet import MPNET_ENCODER_RULES, MPNetEncoder
+from .roberta import RobertaEncoder
+from .weights import Rule, load_mapped
+
+
+@dataclass(frozen=True)
+class Family:
+    encoder: type[BertEncoder]
+    prefix: str  # base-model prefix in task checkpoints ("bert." in BertForMaskedLM)
+    encoder_rules: list[Rule]
+    head_rules: dict[str, list[Rule]]
+    sequence_head: type[nn.Module]
+
+
+FAMILIES: dict[str, Family] = {
+    "Bert": Family(BertEncoder, "bert.", ENCODER_RULES, BERT_HEAD_RULES, BertSequenceHead),
+    "Roberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+    "XLMRoberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+    "MPNet": Family(MPNetEncoder, "mpnet.", MPNET_ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+}
+HEADS = {
+    "Model": ("embed", "token_embed"),
+    "ForSequenceClassification": ("classify",),
+    "ForTokenClassification": ("token_classify",),
+    "ForMaskedLM": ("token_classify",),
+}
+
+
+def split_architecture(architecture: str) -> tuple[Family, str]:
+    for family_name in sorted(FAMILIES, key=len, reverse=True):
+        if architecture.startswith(family_name) and architecture[len(family_name):] in HEADS:
+            return FAMILIES[family_name], architecture[len(family_name):]
+    supported = [f + h for f in FAMILIES for h in HEADS]
+    raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(supported)}")
+
+
+class EncoderForPooling(nn.Module):
+    """Trunk + head, with the tasks they serve. Heads stay in float32 whatever the trunk's dtype."""
+
+    def __init__(self, model_config: ModelConfig):
+        super().__init__()
+        family, head = split_architecture(model_config.architecture)
+        cfg = model_config.hf_config
+        hidden = cfg["hidden_size"]
+        self.family, self.head_kind = family, head
+        self.supported_tasks: tuple[str, ...] = HEADS[head]
+        self.default_pooling = "CLS"  # what transformers' classifiers read; embedders usually override via ST
+        self.encoder = family.encoder(cfg)
+        self.sequence_head = self.token_head = None
+        if head == "ForSequenceClassification":
+            self.sequence_head = family.sequence_head(hidden, model_config.num_labels)
+        elif head == "ForTokenClassification":
+            self.token_head = nn.Linear(hidden, model_config.num_labels)
+        elif head == "ForMaskedLM":
+            self.token_head = MaskedLMHead(hidden, cfg["vocab_size"], cfg.get("hidden_act", "gelu"),
+                                           cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta) -> torch.Tensor:
+        return self.encoder(input_ids, token_type_ids, meta)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)
+        tied = self.head_kind == "ForMaskedLM"
+        load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,),
+                    optional=("token_head.decoder.weight",) if tied else ())
+        if tied and not any(k.endswith(("predictions.decoder.weight", "lm_head.decoder.weight")) for k in state):
+            with torch.no_grad():  # tied decoder: the checkpoint stores the input embeddings only
+                self.token_head.decoder.weight.copy_(self.encoder.embeddings.word_embeddings.weight)
+
+
+def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> EncoderForPooling:
+    with torch.device("meta"):
+        model = EncoderForPooling(model_config)
+    model = model.to_empty(device="cpu")
+    model.load_weights(state)
+    model.encoder.to(device=device, dtype=model_config.dtype)
+    for head in (model.sequence_head, model.token_head):
+        if head is not None:
+            head.to(device=device, dtype=torch.float32)
+    return model.eval().requires_grad_(False)

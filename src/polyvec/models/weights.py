@@ -1,0 +1,63 @@
+"""Map a checkpoint's parameter names onto polyvec's modules (vLLM's `load_weights` idea, in one helper).
+
+Rules are `(regex, replacement, shard)`: the first rule that matches renames the key; `shard` i copies the
+tensor into the i-th equal slice of a fused parameter (q, k, v → qkv). Keys no rule or parameter claims are
+checkpoint extras (buffers, unused heads) and are skipped; a parameter nothing filled is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+Rule = tuple[str, str, int | None]
+
+
+def load_mapped(module: nn.Module, state: dict[str, torch.Tensor], rules: list[Rule],
+                strip_prefixes: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    params = dict(module.named_parameters())
+    filled: set[str] = set()
+    compiled = [(re.compile(p), r, s) for p, r, s in rules]
+    skipped = []
+    for key, tensor in state.items():
+        for prefix in strip_prefixes:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                break
+        target, shard = key, None
+        for pattern, repl, s in compiled:
+            if pattern.search(key):
+                target, shard = pattern.sub(repl, key), s
+                break
+        param = params.get(target)
+        if param is None:
+            skipped.append(key)
+            continue
+        with torch.no_grad():
+            if shard is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
+                                     f"the model expects {tuple(param.shape)}")
+                param.copy_(tensor)
+                filled.add(target)
+            else:
+                size = tensor.shape[0]
+                param[shard * size:(shard + 1) * size].copy_(tensor)
+                filled.add(f"{target}#{shard}")
+    if skipped:
+        logger.debug("checkpoint tensors not used: %s", skipped)
+    num_shards = 1 + max((s for _, _, s in rules if s is not None), default=0)
+    missing = []
+    for name in params:
+        if name in filled or any(name.startswith(o) for o in optional):
+            continue
+        if sum(1 for k in filled if k.rsplit("#", 1)[0] == name) == num_shards > 1:
+            continue
+        missing.append(name)
+    if missing:
+        raise ValueError(f"the checkpoint has no weights for: {', '.join(missing)}")

@@ -1,0 +1,90 @@
+"""Request outputs with vLLM's class and field names.
+
+Every output keeps its result as a tensor (a view into its batch's result); the list-of-floats fields that
+vLLM exposes (`embedding`, `probs`) are built on first access, so a large offline run holds compact tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+
+@dataclass
+class PoolingOutput:
+    data: torch.Tensor
+    """embed: [dim]; token_embed: [n_tokens, dim]; classify: [n_labels]; token_classify: [n_tokens, n_labels]."""
+
+
+@dataclass
+class EmbeddingOutput:
+    data: torch.Tensor
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data.tolist()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.data.shape[-1])
+
+
+@dataclass
+class ClassificationOutput:
+    data: torch.Tensor
+
+    @property
+    def probs(self) -> list[float]:
+        return self.data.tolist()
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.data.shape[-1])
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+O = TypeVar("O")
+
+
+@dataclass
+class PoolingRequestOutput(Generic[O]):
+    request_id: str
+    outputs: O
+    prompt_token_ids: list[int]
+    num_input_tokens: int = 0
+    """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
+    finished: bool = True
+    task: str = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    pass
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    pass
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    pass
+
+
+def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
+    """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
+    fields = dict(request_id=out.request_id, prompt_token_ids=out.prompt_token_ids,
+                  num_input_tokens=out.num_input_tokens, finished=out.finished, task=out.task)
+    if out.task == "embed":
+        return EmbeddingRequestOutput(outputs=EmbeddingOutput(out.outputs.data), **fields)
+    if out.task == "classify":
+        return ClassificationRequestOutput(outputs=ClassificationOutput(out.outputs.data), **fields)
+    return out

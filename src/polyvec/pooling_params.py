@@ -1,0 +1,140 @@
+"""Per-request pooling options, with vLLM's names and checks.
+
+`PoolingParams.verify(task, model_config, supported_tasks)` resolves aliases and defaults and returns a
+new, fully specified object; every rejection is a `ValueError` naming the parameter and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
+
+
+@dataclass
+class PoolingParams:
+    """Options of one pooling request (vLLM's `PoolingParams`)."""
+
+    dimensions: int | None = None
+    """Matryoshka truncation of embed / token_embed outputs (None: full size)."""
+    use_activation: bool | None = None
+    """Apply the task's activation: L2 normalize (embed tasks), softmax/sigmoid (classify tasks)."""
+    truncate_prompt_tokens: int | None = None
+    """Keep at most this many tokens (special tokens included); -1 means the model's maximum."""
+    normalize: bool | None = None
+    """Older name of `use_activation` for the embed tasks."""
+    activation: bool | None = None
+    """Older name of `use_activation` for the classify tasks."""
+    softmax: bool | None = None
+    """Removed; rejected with a pointer to `use_activation`."""
+    task: str | None = None
+    """embed, token_embed, classify or token_classify; set by the entrypoint that receives the request."""
+    step_tag_id: int | None = None
+    """STEP pooling: return only tokens with this id."""
+    returned_token_ids: list[int] | None = None
+    """STEP pooling: return only these output columns."""
+
+    def clone(self) -> "PoolingParams":
+        return dataclasses.replace(self)
+
+    def verify(self, task: str | None, model_config: ModelConfig,
+               supported_tasks: tuple[str, ...]) -> "PoolingParams":
+        """Check against the task and model; return a copy with `task` and `use_activation` resolved."""
+        task = task or self.task
+        if task is None:
+            raise ValueError(f"task must be given; this model supports: {', '.join(supported_tasks)}")
+        if self.task is not None and self.task != task:
+            raise ValueError(f"task={self.task!r} in PoolingParams conflicts with the requested task {task!r}")
+        if task not in POOLING_TASKS:
+            raise ValueError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
+        if task not in supported_tasks:
+            raise ValueError(
+                f"task={task!r} is not supported by this model ({model_config.architecture}); "
+                f"it supports: {', '.join(supported_tasks)}")
+        if self.softmax is not None:
+            raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
+
+        is_embed = task in EMBED_TASKS
+        use_activation = self.use_activation
+        for alias, valid in (("normalize", is_embed), ("activation", not is_embed)):
+            value = getattr(self, alias)
+            if value is None:
+                continue
+            if not valid:
+                allowed = "embed, token_embed" if alias == "normalize" else "classify, token_classify"
+                raise ValueError(f"{alias} is only valid for the {allowed} tasks, not {task!r}; "
+                                 f"use use_activation instead")
+            if use_activation is not None and use_activation != value:
+                raise ValueError(f"{alias}={value} conflicts with use_activation={use_activation}")
+            use_activation = value
+        pooler = model_config.pooler_config
+        if use_activation is None:
+            use_activation = True if pooler.use_activation is None else pooler.use_activation
+
+        dimensions = self.dimensions
+        if dimensions is not None and not is_embed:
+            raise ValueError(f"dimensions is only valid for the embed and token_embed tasks, not {task!r}")
+        if dimensions is None and is_embed:
+            dimensions = pooler.dimensions
+        if dimensions is not None:
+            dimensions = _check_dimensions(dimensions, task, model_config)
+
+        truncate = self.truncate_prompt_tokens
+        if truncate is not None:
+            limit = model_config.max_model_len
+            if isinstance(truncate, bool) or not isinstance(truncate, int):
+                raise ValueError(f"truncate_prompt_tokens must be an integer, got {truncate!r}")
+            if truncate == -1:
+                truncate = limit
+            elif truncate < 1:
+                raise ValueError(f"truncate_prompt_tokens must be -1 (the model's maximum) or between 1 and "
+                                 f"{limit}, got {truncate}")
+            elif truncate > limit:
+                raise ValueError(f"truncate_prompt_tokens={truncate} is larger than the model's maximum "
+                                 f"input length max_model_len={limit}; allowed: -1 or 1..{limit}")
+
+        step_tag_id = self.step_tag_id if self.step_tag_id is not None else pooler.step_tag_id
+        returned = self.returned_token_ids if self.returned_token_ids is not None else pooler.returned_token_ids
+        if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in ("embed", "classify"):
+            raise ValueError(f"step_tag_id and returned_token_ids apply to STEP pooling of token tasks "
+                             f"({', '.join(t for t in POOLING_TASKS if t.startswith('token'))}), not {task!r}")
+        if returned is not None and (not returned or any(not isinstance(i, int) or i < 0 for i in returned)):
+            raise ValueError(f"returned_token_ids must be a non-empty list of non-negative integers, got {returned!r}")
+
+        return dataclasses.replace(
+            self, task=task, use_activation=use_activation, normalize=None, activation=None,
+            dimensions=dimensions, truncate_prompt_tokens=truncate, step_tag_id=step_tag_id,
+            returned_token_ids=returned)
+
+    @property
+    def is_step(self) -> bool:
+        return self.step_tag_id is not None or self.returned_token_ids is not None
+
+
+def _check_dimensions(dimensions: int, task: str, model_config: ModelConfig) -> int:
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+        raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
+    full = model_config.embed_dim if task == "embed" else model_config.hidden_size
+    if model_config.matryoshka_dimensions:
+        allowed = model_config.matryoshka_dimensions
+        if dimensions not in allowed:
+            raise ValueError(f"dimensions={dimensions} is not one of this model's Matryoshka dimensions: "
+                             f"{', '.join(map(str, allowed))}")
+        return dimensions
+    if not model_config.is_matryoshka:
+        if dimensions == full:
+            return dimensions
+        raise ValueError(f"dimensions={dimensions} is not allowed: this model was not trained for Matryoshka "
+                         f"representations, so only its full size {full} is valid (set is_matryoshka or "
+                         f"matryoshka_dimensions through hf_overrides to opt in)")
+    if not 1 <= dimensions <= full:
+        raise ValueError(f"dimensions={dimensions} is out of range; allowed: 1..{full}")
+    return dimensions
+
+
+def token_pooling_type(params: PoolingParams, default: str) -> str:
+    """Token tasks use STEP when a step option is set, else the configured token pooling type."""
+    if params.is_step:
+        return "STEP"
+    return default if default in TOKEN_POOLING_TYPES else "ALL"

@@ -1,0 +1,94 @@
+"""Tokenization with the `tokenizers` library, with sentence-transformers' truncation semantics.
+
+Truncation keeps the special tokens ([CLS] ... [SEP]) and cuts the text on the right, as a transformers
+tokenizer called with `truncation=True, max_length=n` does. The `tokenizers` object carries its truncation
+setting as mutable state, so each length gets its own configured copy: encoding stays safe to call from
+several threads at once (the server tokenizes in worker threads).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+
+@dataclass
+class TokenizedPrompt:
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    num_input_tokens: int
+    """Length before truncation (what the caller sent, in tokens)."""
+
+
+class PromptTooLongError(ValueError):
+    def __init__(self, index: int, num_tokens: int, max_length: int):
+        super().__init__(f"input {index} has {num_tokens} tokens, more than the maximum of {max_length}")
+        self.index, self.num_tokens, self.max_length = index, num_tokens, max_length
+
+
+class PolyTokenizer:
+    def __init__(self, path: Path, do_lower_case: bool = False, model_max_length: int | None = None):
+        if path.name == "vocab.txt":
+            from tokenizers.implementations import BertWordPieceTokenizer
+
+            base = BertWordPieceTokenizer(str(path), lowercase=True)._tokenizer
+        else:
+            base = Tokenizer.from_file(str(path))
+        # Checkpoints often ship tokenizer.json with padding/truncation baked in; the engine packs sequences
+        # itself and truncates explicitly.
+        base.no_padding()
+        base.no_truncation()
+        self._base = base
+        self._serialized = base.to_str()
+        self._truncating: dict[int, Tokenizer] = {}
+        self._lock = threading.Lock()
+        self.do_lower_case = do_lower_case
+        self.model_max_length = model_max_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._base.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._base.token_to_id(token)
+
+    def _truncating_copy(self, max_length: int) -> Tokenizer:
+        tok = self._truncating.get(max_length)
+        if tok is None:
+            with self._lock:
+                tok = self._truncating.get(max_length)
+                if tok is None:
+                    tok = Tokenizer.from_str(self._serialized)
+                    tok.enable_truncation(max_length, strategy="longest_first")
+                    self._truncating[max_length] = tok
+        return tok
+
+    def encode(
+        self,
+        texts: list[str] | list[tuple[str, str]],
+        max_length: int,
+        truncate: bool,
+    ) -> list[TokenizedPrompt]:
+        """Encode strings (or string pairs); with `truncate=False`, over-long input raises PromptTooLongError."""
+        if self.do_lower_case:
+            texts = [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
+        full = self._base.encode_batch(texts)
+        out: list[TokenizedPrompt] = []
+        too_long = [i for i, enc in enumerate(full) if len(enc.ids) > max_length]
+        if too_long and not truncate:
+            i = too_long[0]
+            raise PromptTooLongError(i, len(full[i].ids), max_length)
+        cut = dict(zip(too_long, self._truncating_copy(max_length).encode_batch([texts[i] for i in too_long])))
+        for i, enc in enumerate(full):
+            used = cut.get(i, enc)
+            out.append(TokenizedPrompt(list(used.ids), list(used.type_ids), len(enc.ids)))
+        return out
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._base.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._base.id_to_token(i)
