@@ -65,6 +65,9 @@ class DenseSpec:
     out_features: int
     bias: bool
     activation: str  # "identity", "tanh", "relu", "gelu", "sigmoid"
+    use_residual: bool = False
+    on_tokens: bool = False
+    """Applied to every token embedding (PyLate / multi-vector layouts) rather than to the pooled vector."""
 
 
 @dataclass
@@ -106,9 +109,16 @@ class ModelConfig:
     @property
     def embed_dim(self) -> int:
         """Size of the pooled embedding after the Dense stack and the concatenation of pooling modes."""
-        if self.dense:
-            return self.dense[-1].out_features
+        pooled = [d for d in self.dense if not d.on_tokens]
+        if pooled:
+            return pooled[-1].out_features
         return self.hidden_size * len(self.st_pooling or ("MEAN",))
+
+    @property
+    def token_dim(self) -> int:
+        """Size of each per-token vector (after token-level Dense layers, e.g. ColBERT's projection)."""
+        on_tokens = [d for d in self.dense if d.on_tokens]
+        return on_tokens[-1].out_features if on_tokens else self.hidden_size
 
 
 @dataclass

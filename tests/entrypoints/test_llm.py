@@ -1,0 +1,164 @@
+"""The vLLM-compatible offline API: methods, output fields, overrides, errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from polyvec import LLM, EmbeddingRequestOutput, PoolerConfig, PoolingParams, PoolingRequestOutput
+from tests.conftest import REPO, SHARED
+from tests.helpers import cosine_rows
+
+QUERY = "how do wings behave in a slipstream"
+DOCS = ["experimental investigation of the aerodynamics of a wing in a slipstream",
+        "heat transfer to a blunt body in hypersonic flow", "the wing was tested in a wind tunnel"]
+
+
+def test_embed_output_fields(minilm_llm):
+    outs = minilm_llm.embed([QUERY, DOCS[0]], use_tqdm=False)
+    assert isinstance(outs[0], EmbeddingRequestOutput)
+    emb = outs[0].outputs.embedding
+    assert isinstance(emb, list) and len(emb) == 384 == outs[0].outputs.hidden_size
+    assert abs(sum(x * x for x in emb) - 1) < 1e-5
+    assert outs[0].prompt_token_ids[0] == 101 and outs[0].finished
+    assert outs[0].request_id != outs[1].request_id
+
+
+def test_encode_picks_token_embed_and_honours_task(minilm_llm):
+    out = minilm_llm.encode(QUERY, use_tqdm=False)[0]
+    assert isinstance(out, PoolingRequestOutput) and out.task == "token_embed"
+    assert out.outputs.data.shape == (len(out.prompt_token_ids), 384)
+    pooled = minilm_llm.encode(QUERY, pooling_task="embed", use_tqdm=False)[0]
+    assert pooled.outputs.data.shape == (384,)
+    via_params = minilm_llm.encode(QUERY, PoolingParams(task="embed"), use_tqdm=False)[0]
+    assert torch.equal(via_params.outputs.data, pooled.outputs.data)
+    assert torch.equal(minilm_llm.token_embed(QUERY, use_tqdm=False)[0].outputs.data, out.outputs.data)
+
+
+def test_unsupported_task_names_supported_ones(minilm_llm):
+    with pytest.raises(ValueError, match=r"task='classify' is not supported .*it supports: embed, token_embed"):
+        minilm_llm.classify(QUERY, use_tqdm=False)
+    with pytest.raises(ValueError, match="it supports: embed, token_embed"):
+        minilm_llm.token_classify(QUERY, use_tqdm=False)
+    assert not minilm_llm.engine.has_unfinished_requests()
+
+
+def test_score_pairings_equal_cosine(minilm_llm, st_minilm):
+    from sentence_transformers.util import cos_sim
+
+    ref = cos_sim(st_minilm.encode([QUERY], convert_to_tensor=True), st_minilm.encode(DOCS, convert_to_tensor=True))[0]
+    one_n = [o.outputs.score for o in minilm_llm.score(QUERY, DOCS, use_tqdm=False)]
+    assert torch.allclose(torch.tensor(one_n), ref, atol=1e-5)
+    one_one = minilm_llm.score(QUERY, DOCS[1], use_tqdm=False)
+    assert len(one_one) == 1 and abs(one_one[0].outputs.score - ref[1].item()) < 1e-5
+    n_n = [o.outputs.score for o in minilm_llm.score([QUERY, QUERY, QUERY], DOCS, use_tqdm=False)]
+    assert torch.allclose(torch.tensor(n_n), ref, atol=1e-5)
+    with pytest.raises(ValueError, match="text_1 has 2 items and text_2 has 3"):
+        minilm_llm.score([QUERY, QUERY], DOCS, use_tqdm=False)
+
+
+def test_per_prompt_params_and_activation_off(minilm_llm):
+    raw_tokens = minilm_llm.token_embed(QUERY, PoolingParams(normalize=False), use_tqdm=False)[0].outputs.data
+    outs = minilm_llm.embed([QUERY, QUERY], [PoolingParams(), PoolingParams(use_activation=False)], use_tqdm=False)
+    assert torch.allclose(outs[1].outputs.data, raw_tokens.mean(0), atol=1e-5)  # MEAN of raw token states
+    assert torch.allclose(outs[0].outputs.data, F.normalize(raw_tokens.mean(0), dim=-1), atol=1e-6)
+
+
+def test_pooler_config_overrides_pooling_and_activation(minilm_path, minilm_llm):
+    raw_tokens = minilm_llm.token_embed(QUERY, PoolingParams(normalize=False), use_tqdm=False)[0].outputs.data
+    cls = LLM(str(minilm_path), dtype="float32", pooler_config=PoolerConfig(pooling_type="CLS"))
+    assert torch.allclose(cls.embed(QUERY, use_tqdm=False)[0].outputs.data, F.normalize(raw_tokens[0], dim=-1),
+                          atol=1e-6)
+    assert cls.model_config.sources["pooling_type"] == "pooler_config"
+    mx = LLM(str(minilm_path), dtype="float32", pooler_config=PoolerConfig(pooling_type="MAX", use_activation=False))
+    assert torch.allclose(mx.embed(QUERY, use_tqdm=False)[0].outputs.data, raw_tokens.amax(0), atol=1e-6)
+
+
+def test_matryoshka_dimensions_through_hf_overrides(minilm_path, minilm_llm):
+    m = LLM(str(minilm_path), dtype="float32", hf_overrides={"matryoshka_dimensions": [64, 384]})
+    raw = minilm_llm.embed(QUERY, PoolingParams(use_activation=False), use_tqdm=False)[0].outputs.data
+    out = m.embed(QUERY, PoolingParams(dimensions=64), use_tqdm=False)[0].outputs.data
+    assert out.shape == (64,) and torch.allclose(out, F.normalize(raw[:64], dim=-1), atol=1e-6)
+    tok = m.token_embed(QUERY, PoolingParams(dimensions=64), use_tqdm=False)[0].outputs.data
+    assert tok.shape[1] == 64 and torch.allclose(tok.norm(dim=-1), torch.ones(tok.shape[0]), atol=1e-5)
+    with pytest.raises(ValueError, match="Matryoshka dimensions: 64, 384"):
+        m.embed(QUERY, PoolingParams(dimensions=100), use_tqdm=False)
+
+
+def test_sentence_transformers_dense_and_concatenated_pooling(tmp_path, minilm_path, cranfield_texts):
+    """An ST model with cls+mean pooling and two Dense layers (tanh, then a residual identity layer)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    torch.manual_seed(3)
+    modules = [Transformer(str(minilm_path), max_seq_length=128), Pooling(384, pooling_mode=("cls", "mean")),
+               Dense(768, 96, activation_function=torch.nn.Tanh()),
+               Dense(96, 48, activation_function=torch.nn.Identity(), use_residual=True), Normalize()]
+    st = SentenceTransformer(modules=modules, device="cpu").eval()
+    st.save(str(tmp_path / "st"))
+    texts = cranfield_texts[:12]
+    ref = st.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
+    llm = LLM(str(tmp_path / "st"), dtype="float32")
+    assert llm.model_config.st_pooling == ("CLS", "MEAN") and llm.model_config.max_model_len == 128
+    got = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
+    assert got.shape == (12, 48) and cosine_rows(got, ref).min() >= 0.9999
+
+
+def test_prompt_validation(minilm_llm):
+    assert minilm_llm.embed([], use_tqdm=False) == []
+    with pytest.raises(TypeError, match="prompt 1 must be a string"):
+        minilm_llm.embed(["ok", 3.5], use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt 0 has no tokens"):
+        minilm_llm.embed([[]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"token ids must be integers in 0..30521"):
+        minilm_llm.embed([[101, 99999, 102]], use_tqdm=False)
+    with pytest.raises(ValueError, match="dict without 'prompt' or 'prompt_token_ids'"):
+        minilm_llm.embed({"text": "x"}, use_tqdm=False)
+    assert not minilm_llm.engine.has_unfinished_requests()
+
+
+def test_constructor_arguments(minilm_path):
+    with pytest.raises(TypeError, match="unexpected arguments: bogus"):
+        LLM(str(minilm_path), bogus=1)
+    with pytest.raises(ValueError, match="runner='pooling'"):
+        LLM(str(minilm_path), runner="generate")
+    with pytest.raises(ValueError, match="max_num_batched_tokens=100 is smaller than max_model_len=256"):
+        LLM(str(minilm_path), max_num_batched_tokens=100)
+    with pytest.raises(ValueError, match="dtype must be auto or one of float32, bfloat16, float16"):
+        LLM(str(minilm_path), dtype="int4")
+    llm = LLM(str(minilm_path), runner="pooling", trust_remote_code=True, dtype="bfloat16")
+    assert llm.model_config.dtype == torch.bfloat16
+    out = llm.embed(QUERY, use_tqdm=False)[0].outputs.data
+    assert out.dtype == torch.float32  # pooling and heads run in float32
+    ref = LLM(str(minilm_path), dtype="float32").embed(QUERY, use_tqdm=False)[0].outputs.data
+    assert cosine_rows(out[None], ref[None]).item() >= 0.99
+
+
+def test_progress_bar_callable(minilm_llm):
+    seen = []
+
+    class Bar:
+        def __init__(self, total, **kw):
+            seen.append(total)
+
+        def update(self, n):
+            seen.append(n)
+
+        def close(self):
+            seen.append("closed")
+
+    minilm_llm.embed(DOCS, use_tqdm=Bar)
+    assert seen[0] == 3 and sum(x for x in seen[1:-1]) == 3 and seen[-1] == "closed"
+
+
+def test_cli_embed_main_job(tmp_path):
+    corpus = SHARED / "data" / "cranfield" / "corpus.jsonl"
+    result = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(corpus), "--limit", "40", "--quiet"],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "embedded 40 texts" in result.stdout and "tokens/s" in result.stdout
+    assert "nearest neighbour of text 0" in result.stdout

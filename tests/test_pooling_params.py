@@ -1,0 +1,138 @@
+"""PoolingParams validation: one test per rule, each checking the message names the parameter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from polyvec import PoolerConfig, PoolingParams
+
+EMBED = ("embed", "token_embed")
+CLS = ("classify",)
+
+
+@pytest.fixture(scope="module")
+def cfg(minilm_llm):
+    return minilm_llm.model_config
+
+
+def verify(params, task, cfg, tasks=EMBED):
+    return params.verify(task, cfg, tasks)
+
+
+def test_defaults_resolve_task_and_activation(cfg):
+    p = verify(PoolingParams(), "embed", cfg)
+    assert p.task == "embed" and p.use_activation is True and p.dimensions is None
+
+
+def test_unsupported_task_lists_supported(cfg):
+    with pytest.raises(ValueError, match=r"task='classify' is not supported .* it supports: embed, token_embed"):
+        verify(PoolingParams(), "classify", cfg)
+
+
+def test_unknown_task(cfg):
+    with pytest.raises(ValueError, match=r"task='encode' is not a pooling task; allowed: embed, token_embed, "
+                                         r"classify, token_classify"):
+        verify(PoolingParams(), "encode", cfg)
+
+
+def test_missing_task(cfg):
+    with pytest.raises(ValueError, match="task must be given"):
+        verify(PoolingParams(), None, cfg)
+
+
+def test_conflicting_task(cfg):
+    with pytest.raises(ValueError, match=r"task='token_embed' in PoolingParams conflicts"):
+        verify(PoolingParams(task="token_embed"), "embed", cfg)
+
+
+def test_softmax_is_rejected_with_pointer(cfg):
+    with pytest.raises(ValueError, match="softmax .* use use_activation"):
+        verify(PoolingParams(softmax=True), "embed", cfg)
+
+
+def test_normalize_alias(cfg):
+    assert verify(PoolingParams(normalize=False), "embed", cfg).use_activation is False
+    assert verify(PoolingParams(normalize=True), "token_embed", cfg).use_activation is True
+
+
+def test_normalize_rejected_on_classify(cfg):
+    with pytest.raises(ValueError, match=r"normalize is only valid for the embed, token_embed tasks"):
+        verify(PoolingParams(normalize=True), "classify", cfg, CLS)
+
+
+def test_activation_alias_and_rejection(cfg):
+    assert verify(PoolingParams(activation=False), "classify", cfg, CLS).use_activation is False
+    with pytest.raises(ValueError, match=r"activation is only valid for the classify, token_classify tasks"):
+        verify(PoolingParams(activation=True), "embed", cfg)
+
+
+def test_alias_conflict(cfg):
+    with pytest.raises(ValueError, match="normalize=False conflicts with use_activation=True"):
+        verify(PoolingParams(normalize=False, use_activation=True), "embed", cfg)
+
+
+def test_dimensions_rejected_on_classify(cfg):
+    with pytest.raises(ValueError, match="dimensions is only valid for the embed and token_embed tasks"):
+        verify(PoolingParams(dimensions=8), "classify", cfg, CLS)
+
+
+def test_dimensions_need_matryoshka(cfg):
+    with pytest.raises(ValueError, match=r"dimensions=128 is not allowed: this model was not trained for "
+                                         r"Matryoshka .* full size 384"):
+        verify(PoolingParams(dimensions=128), "embed", cfg)
+    assert verify(PoolingParams(dimensions=384), "embed", cfg).dimensions == 384
+
+
+def test_dimensions_range_when_matryoshka(cfg):
+    mcfg = replace(cfg, is_matryoshka=True)
+    assert verify(PoolingParams(dimensions=64), "embed", mcfg).dimensions == 64
+    for bad in (0, 385, -3):
+        with pytest.raises(ValueError, match=rf"dimensions={bad} is out of range; allowed: 1..384"):
+            verify(PoolingParams(dimensions=bad), "embed", mcfg)
+    with pytest.raises(ValueError, match="dimensions must be an integer"):
+        verify(PoolingParams(dimensions="64"), "embed", mcfg)
+
+
+def test_dimensions_must_be_in_matryoshka_list(cfg):
+    mcfg = replace(cfg, is_matryoshka=True, matryoshka_dimensions=(64, 128, 384))
+    assert verify(PoolingParams(dimensions=128), "embed", mcfg).dimensions == 128
+    with pytest.raises(ValueError, match="dimensions=100 is not one of this model's Matryoshka dimensions: 64, 128, 384"):
+        verify(PoolingParams(dimensions=100), "embed", mcfg)
+
+
+def test_truncate_prompt_tokens_rules(cfg):
+    assert verify(PoolingParams(truncate_prompt_tokens=-1), "embed", cfg).truncate_prompt_tokens == 256
+    assert verify(PoolingParams(truncate_prompt_tokens=10), "embed", cfg).truncate_prompt_tokens == 10
+    with pytest.raises(ValueError, match=r"truncate_prompt_tokens=300 is larger than the model's maximum input "
+                                         r"length max_model_len=256; allowed: -1 or 1..256"):
+        verify(PoolingParams(truncate_prompt_tokens=300), "embed", cfg)
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=r"truncate_prompt_tokens must be -1 .* or between 1 and 256"):
+            verify(PoolingParams(truncate_prompt_tokens=bad), "embed", cfg)
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be an integer"):
+        verify(PoolingParams(truncate_prompt_tokens=2.5), "embed", cfg)
+
+
+def test_step_options_only_for_token_tasks(cfg):
+    with pytest.raises(ValueError, match="step_tag_id and returned_token_ids apply to STEP pooling"):
+        verify(PoolingParams(step_tag_id=5), "embed", cfg)
+    with pytest.raises(ValueError, match="returned_token_ids must be a non-empty list"):
+        verify(PoolingParams(returned_token_ids=[]), "token_embed", cfg)
+
+
+def test_pooler_config_supplies_defaults(cfg):
+    c = replace(cfg, pooler_config=PoolerConfig(use_activation=False), is_matryoshka=True)
+    assert verify(PoolingParams(), "embed", c).use_activation is False
+    assert verify(PoolingParams(use_activation=True), "embed", c).use_activation is True
+    c = replace(cfg, pooler_config=PoolerConfig(dimensions=32), is_matryoshka=True)
+    assert verify(PoolingParams(), "embed", c).dimensions == 32
+
+
+def test_pooler_config_validation():
+    with pytest.raises(ValueError, match="pooling_type='AVG' is not valid; allowed: CLS, LAST, MEAN"):
+        PoolerConfig(pooling_type="avg")
+    assert PoolerConfig(pooling_type="mean").pooling_type == "MEAN"
+    with pytest.raises(ValueError, match="dimensions must be a positive integer"):
+        PoolerConfig(dimensions=0)
