@@ -89,18 +89,22 @@ class BertEncoder(nn.Module):
 
 # transformers name → polyvec name, for the trunk (after the base prefix, e.g. "bert.", is stripped).
 _LAYER = r"^encoder\.layer\.(\d+)\."
-ENCODER_RULES: list[Rule] = [
+EMBEDDING_RULES: list[Rule] = [
     (r"^embeddings\.LayerNorm\.", "encoder.embeddings.norm.", None),
     (r"^embeddings\.", "encoder.embeddings.", None),
+]
+FFN_RULES: list[Rule] = [
+    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ffn_up.", None),
+    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ffn_down.", None),
+    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.ffn_norm.", None),
+]
+ENCODER_RULES: list[Rule] = EMBEDDING_RULES + [
     (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.qkv.", 0),
     (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.qkv.", 1),
     (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.qkv.", 2),
     (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.attn_out.", None),
     (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
-    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ffn_up.", None),
-    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ffn_down.", None),
-    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.ffn_norm.", None),
-]
+] + FFN_RULES
 
 
 # ---------------------------------------------------------------------------------------------- heads

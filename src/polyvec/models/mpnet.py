@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..layers.attention import AttentionMetadata
-from .bert import _LAYER, BertEncoder
+from .bert import _LAYER, EMBEDDING_RULES, FFN_RULES, BertEncoder
 from .weights import Rule
 
 
@@ -50,16 +50,11 @@ class MPNetEncoder(BertEncoder):
         return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, heads, L, L]
 
 
-MPNET_ENCODER_RULES: list[Rule] = [
-    (r"^embeddings\.LayerNorm\.", "encoder.embeddings.norm.", None),
-    (r"^embeddings\.", "encoder.embeddings.", None),
+MPNET_ENCODER_RULES: list[Rule] = EMBEDDING_RULES + [
     (r"^encoder\.relative_attention_bias\.", "encoder.relative_attention_bias.", None),
     (_LAYER + r"attention\.attn\.q\.", r"encoder.layers.\1.qkv.", 0),
     (_LAYER + r"attention\.attn\.k\.", r"encoder.layers.\1.qkv.", 1),
     (_LAYER + r"attention\.attn\.v\.", r"encoder.layers.\1.qkv.", 2),
     (_LAYER + r"attention\.attn\.o\.", r"encoder.layers.\1.attn_out.", None),
     (_LAYER + r"attention\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
-    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ffn_up.", None),
-    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ffn_down.", None),
-    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.ffn_norm.", None),
-]
+] + FFN_RULES
