@@ -25,7 +25,8 @@ def save_tiny_model(model_cls_name: str, config_cls_name: str, folder: Path, tok
         for name, p in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-            elif "relative_attention_bias" in name:  # std 0.02 would make the bias invisible
+            elif "relative_attention_bias" in name or "token_type_embeddings" in name:
+                # std 0.02 would make the relative bias and the segment embeddings invisible
                 p.normal_(0.0, 1.0)
     model.save_pretrained(folder, safe_serialization=True)
     shutil.copy(tokenizer_from / "tokenizer.json", folder / "tokenizer.json")

@@ -120,3 +120,31 @@ def test_masked_lm_roberta_untied_decoder(tmp_path, minilm_path):
     ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], 1)
     for o, r in zip(outs, ref):
         assert cosine_rows(o.outputs.data, r).min() >= 0.9999
+
+
+def test_cross_encoder_score_matches_transformers(tmp_path, minilm_path):
+    """A one-label BERT classifier scores (query, document) pairs encoded jointly with segment ids."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1,
+                             **TINY)
+    ref_model = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.is_cross_encoder
+    query, docs = TEXTS[0], TEXTS[1:]
+    scores = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    raw = [o.outputs.score for o in llm.score(query, docs, pooling_params=PoolingParams(use_activation=False),
+                                              use_tqdm=False)]
+    for doc, score, logit_ours in zip(docs, scores, raw):
+        enc = tok.encode(query, doc)
+        with torch.no_grad():
+            logit = ref_model(input_ids=torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).logits
+            no_types = ref_model(input_ids=torch.tensor([enc.ids])).logits
+        assert abs(logit_ours - logit.item()) < 1e-6
+        assert abs(score - torch.sigmoid(logit).item()) < 1e-6
+        # The check is sensitive: dropping the segment ids moves the logit far more than the tolerance.
+        assert abs(no_types.item() - logit.item()) > 1e-5

@@ -26,8 +26,8 @@ from .sequence import Request
 
 logger = logging.getLogger(__name__)
 
-# A prompt is text, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
-Prompt = Union[str, Sequence[int], dict[str, Any]]
+# A prompt is text, a (text, text) pair, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
+Prompt = Union[str, tuple[str, str], Sequence[int], dict[str, Any]]
 
 
 @dataclass
@@ -126,9 +126,10 @@ class Engine:
                     prompt = prompt["prompt"]
                 else:
                     raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids'")
-            if isinstance(prompt, str):
+            if isinstance(prompt, str) or _is_text_pair(prompt):
+                # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 text_groups.setdefault((max_len, truncate), []).append(i)
-                tokenized[i] = prompt
+                tokenized[i] = prompt if isinstance(prompt, str) else tuple(prompt)
             else:
                 tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
         for (max_len, truncate), members in text_groups.items():
@@ -175,7 +176,10 @@ class Engine:
     # ------------------------------------------------------------------------------------------ stepping
 
     def step(self) -> list[PoolingRequestOutput[PoolingOutput]]:
-        batch = self.scheduler.schedule()
+        return self.run(self.scheduler.schedule())
+
+    def run(self, batch: list[Request]) -> list[PoolingRequestOutput[PoolingOutput]]:
+        """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it)."""
         if not batch:
             return []
         start = time.perf_counter()
@@ -194,3 +198,7 @@ def _too_long(index: int, num_tokens: int, max_len: int) -> str:
     return (f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
             f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
             f"or run with truncation='auto'")
+
+
+def _is_text_pair(prompt: Any) -> bool:
+    return isinstance(prompt, tuple) and len(prompt) == 2 and all(isinstance(p, str) for p in prompt)

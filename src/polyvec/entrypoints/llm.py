@@ -74,6 +74,10 @@ class LLM:
     def supported_tasks(self) -> tuple[str, ...]:
         return self.engine.supported_tasks
 
+    @property
+    def is_cross_encoder(self) -> bool:
+        return "classify" in self.supported_tasks and self.model_config.num_labels == 1
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
@@ -151,14 +155,22 @@ class LLM:
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], *,
               truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
               pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
-        """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models."""
+        """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
+        classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers)."""
         texts_1 = [data_1] if isinstance(data_1, str) else list(data_1)
         texts_2 = [data_2] if isinstance(data_2, str) else list(data_2)
         if not texts_1 or not texts_2:
             raise ValueError("score needs at least one text on each side")
         pairs = pair_indices(len(texts_1), len(texts_2))
+        if self.is_cross_encoder:
+            outs = self._run([(texts_1[i], texts_2[j]) for i, j in pairs], pooling_params, "classify",
+                             truncate_prompt_tokens, use_tqdm)
+            return [ScoringRequestOutput(request_id=o.request_id, outputs=ScoringOutput(float(o.outputs.data[0])),
+                                         prompt_token_ids=o.prompt_token_ids, num_input_tokens=o.num_input_tokens,
+                                         task="score") for o in outs]
         if "embed" not in self.supported_tasks:
-            raise ValueError(f"score needs an embedding model; this model supports: {', '.join(self.supported_tasks)}")
+            raise ValueError(f"score needs an embedding model or a cross-encoder (one-label classifier); this "
+                             f"model supports: {', '.join(self.supported_tasks)}")
         embedded = self.embed(texts_1 + texts_2, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
                               use_tqdm=use_tqdm)
         vecs = torch.stack([e.outputs.data for e in embedded])
