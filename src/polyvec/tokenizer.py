@@ -71,21 +71,29 @@ class PolyTokenizer:
         texts: list[str] | list[tuple[str, str]],
         max_length: int,
         truncate: bool,
+        add_special_tokens: bool = True,
     ) -> list[TokenizedPrompt]:
         """Encode strings (or string pairs); with `truncate=False`, over-long input raises PromptTooLongError."""
         if self.do_lower_case:
             texts = [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
-        full = self._base.encode_batch(texts)
+        full = self._base.encode_batch(texts, add_special_tokens=add_special_tokens)
         out: list[TokenizedPrompt] = []
         too_long = [i for i, enc in enumerate(full) if len(enc.ids) > max_length]
         if too_long and not truncate:
             i = too_long[0]
             raise PromptTooLongError(i, len(full[i].ids), max_length)
-        cut = dict(zip(too_long, self._truncating_copy(max_length).encode_batch([texts[i] for i in too_long])))
+        cut = dict(zip(too_long, self._truncating_copy(max_length).encode_batch(
+            [texts[i] for i in too_long], add_special_tokens=add_special_tokens)))
         for i, enc in enumerate(full):
             used = cut.get(i, enc)
             out.append(TokenizedPrompt(list(used.ids), list(used.type_ids), len(enc.ids)))
         return out
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
+        if self.do_lower_case:
+            text = text.lower()
+        enc = self._base.encode(text, add_special_tokens=add_special_tokens)
+        return list(enc.ids), list(enc.tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._base.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -57,6 +57,11 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ requests
 
+    @property
+    def is_cross_encoder(self) -> bool:
+        """A one-label sequence classifier scores text pairs (score / rerank) directly."""
+        return "classify" in self.supported_tasks and self.model_config.num_labels == 1
+
     def default_pooling(self, task: str) -> tuple[str, ...]:
         """Sequence pooling of a task: the user's PoolerConfig, else the ST Pooling module, else the model's."""
         override = self.model_config.pooler_config.pooling_type
@@ -94,8 +99,12 @@ class Engine:
         return (params or PoolingParams()).verify(task, self.model_config, self.supported_tasks)
 
     def process(self, prompts: Sequence[Prompt], params: PoolingParams | Sequence[PoolingParams] | None,
-                task: str | None, request_ids: Sequence[str] | None = None) -> list[Request]:
-        """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input."""
+                task: str | None, request_ids: Sequence[str] | None = None, *, add_special_tokens: bool = True,
+                truncation: str | None = None) -> list[Request]:
+        """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
+
+        `truncation` ("auto" / "error") overrides the engine's setting for these prompts.
+        """
         n = len(prompts)
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
         if len(per_prompt) != n:
@@ -112,7 +121,7 @@ class Engine:
                 request_ids = [str(next(self._ids)) for _ in range(n)]
 
         limit = self.model_config.max_model_len
-        error_mode = self.engine_config.truncation == "error"
+        error_mode = (truncation or self.engine_config.truncation) == "error"
         tokenized: list[Any] = [None] * n
         text_groups: dict[tuple[int, bool], list[int]] = {}
         for i, (prompt, p) in enumerate(zip(prompts, verified)):
@@ -134,7 +143,8 @@ class Engine:
                 tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
         for (max_len, truncate), members in text_groups.items():
             try:
-                encoded = self.tokenizer.encode([tokenized[i] for i in members], max_len, truncate)
+                encoded = self.tokenizer.encode([tokenized[i] for i in members], max_len, truncate,
+                                                add_special_tokens=add_special_tokens)
             except PromptTooLongError as exc:
                 raise ValueError(_too_long(members[exc.index], exc.num_tokens, max_len)) from None
             for i, enc in zip(members, encoded):

@@ -1,6 +1,9 @@
 """`polyvec` command line.
 
+    polyvec serve [MODEL]            start the HTTP server (vLLM / OpenAI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
+
+Every `serve` flag can also be set by an environment variable: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
 """
 
 from __future__ import annotations
@@ -61,10 +64,77 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(flag: str, default=None, cast=str):
+    value = os.environ.get("POLYVEC_" + flag.lstrip("-").replace("-", "_").upper())
+    return default if value is None else cast(value)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    e = _env
+    p.add_argument("model", nargs="?", default=e("model", DEFAULT_MODEL),
+                   help="local folder, HF cache entry or hub id (resolved offline)")
+    p.add_argument("--host", default=e("--host", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=e("--port", 8000, int))
+    p.add_argument("--api-key", default=e("--api-key"), help="require 'Authorization: Bearer KEY' (not on /health)")
+    p.add_argument("--served-model-name", nargs="+", default=e("--served-model-name", None, str.split),
+                   help="name(s) clients use in 'model' (default: the model argument)")
+    p.add_argument("--dtype", default=e("--dtype", "auto"), choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int, default=e("--max-model-len", None, int))
+    p.add_argument("--max-num-batched-tokens", type=int, default=e("--max-num-batched-tokens", None, int))
+    p.add_argument("--max-num-seqs", type=int, default=e("--max-num-seqs", 256, int))
+    p.add_argument("--device", default=e("--device", "auto"))
+    p.add_argument("--threads", type=int, default=e("--threads", None, int), help="CPU threads for torch")
+    p.add_argument("--truncation", default=e("--truncation", "auto"), choices=["auto", "error"],
+                   help="auto: cut over-long input to max_model_len; error: reject it with 400")
+    p.add_argument("--max-request-bytes", type=int, default=e("--max-request-bytes", 32 * 1024 * 1024, int))
+    p.add_argument("--max-inputs-per-request", type=int, default=e("--max-inputs-per-request", 4096, int))
+    p.add_argument("--log-level", default=e("--log-level", "info"))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    import uvicorn
+
+    from .. import LLM
+    from .server.app import ServerConfig, build_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("polyvec.serve")
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+              truncation=args.truncation, num_threads=args.threads)
+    engine, mc = llm.engine, llm.model_config
+    tasks = engine.supported_tasks
+    log.info("model %s (%s) from %s [architecture: %s]", mc.model, mc.architecture, mc.path,
+             mc.sources.get("architecture", "config.json"))
+    log.info("tasks: %s; embed pooling %s [%s]; embed dim %d, token dim %d", ", ".join(tasks),
+             "+".join(engine.default_pooling("embed")), mc.sources.get("pooling_type", "model default"),
+             mc.embed_dim, mc.token_dim)
+    log.info("dtype %s [%s]; device %s; threads %d; max_model_len %d [%s]; truncation %s; "
+             "max_num_batched_tokens %d; max_num_seqs %d", mc.dtype, "--dtype " + args.dtype, engine.runner.device,
+             __import__("torch").get_num_threads(), mc.max_model_len, mc.sources["max_model_len"], args.truncation,
+             engine.engine_config.max_num_batched_tokens, engine.engine_config.max_num_seqs)
+    app = build_app(engine, ServerConfig(served_model_names=args.served_model_name or [args.model],
+                                         api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                                         max_inputs_per_request=args.max_inputs_per_request))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                                           timeout_graceful_shutdown=60))
+    # uvicorn finishes in-flight requests on SIGTERM, then re-raises the signal to the previous handler;
+    # a no-op handler there lets the process exit 0 after a graceful shutdown.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyvec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the HTTP server")
+    add_serve_args(serve)
+    serve.set_defaults(func=cmd_serve)
     p = sub.add_parser("embed", help="embed a corpus offline and print throughput")
     p.add_argument("file", help="corpus.jsonl (BEIR) or a text file with one text per line")
     p.add_argument("--model", default=os.environ.get("POLYVEC_MODEL", DEFAULT_MODEL))

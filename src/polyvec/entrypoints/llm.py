@@ -19,7 +19,7 @@ from ..loader import DEFAULT_MODEL, load_model_config
 from ..outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                        ScoringOutput, ScoringRequestOutput, as_task_output)
 from ..pooling_params import PoolingParams
-from ..scoring import cosine_scores, pair_indices
+from ..scoring import plan_scores
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class LLM:
 
     @property
     def is_cross_encoder(self) -> bool:
-        return "classify" in self.supported_tasks and self.model_config.num_labels == 1
+        return self.engine.is_cross_encoder
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -157,34 +157,15 @@ class LLM:
               pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
         classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers)."""
-        texts_1 = [data_1] if isinstance(data_1, str) else list(data_1)
-        texts_2 = [data_2] if isinstance(data_2, str) else list(data_2)
-        if not texts_1 or not texts_2:
-            raise ValueError("score needs at least one text on each side")
-        pairs = pair_indices(len(texts_1), len(texts_2))
-        if self.is_cross_encoder:
-            outs = self._run([(texts_1[i], texts_2[j]) for i, j in pairs], pooling_params, "classify",
-                             truncate_prompt_tokens, use_tqdm)
-            return [ScoringRequestOutput(request_id=o.request_id, outputs=ScoringOutput(float(o.outputs.data[0])),
-                                         prompt_token_ids=o.prompt_token_ids, num_input_tokens=o.num_input_tokens,
-                                         task="score") for o in outs]
-        if "embed" not in self.supported_tasks:
-            raise ValueError(f"score needs an embedding model or a cross-encoder (one-label classifier); this "
-                             f"model supports: {', '.join(self.supported_tasks)}")
-        embedded = self.embed(texts_1 + texts_2, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
-                              use_tqdm=use_tqdm)
-        vecs = torch.stack([e.outputs.data for e in embedded])
-        left = vecs[[i for i, _ in pairs]]
-        right = vecs[[len(texts_1) + j for _, j in pairs]]
-        scores = cosine_scores(left, right).tolist()
-        out = []
-        for k, ((i, j), score) in enumerate(zip(pairs, scores)):
-            a, b = embedded[i], embedded[len(texts_1) + j]
-            out.append(ScoringRequestOutput(request_id=f"score-{k}", outputs=ScoringOutput(score=float(score)),
-                                            prompt_token_ids=a.prompt_token_ids + b.prompt_token_ids,
-                                            num_input_tokens=a.num_input_tokens + b.num_input_tokens,
-                                            task="score"))
-        return out
+        plan = plan_scores(data_1, data_2, self.supported_tasks, self.is_cross_encoder)
+        outs = self._run(plan.prompts, pooling_params, plan.task, truncate_prompt_tokens, use_tqdm)
+        results = []
+        for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
+            results.append(ScoringRequestOutput(
+                request_id=f"score-{k}", outputs=ScoringOutput(score=score), task="score",
+                prompt_token_ids=[t for o in sources for t in o.prompt_token_ids],
+                num_input_tokens=sum(o.num_input_tokens for o in sources)))
+        return results
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:

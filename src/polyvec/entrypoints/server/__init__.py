@@ -1,0 +1,1 @@
+"""HTTP server: `polyvec serve MODEL`."""

@@ -1,0 +1,133 @@
+"""One engine loop shared by every HTTP request (continuous batching).
+
+The engine steps in a single background thread; coroutines hand it requests and await asyncio futures.
+Tokenization runs in a small thread pool, off the event loop. Requests from many clients join the same
+scheduler queue, so they are packed into the same forward passes under the token budget; a request whose
+client went away is aborted and dropped from the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Callable
+
+from ...engine.engine import Engine
+from ...engine.sequence import Request
+from ...outputs import PoolingRequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve(fut: asyncio.Future, value=None, exc: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, tokenizer_threads: int = 2,
+                 on_batch: Callable[[int, int, float], None] | None = None,
+                 on_abort: Callable[[int], None] | None = None):
+        self.engine = engine
+        self.on_batch = on_batch
+        self.on_abort = on_abort
+        self._cond = threading.Condition()
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._stopping = False
+        self._pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="polyvec-tokenize")
+        self._thread = threading.Thread(target=self._loop, name="polyvec-engine", daemon=True)
+
+    # ------------------------------------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.engine.scheduler)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------------------------------- requests
+
+    async def process(self, prompts, params, task, **kwargs) -> list[Request]:
+        """Tokenize and verify in the thread pool (ValueError on bad input)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(self.engine.process, prompts, params, task, **kwargs))
+
+    async def run(self, requests: list[Request]) -> list[PoolingRequestOutput]:
+        loop = asyncio.get_running_loop()
+        futures = []
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine is shutting down")
+            for r in requests:
+                fut = loop.create_future()
+                self._pending[r.request_id] = (loop, fut)
+                futures.append(fut)
+            self.engine.add_requests(requests)
+            self._cond.notify()
+        try:
+            return list(await asyncio.gather(*futures))
+        except BaseException:
+            self.abort([r.request_id for r in requests])
+            raise
+
+    def abort(self, request_ids: list[str]) -> None:
+        with self._cond:
+            dropped = self.engine.abort_requests(set(request_ids))
+            for rid in request_ids:
+                entry = self._pending.pop(rid, None)
+                if entry is not None:
+                    entry[0].call_soon_threadsafe(entry[1].cancel)
+        if dropped:
+            logger.info("dropped %d queued requests whose client went away", dropped)
+            if self.on_abort is not None:
+                self.on_abort(dropped)
+
+    # ------------------------------------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.engine.has_unfinished_requests():
+                    self._cond.wait()
+                if self._stopping and not self.engine.has_unfinished_requests():
+                    return
+                batch = self.engine.scheduler.schedule()
+            start = time.perf_counter()
+            try:
+                outputs = self.engine.run(batch)
+            except Exception as exc:  # an engine fault fails this batch only; the loop keeps serving
+                logger.exception("engine step failed for %d requests", len(batch))
+                with self._cond:
+                    entries = [self._pending.pop(r.request_id, None) for r in batch]
+                for entry in entries:
+                    if entry is not None:
+                        entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=exc))
+                continue
+            if self.on_batch is not None:
+                self.on_batch(sum(r.num_tokens for r in batch), len(batch), time.perf_counter() - start)
+            with self._cond:
+                entries = [self._pending.pop(o.request_id, None) for o in outputs]
+            for out, entry in zip(outputs, entries):
+                if entry is not None:
+                    entry[0].call_soon_threadsafe(partial(_resolve, entry[1], out))

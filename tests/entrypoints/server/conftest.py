@@ -1,0 +1,76 @@
+"""Real `polyvec serve` processes on free loopback ports, with the real MiniLM weights."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import MINILM, REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"polyvec-serve-{self.port}.log"
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "polyvec", "serve", *args, "--port", str(self.port), "--log-level", "warning"],
+            cwd=REPO, env=full_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not become healthy:\n{self.log.read_text()}")
+
+    def post(self, path: str, json=None, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, json=json, timeout=120, **kw)
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30, **kw)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server(MINILM, "--served-model-name", "minilm", MINILM)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def strict_server():
+    """API key from the environment, truncation=error, a small body limit."""
+    s = Server(MINILM, "--truncation", "error", "--max-request-bytes", "200000",
+               env={"POLYVEC_API_KEY": "sekret", "POLYVEC_MAX_MODEL_LEN": "64"})
+    yield s
+    s.stop()

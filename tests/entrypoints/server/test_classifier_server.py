@@ -1,0 +1,56 @@
+"""/classify and cross-encoder /score and /rerank on a (tiny, seeded) classifier checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from polyvec import LLM
+from tests.entrypoints.server.conftest import Server
+from tests.helpers import TINY, save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, minilm_path):
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("clf"),
+                             minilm_path, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
+                             label2id={"neg": 0, "neu": 1, "pos": 2}, **TINY)
+    s = Server(str(folder))
+    yield s, LLM(str(folder), dtype="float32")
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory, minilm_path):
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("ce"),
+                             minilm_path, num_labels=1, **TINY)
+    s = Server(str(folder))
+    yield s, LLM(str(folder), dtype="float32")
+    s.stop()
+
+
+def test_classify(classifier):
+    s, llm = classifier
+    texts = ["great wing", "terrible drag", "a neutral statement about flow"]
+    body = s.post("/classify", {"input": texts}).json()
+    ref = [o.outputs.data for o in llm.classify(texts, use_tqdm=False)]
+    for item, want in zip(body["data"], ref):
+        assert item["num_classes"] == 3 and np.allclose(item["probs"], want.tolist(), atol=1e-6)
+        assert item["label"] == ["neg", "neu", "pos"][int(want.argmax())]
+    assert body["id"].startswith("classify-") and body["usage"]["prompt_tokens"] > 0
+    logits = s.post("/classify", {"input": texts[:1], "use_activation": False}).json()["data"][0]["probs"]
+    assert np.allclose(torch.softmax(torch.tensor(logits), -1).tolist(), ref[0].tolist(), atol=1e-6)
+    assert s.post("/pooling", {"input": "x", "task": "classify"}).json()["data"][0]["shape"] == [3]
+    r = s.post("/v1/embeddings", {"input": "x"})
+    assert r.status_code == 400 and "it supports: classify" in r.json()["error"]["message"]
+
+
+def test_cross_encoder_score_and_rerank(cross_encoder):
+    s, llm = cross_encoder
+    query, docs = "wing flutter", ["flutter of a swept wing", "heat transfer", "wings"]
+    ref = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    body = s.post("/score", {"text_1": query, "text_2": docs}).json()
+    assert np.allclose([d["score"] for d in body["data"]], ref, atol=1e-6)
+    ranked = s.post("/rerank", {"query": query, "documents": docs}).json()["results"]
+    assert [r["index"] for r in ranked] == list(np.argsort(ref)[::-1])

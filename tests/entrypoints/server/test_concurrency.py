@@ -1,0 +1,99 @@
+"""Many clients at once share batches and each get their own answers; disconnects and SIGTERM are clean."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from polyvec.entrypoints.server.async_engine import AsyncEngine
+from tests.conftest import MINILM
+from tests.entrypoints.server.conftest import Server
+from tests.helpers import cosine_rows
+
+
+def test_64_concurrent_clients_get_their_own_results(server, minilm_llm, cranfield_texts):
+    texts = [cranfield_texts[i % len(cranfield_texts)] + f" (client {i})" for i in range(64)]
+    ref = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
+    before = _metric(server, "polyvec_batch_sequences_count")
+
+    async def one(client, i):
+        r = await client.post("/v1/embeddings", json={"input": texts[i]})
+        assert r.status_code == 200, r.text
+        return torch.tensor(r.json()["data"][0]["embedding"])
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    got = torch.stack(asyncio.run(main()))
+    assert cosine_rows(got, ref).min() >= 0.9999
+    batches = _metric(server, "polyvec_batch_sequences_count") - before
+    assert batches < 64, "concurrent requests should share forward passes"
+
+
+def _metric(server, name: str) -> float:
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(name)
+
+
+def test_cancelled_request_is_dropped_from_the_queue(minilm_llm):
+    """A request whose awaiting coroutine is cancelled (its client left) leaves the scheduler queue."""
+    engine = AsyncEngine(minilm_llm.engine)  # loop thread not started: requests stay queued
+
+    async def main():
+        requests = await engine.process(["abandoned"] * 3, None, "embed")
+        task = asyncio.ensure_future(engine.run(requests))
+        await asyncio.sleep(0.05)
+        assert engine.queue_depth == 3 and engine.num_pending == 3
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.queue_depth == 0 and engine.num_pending == 0
+
+    asyncio.run(main())
+    engine.stop()
+
+
+def test_disconnected_clients_do_not_block_others(server):
+    """Clients that give up mid-request have their queued work dropped; the next request is answered fast.
+
+    Each abandoned request is ~80k tokens (over 10 s of work here); if they were not dropped, the probe
+    request would wait behind all three.
+    """
+    big = {"input": ["a long document about boundary layers " * 30] * 400}
+    aborted = _metric(server, "polyvec_aborted_requests_total")
+    for _ in range(3):
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/v1/embeddings", json=big, timeout=0.5)
+    start = time.monotonic()
+    r = server.post("/v1/embeddings", {"input": "after the disconnects"})
+    assert r.status_code == 200
+    assert time.monotonic() - start < 8
+    assert _metric(server, "polyvec_aborted_requests_total") - aborted >= 3 * 300
+    assert _metric(server, "polyvec_queue_depth") == 0
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_zero():
+    s = Server(MINILM)
+    result = {}
+
+    def request():
+        result["r"] = httpx.post(s.url + "/v1/embeddings",
+                                 json={"input": ["in flight during shutdown " * 20] * 200}, timeout=120)
+
+    t = threading.Thread(target=request)
+    t.start()
+    time.sleep(0.5)  # the request is being served
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    assert result["r"].status_code == 200 and len(result["r"].json()["data"]) == 200
+    assert s.proc.wait(timeout=60) == 0
