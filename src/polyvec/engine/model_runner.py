@@ -15,6 +15,7 @@ from torch import nn
 from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata
+from ..layers.linear import onednn_available
 from ..layers.pooler import Pooler
 from ..loader import read_state_dict
 from ..models.registry import EncoderForPooling, build_model
@@ -46,6 +47,10 @@ class ModelRunner:
         state = read_state_dict(model_config.transformer_dir)
         self.model: EncoderForPooling = build_model(model_config, state, self.device)
         del state
+        self.onednn = onednn_available(self.device, model_config.dtype)
+        if self.onednn:
+            for layer in self.model.encoder.layers:
+                layer.prepack()
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=_load_dense_stack(model_config, self.device, on_tokens=True),

