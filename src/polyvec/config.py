@@ -70,6 +70,28 @@ class DenseSpec:
     """Applied to every token embedding (PyLate / multi-vector layouts) rather than to the pooled vector."""
 
 
+@dataclass(frozen=True)
+class ColBERTConfig:
+    """The query/document encoding recipe of a late-interaction (ColBERT) checkpoint.
+
+    PyLate keeps it in config_sentence_transformers.json; Stanford ColBERT in artifact.metadata. Both insert
+    a marker token after [CLS], truncate to the mode's length, pad queries with [MASK] to the query length
+    (expansion), and drop skiplist (punctuation) tokens from document outputs.
+    """
+
+    layout: Literal["pylate", "stanford"]
+    query_prefix: str
+    """Marker token inserted after [CLS] in query mode ("[Q] " in PyLate, "[unused0]" in Stanford ColBERT)."""
+    document_prefix: str
+    query_length: int
+    document_length: int
+    do_query_expansion: bool = True
+    attend_to_expansion_tokens: bool = False
+    skiplist_words: tuple[str, ...] = ()
+    dim: int | None = None
+    """Projection size when the projection lives in the main checkpoint (Stanford `linear.weight`)."""
+
+
 @dataclass
 class ModelConfig:
     """What the checkpoint is: architecture, limits, tokenizer and pooling recipe."""
@@ -96,6 +118,7 @@ class ModelConfig:
     id2label: dict[int, str] = field(default_factory=dict)
     classifier_activation: Literal["softmax", "sigmoid", "identity"] = "softmax"
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
+    colbert: ColBERTConfig | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -118,7 +141,9 @@ class ModelConfig:
     def token_dim(self) -> int:
         """Size of each per-token vector (after token-level Dense layers, e.g. ColBERT's projection)."""
         on_tokens = [d for d in self.dense if d.on_tokens]
-        return on_tokens[-1].out_features if on_tokens else self.hidden_size
+        if on_tokens:
+            return on_tokens[-1].out_features
+        return self.colbert.dim if self.colbert is not None and self.colbert.dim else self.hidden_size
 
 
 @dataclass

@@ -24,7 +24,9 @@ from typing import Any, Callable
 
 import torch
 
-from .config import DenseSpec, ModelConfig, PoolerConfig
+import string
+
+from .config import ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +217,34 @@ def _tokenizer_max_length(folder: Path) -> int | None:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
+def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[str, Any]) -> ColBERTConfig | None:
+    """PyLate: a token-level Dense in modules.json + prefixes in config_sentence_transformers.json.
+    Stanford ColBERT: architecture HF_ColBERT + artifact.metadata."""
+    if hf_config.get("architectures", [""])[0] == "HF_ColBERT":
+        meta_path = next((p for p in (tdir / "artifact.metadata", root / "artifact.metadata") if p.is_file()), None)
+        meta = _read_json(meta_path) if meta_path else {}
+        punctuation = tuple(string.punctuation) if meta.get("mask_punctuation", True) else ()
+        return ColBERTConfig(
+            layout="stanford", query_prefix=meta.get("query_token_id", "[unused0]"),
+            document_prefix=meta.get("doc_token_id", "[unused1]"), query_length=int(meta.get("query_maxlen", 32)),
+            document_length=int(meta.get("doc_maxlen", 180)), do_query_expansion=True,
+            attend_to_expansion_tokens=bool(meta.get("attend_to_mask_tokens", False)),
+            skiplist_words=punctuation, dim=int(meta.get("dim", 128)))
+    st_file = root / "config_sentence_transformers.json"
+    if not any(d.on_tokens for d in st["dense"]) or not st_file.is_file():
+        return None
+    cfg = _read_json(st_file)
+    if "query_length" not in cfg and "query_prefix" not in cfg:
+        return None
+    expansion = bool(cfg.get("do_query_expansion", True))
+    return ColBERTConfig(
+        layout="pylate", query_prefix=cfg.get("query_prefix", "[Q] "), document_prefix=cfg.get("document_prefix", "[D] "),
+        query_length=int(cfg.get("query_length") or 32), document_length=int(cfg.get("document_length") or 180),
+        do_query_expansion=expansion,
+        attend_to_expansion_tokens=expansion and bool(cfg.get("attend_to_expansion_tokens", False)),
+        skiplist_words=tuple(cfg.get("skiplist_words", string.punctuation)))
+
+
 def position_limit(hf_config: dict[str, Any]) -> int:
     """Longest input the position table allows (fairseq-style models reserve padding_idx + 1 slots)."""
     limit = int(hf_config.get("max_position_embeddings", 512))
@@ -259,7 +289,13 @@ def load_model_config(
         raise ValueError(f"{tdir / 'config.json'} names no architectures")
     architecture = architectures[0]
     sources["architecture"] = "config.json"
-    if st["pooling"] is not None:
+    colbert = _read_colbert(root, tdir, st, hf_config)
+    if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)
+        architecture = "BertModel"
+        sources["architecture"] = "config.json HF_ColBERT (Stanford ColBERT: BERT + linear projection)"
+    if colbert is not None:
+        sources["colbert"] = "artifact.metadata" if colbert.layout == "stanford" else "config_sentence_transformers.json"
+    if st["pooling"] is not None or colbert is not None:
         # A sentence-transformers model with a Pooling module is an embedding model: its config.json often
         # names the pre-training head (all-mpnet-base-v2 says MPNetForMaskedLM) whose weights it lacks.
         for suffix in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForPreTraining"):
@@ -315,7 +351,7 @@ def load_model_config(
         is_matryoshka=bool(hf_config.get("is_matryoshka", False) or matryoshka),
         num_labels=num_labels, id2label=id2label,
         classifier_activation=_classifier_activation(hf_config, num_labels),
-        pooler_config=pooler_config, sources=sources)
+        pooler_config=pooler_config, colbert=colbert, sources=sources)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -61,6 +61,8 @@ class PoolingRequestOutput(Generic[O]):
     """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
     finished: bool = True
     task: str = ""
+    input_type: str | None = None
+    """ColBERT models: the mode used ("query" or "document")."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -82,7 +84,8 @@ class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
 def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
     """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
     fields = dict(request_id=out.request_id, prompt_token_ids=out.prompt_token_ids,
-                  num_input_tokens=out.num_input_tokens, finished=out.finished, task=out.task)
+                  num_input_tokens=out.num_input_tokens, finished=out.finished, task=out.task,
+                  input_type=out.input_type)
     if out.task == "embed":
         return EmbeddingRequestOutput(outputs=EmbeddingOutput(out.outputs.data), **fields)
     if out.task == "classify":

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 
 
+INPUT_TYPES = {"query": "query", "document": "document", "search_query": "query",
+               "search_document": "document", "classification": None, "clustering": None}
+
+
 @dataclass
 class PoolingParams:
     """Options of one pooling request (vLLM's `PoolingParams`)."""
@@ -34,6 +38,9 @@ class PoolingParams:
     """STEP pooling: return only tokens with this id."""
     returned_token_ids: list[int] | None = None
     """STEP pooling: return only these output columns."""
+    input_type: str | None = None
+    """Late-interaction (ColBERT) models: encode as a "query" or a "document" (default document). Cohere's
+    search_query / search_document are accepted as aliases; other models ignore it."""
 
     def clone(self) -> "PoolingParams":
         return dataclasses.replace(self)
@@ -102,8 +109,14 @@ class PoolingParams:
         if returned is not None and (not returned or any(not isinstance(i, int) or i < 0 for i in returned)):
             raise ValueError(f"returned_token_ids must be a non-empty list of non-negative integers, got {returned!r}")
 
+        input_type = self.input_type
+        if input_type is not None:
+            if input_type not in INPUT_TYPES:
+                raise ValueError(f"input_type={input_type!r} is not valid; allowed: {', '.join(INPUT_TYPES)}")
+            input_type = INPUT_TYPES[input_type]
+
         return dataclasses.replace(
-            self, task=task, use_activation=use_activation, normalize=None, activation=None,
+            self, task=task, input_type=input_type, use_activation=use_activation, normalize=None, activation=None,
             dimensions=dimensions, truncate_prompt_tokens=truncate, step_tag_id=step_tag_id,
             returned_token_ids=returned)
 

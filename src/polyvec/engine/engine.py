@@ -50,6 +50,11 @@ class Engine:
         self.runner = ModelRunner(model_config, engine_config)
         self.scheduler = Scheduler(engine_config.max_num_batched_tokens, engine_config.max_num_seqs)
         self.supported_tasks: tuple[str, ...] = self.runner.model.supported_tasks
+        self.colbert = _ColBERTIds.resolve(model_config, self.tokenizer)
+        if self.colbert is not None:
+            # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
+            # it was trained to produce.
+            self.supported_tasks = ("token_embed",)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
@@ -126,6 +131,8 @@ class Engine:
         text_groups: dict[tuple[int, bool], list[int]] = {}
         for i, (prompt, p) in enumerate(zip(prompts, verified)):
             max_len = p.truncate_prompt_tokens or limit
+            if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
+                max_len = min(max_len, self.colbert.length(p.input_type)) - 1
             # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input.
             truncate = not error_mode or p.truncate_prompt_tokens is not None
             if isinstance(prompt, dict):
@@ -153,8 +160,11 @@ class Engine:
         requests = []
         for i in range(n):
             ids, types, num_input = tokenized[i]
-            requests.append(Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
-                                    params=verified[i], spec=self._spec(verified[i]), num_input_tokens=num_input))
+            request = Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
+                              params=verified[i], spec=self._spec(verified[i]), num_input_tokens=num_input)
+            if self.colbert is not None:
+                self.colbert.apply(request)
+            requests.append(request)
         return requests
 
     def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool):
@@ -199,7 +209,8 @@ class Engine:
         self.stats.num_batched_tokens += sum(r.num_tokens for r in batch)
         self.stats.num_batched_seqs += len(batch)
         return [PoolingRequestOutput(request_id=r.request_id, outputs=PoolingOutput(data), task=r.params.task,
-                                     prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens)
+                                     prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens,
+                                     input_type=r.input_type)
                 for r, data in zip(batch, results)]
 
 
@@ -212,3 +223,54 @@ def _too_long(index: int, num_tokens: int, max_len: int) -> str:
 
 def _is_text_pair(prompt: Any) -> bool:
     return isinstance(prompt, tuple) and len(prompt) == 2 and all(isinstance(p, str) for p in prompt)
+
+
+@dataclass
+class _ColBERTIds:
+    """A ColBERT recipe with its tokens resolved to ids (PyLate's `tokenize` / Stanford's tokenizers)."""
+
+    config: Any
+    query_id: int
+    document_id: int
+    mask_id: int
+    skip_ids: frozenset[int]
+
+    @classmethod
+    def resolve(cls, model_config: ModelConfig, tokenizer: PolyTokenizer) -> "_ColBERTIds | None":
+        cb = model_config.colbert
+        if cb is None:
+            return None
+        ids = {}
+        for name, token in (("query", cb.query_prefix), ("document", cb.document_prefix), ("mask", "[MASK]")):
+            found = tokenizer.token_to_id(token)
+            if found is None and token.strip() != token:
+                found = tokenizer.token_to_id(token.strip())
+            if found is None:
+                raise ValueError(f"the ColBERT {name} token {token!r} is not in the tokenizer's vocabulary")
+            ids[name] = found
+        unk = tokenizer.token_to_id("[UNK]")
+        skip = {tokenizer.token_to_id(w) for w in cb.skiplist_words}
+        skip = {unk if i is None else i for i in skip} - {None}
+        return cls(cb, ids["query"], ids["document"], ids["mask"], frozenset(skip))
+
+    def length(self, input_type: str | None) -> int:
+        return self.config.query_length if input_type == "query" else self.config.document_length
+
+    def apply(self, request: Request) -> None:
+        """Insert the mode's marker after [CLS]; expand queries with [MASK]; mark document skiplist tokens."""
+        cb, ids = self.config, request.prompt_token_ids
+        mode = request.params.input_type or "document"
+        ids = ids[:1] + [self.query_id if mode == "query" else self.document_id] + ids[1:]
+        types = request.token_type_ids
+        if types is not None:
+            types = types[:1] + [0] + types[1:]
+        if mode == "query" and cb.do_query_expansion and len(ids) < cb.query_length:
+            if not cb.attend_to_expansion_tokens:
+                request.num_key_tokens = len(ids)
+            extra = cb.query_length - len(ids)
+            ids = ids + [self.mask_id] * extra
+            types = None if types is None else types + [0] * extra
+        elif mode == "document":
+            keep = [i for i, t in enumerate(ids) if t not in self.skip_ids]
+            request.keep = keep if len(keep) < len(ids) else None
+        request.prompt_token_ids, request.token_type_ids, request.input_type = ids, types, mode

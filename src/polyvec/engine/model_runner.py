@@ -46,6 +46,13 @@ class ModelRunner:
         # The trunk's weights sit beside its config.json (a subfolder in old sentence-transformers layouts).
         state = read_state_dict(model_config.transformer_dir)
         self.model: EncoderForPooling = build_model(model_config, state, self.device)
+        token_projection = _load_dense_stack(model_config, self.device, on_tokens=True)
+        if model_config.colbert is not None and model_config.colbert.layout == "stanford":
+            # Stanford ColBERT keeps its projection (`linear`, no bias) beside the BERT weights.
+            weight = state["linear.weight"]
+            token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            token_projection.weight.data.copy_(weight)
+            token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
         self.onednn = onednn_available(self.device, model_config.dtype)
         if self.onednn:
@@ -53,7 +60,7 @@ class ModelRunner:
                 layer.prepack()
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
-            token_projection=_load_dense_stack(model_config, self.device, on_tokens=True),
+            token_projection=token_projection,
             sequence_head=self.model.sequence_head, token_head=self.model.token_head,
             classifier_activation_name=model_config.classifier_activation)
 
@@ -67,9 +74,12 @@ class ModelRunner:
             token_type_ids = torch.tensor(
                 list(itertools.chain.from_iterable(r.token_type_ids or [0] * r.num_tokens for r in requests)),
                 dtype=torch.long).to(self.device, non_blocking=True)
-        meta = AttentionMetadata.build(lens, self.device)
+        key_lens = None
+        if any(r.num_key_tokens is not None for r in requests):
+            key_lens = [r.num_key_tokens or r.num_tokens for r in requests]
+        meta = AttentionMetadata.build(lens, self.device, key_lens)
         hidden = self.model(input_ids, token_type_ids, meta)
-        outputs = self.pooler(hidden, meta, input_ids, [r.spec for r in requests])
+        outputs = self.pooler(hidden, meta, input_ids, [r.spec for r in requests], [r.keep for r in requests])
         if self.device.type != "cpu":
             outputs = [o.cpu() for o in outputs]
         return outputs

@@ -17,6 +17,9 @@ class Request:
     params: PoolingParams  # verified: task and activation resolved
     spec: Any  # layers.pooler.PoolingSpec; kept opaque so the scheduler stays free of torch
     num_input_tokens: int  # before truncation
+    num_key_tokens: int | None = None  # tokens others may attend to (ColBERT unattended expansion); None: all
+    keep: list[int] | None = None  # positions whose outputs are returned (ColBERT skiplist); None: all
+    input_type: str | None = None  # ColBERT mode used: "query" or "document"
     arrival_time: float = field(default_factory=time.monotonic)
 
     @property

@@ -156,9 +156,11 @@ class LLM:
               truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
               pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
-        classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers)."""
-        plan = plan_scores(data_1, data_2, self.supported_tasks, self.is_cross_encoder)
-        outs = self._run(plan.prompts, pooling_params, plan.task, truncate_prompt_tokens, use_tqdm)
+        classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers),
+        MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models."""
+        plan = plan_scores(data_1, data_2, self.supported_tasks, self.is_cross_encoder,
+                           late_interaction=self.engine.colbert is not None)
+        outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
         results = []
         for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
             results.append(ScoringRequestOutput(

@@ -31,7 +31,10 @@ class AttentionMetadata:
         return len(self.seq_lens)
 
     @classmethod
-    def build(cls, seq_lens: list[int], device: torch.device) -> "AttentionMetadata":
+    def build(cls, seq_lens: list[int], device: torch.device,
+              key_lens: list[int] | None = None) -> "AttentionMetadata":
+        """`key_lens[i]` < `seq_lens[i]`: the sequence's last tokens are computed but no token attends to them
+        (ColBERT's query expansion [MASK]s when the checkpoint does not attend to them)."""
         lens = torch.tensor(seq_lens, dtype=torch.long)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.long)
         torch.cumsum(lens, 0, out=cu[1:])
@@ -39,11 +42,13 @@ class AttentionMetadata:
         seq_ids = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
         positions = torch.arange(total) - cu[:-1].repeat_interleave(lens)
         max_len = max(seq_lens)
+        keys = lens if key_lens is None else torch.tensor(key_lens, dtype=torch.long)
+        partial_keys = key_lens is not None and any(k < n for k, n in zip(key_lens, seq_lens))
         scatter = mask = None
-        if len(seq_lens) > 1:
+        if len(seq_lens) > 1 or partial_keys:
             scatter = (seq_ids * max_len + positions).to(device)
-            if min(seq_lens) != max_len:
-                mask = (torch.arange(max_len)[None, :] < lens[:, None]).view(len(seq_lens), 1, 1, max_len)
+            if min(seq_lens) != max_len or partial_keys:
+                mask = (torch.arange(max_len)[None, :] < keys[:, None]).view(len(seq_lens), 1, 1, max_len)
                 mask = mask.to(device)
         return cls(seq_lens=list(seq_lens), cu_seqlens=cu.to(device), positions=positions.to(device),
                    seq_ids=seq_ids.to(device), max_seqlen=max_len, scatter_index=scatter, key_mask=mask)

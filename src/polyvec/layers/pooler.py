@@ -92,7 +92,8 @@ class Pooler(nn.Module):
         return self.classifier_act(x) if spec.use_activation else x
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor,
-                specs: list[PoolingSpec]) -> list[torch.Tensor]:
+                specs: list[PoolingSpec], keep: list[list[int] | None] | None = None) -> list[torch.Tensor]:
+        """`keep[i]`: positions of request i's token outputs to return (ColBERT drops skiplist tokens)."""
         hidden = hidden.float()
         results: list[torch.Tensor | None] = [None] * len(specs)
         groups: dict[PoolingSpec, list[int]] = {}
@@ -126,6 +127,8 @@ class Pooler(nn.Module):
             for i, piece in zip(members, out.split(lens)):
                 if spec.pooling == ("STEP",):
                     piece = self._step_select(piece, input_ids[starts[i]:starts[i + 1]], spec)
+                if keep is not None and keep[i] is not None:
+                    piece = piece[keep[i]]
                 results[i] = piece
         return results  # type: ignore[return-value]
 

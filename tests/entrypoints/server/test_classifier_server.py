@@ -54,3 +54,33 @@ def test_cross_encoder_score_and_rerank(cross_encoder):
     assert np.allclose([d["score"] for d in body["data"]], ref, atol=1e-6)
     ranked = s.post("/rerank", {"query": query, "documents": docs}).json()["results"]
     assert [r["index"] for r in ranked] == list(np.argsort(ref)[::-1])
+
+
+@pytest.fixture(scope="module")
+def colbert_server(pylate_model):
+    s = Server(str(pylate_model[1]))
+    yield s, LLM(str(pylate_model[1]), dtype="float32")
+    s.stop()
+
+
+def test_colbert_over_http(colbert_server):
+    from polyvec import PoolingParams
+
+    s, llm = colbert_server
+    query, docs = "slipstream over a wing", ["a wing in a propeller slipstream.", "heat transfer"]
+    q = s.post("/pooling", {"input": query, "task": "token_embed", "input_type": "query"}).json()["data"][0]
+    assert q["shape"] == [24, 96] and q["input_type"] == "query"
+    ref = llm.token_embed(query, PoolingParams(input_type="query"), use_tqdm=False)[0].outputs.data
+    assert torch.allclose(torch.tensor(q["data"]), ref, atol=1e-5)
+    d = s.post("/v1/embeddings", {"input": docs[0], "input_type": "search_document"}).json()["data"][0]
+    assert d["input_type"] == "document" and d["shape"][1] == 96
+    plain = s.post("/pooling", {"input": docs[0]}).json()["data"][0]
+    assert plain["input_type"] == "document" and plain["shape"] == d["shape"]
+    bad = s.post("/pooling", {"input": query, "task": "embed"})
+    assert bad.status_code == 400 and "it supports: token_embed" in bad.json()["error"]["message"]
+    offline = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    scored = s.post("/score", {"text_1": query, "text_2": docs}).json()["data"]
+    assert np.allclose([x["score"] for x in scored], offline, rtol=1e-4)
+    ranked = s.post("/rerank", {"query": query, "documents": docs}).json()["results"]
+    assert [r["index"] for r in ranked] == list(np.argsort(offline)[::-1])
+    assert abs(ranked[0]["relevance_score"] - max(offline)) <= 1e-4 * max(offline)

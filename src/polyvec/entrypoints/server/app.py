@@ -237,24 +237,27 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
                                                                  req.endianness)}
             if with_shape:
                 item["shape"] = list(t.shape)
+            if outputs[i].input_type is not None:
+                item["input_type"] = outputs[i].input_type
             data.append(item)
         return JSONResponse(P.envelope(prefix, model, data, tokens))
 
     def embed_params(req, task: str) -> PoolingParams:
         return PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation, normalize=req.normalize,
-                             activation=getattr(req, "activation", None),
+                             activation=getattr(req, "activation", None), input_type=req.input_type,
                              truncate_prompt_tokens=req.truncate_prompt_tokens)
 
     async def score_pairs(raw: Request, text_1, text_2, req) -> tuple[list[float], int]:
         try:
-            plan = plan_scores(text_1, text_2, engine.supported_tasks, engine.is_cross_encoder)
+            plan = plan_scores(text_1, text_2, engine.supported_tasks, engine.is_cross_encoder,
+                               late_interaction=engine.colbert is not None)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         for side, value in (("text_1", text_1), ("text_2", text_2)):
             prompts_of(value, side)
         params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
                                use_activation=req.use_activation if plan.task == "classify" else None)
-        outputs = await run_pooling(raw, plan.prompts, params, plan.task)
+        outputs = await run_pooling(raw, plan.prompts, plan.params(params), plan.task)
         return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
     # --------------------------------------------------------------------------------- endpoints
@@ -262,9 +265,12 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/embeddings", summary="OpenAI embeddings")
     async def create_embeddings(req: P.EmbeddingRequest, raw: Request):
         model = check_model(req.model)
-        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req, "embed"), "embed",
+        # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
+        task = "token_embed" if engine.colbert is not None else "embed"
+        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req, task), task,
                                     add_special_tokens=req.add_special_tokens)
-        return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=False)
+        return encoded_response(req, outputs, "embd", "embedding", "embedding", model,
+                                with_shape=engine.colbert is not None)
 
     @app.post("/pooling", summary="vLLM pooling: any task")
     async def create_pooling(req: P.PoolingRequest, raw: Request):
@@ -330,9 +336,23 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
         check_model(req.model)
         if req.truncate == "START":
             raise APIError(400, "truncate='START' is not supported; use END or NONE", "truncate")
-        params = PoolingParams(dimensions=req.output_dimension, truncate_prompt_tokens=req.max_tokens)
-        outputs = await run_pooling(raw, prompts_of(req.texts, "texts"), params, "embed",
+        params = PoolingParams(dimensions=req.output_dimension, truncate_prompt_tokens=req.max_tokens,
+                               input_type=req.input_type)
+        multi = engine.colbert is not None
+        if multi and set(req.embedding_types or ["float"]) - {"float", "base64"}:
+            raise APIError(400, "a late-interaction model returns float or base64 token matrices only",
+                           "embedding_types")
+        outputs = await run_pooling(raw, prompts_of(req.texts, "texts"), params, "token_embed" if multi else "embed",
                                     truncation="error" if req.truncate == "NONE" else "auto")
+        if multi:
+            embeddings = {kind: [encode_json(o.outputs.data, kind, "float32", "little") for o in outputs]
+                          for kind in req.embedding_types or ["float"]}
+            tokens = sum(len(o.prompt_token_ids) for o in outputs)
+            return JSONResponse({"id": P.random_id("embd"), "embeddings": embeddings, "texts": req.texts,
+                                 "shapes": [list(o.outputs.data.shape) for o in outputs],
+                                 "input_type": outputs[0].input_type,
+                                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+                                 "response_type": "embeddings_by_type"})
         vecs = np.stack([o.outputs.data.numpy() for o in outputs])
         embeddings: dict[str, Any] = {}
         for kind in req.embedding_types or ["float"]:

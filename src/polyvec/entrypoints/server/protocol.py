@@ -72,6 +72,9 @@ class EmbeddingRequest(PoolingBase, EncodingFields):
     """L2-normalize the output (default true)."""
     normalize: bool | None = None
     """Older name of use_activation."""
+    input_type: str | None = None
+    """Late-interaction (ColBERT) models: "query" or "document" (default); search_query / search_document
+    are accepted. The response says which mode was used."""
 
 
 class PoolingRequest(EmbeddingRequest):
