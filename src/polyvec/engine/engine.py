@@ -114,13 +114,14 @@ class Engine:
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
         if len(per_prompt) != n:
             raise ValueError(f"got {len(per_prompt)} pooling_params for {n} prompts")
-        verified_cache: dict[int, PoolingParams] = {}
-        verified = []
+        cache: dict[int, tuple[PoolingParams, PoolingSpec]] = {}  # verify and plan once per distinct params
+        verified, specs = [], []
         for p in per_prompt:
-            key = id(p)
-            if key not in verified_cache:
-                verified_cache[key] = self.verify_params(p, task)
-            verified.append(verified_cache[key])
+            if id(p) not in cache:
+                v = self.verify_params(p, task)
+                cache[id(p)] = (v, self._spec(v))
+            verified.append(cache[id(p)][0])
+            specs.append(cache[id(p)][1])
         if request_ids is None:
             with self._id_lock:
                 request_ids = [str(next(self._ids)) for _ in range(n)]
@@ -133,8 +134,9 @@ class Engine:
             max_len = p.truncate_prompt_tokens or limit
             if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type)) - 1
-            # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input.
-            truncate = not error_mode or p.truncate_prompt_tokens is not None
+            # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
+            # a ColBERT recipe always truncates to its query/document length, as its reference does.
+            truncate = not error_mode or p.truncate_prompt_tokens is not None or self.colbert is not None
             if isinstance(prompt, dict):
                 if "prompt_token_ids" in prompt:
                     prompt = prompt["prompt_token_ids"]
@@ -161,7 +163,7 @@ class Engine:
         for i in range(n):
             ids, types, num_input = tokenized[i]
             request = Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
-                              params=verified[i], spec=self._spec(verified[i]), num_input_tokens=num_input)
+                              params=verified[i], spec=specs[i], num_input_tokens=num_input)
             if self.colbert is not None:
                 self.colbert.apply(request)
             requests.append(request)

@@ -2,6 +2,8 @@
 
     polyvec serve [MODEL]            start the HTTP server (vLLM / OpenAI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
+    polyvec eval-retrieval --model M --data DIR [--mode dense|multivector] [--top-k 100]
+                                     rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
 
 Every `serve` flag can also be set by an environment variable: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
 """
@@ -128,6 +130,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_retrieval(args: argparse.Namespace) -> int:
+    from .. import LLM
+    from ..eval.retrieval import load_beir, run_retrieval
+
+    data = load_beir(args.data)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    report = run_retrieval(llm, data, mode=args.mode, top_k=args.top_k, use_tqdm=not args.quiet)
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items())
+    print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; {args.model} {args.mode}")
+    print(f"  {metrics}")
+    print(f"  encode docs {report.encode_docs_s:.1f} s, queries {report.encode_queries_s:.2f} s, "
+          f"search {report.search_s:.2f} s (exact, top {args.top_k})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyvec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,6 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_embed)
+    ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
+    ev.add_argument("--model", default=os.environ.get("POLYVEC_MODEL", DEFAULT_MODEL))
+    ev.add_argument("--data", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels.tsv")
+    ev.add_argument("--mode", choices=["dense", "multivector"], default="dense",
+                    help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors")
+    ev.add_argument("--top-k", type=int, default=100)
+    ev.add_argument("--dtype", default="auto")
+    ev.add_argument("--device", default="auto")
+    ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.set_defaults(func=cmd_eval_retrieval)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -242,7 +242,7 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
             data.append(item)
         return JSONResponse(P.envelope(prefix, model, data, tokens))
 
-    def embed_params(req, task: str) -> PoolingParams:
+    def embed_params(req) -> PoolingParams:
         return PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation, normalize=req.normalize,
                              activation=getattr(req, "activation", None), input_type=req.input_type,
                              truncate_prompt_tokens=req.truncate_prompt_tokens)
@@ -267,7 +267,7 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
         model = check_model(req.model)
         # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
         task = "token_embed" if engine.colbert is not None else "embed"
-        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req, task), task,
+        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req), task,
                                     add_special_tokens=req.add_special_tokens)
         return encoded_response(req, outputs, "embd", "embedding", "embedding", model,
                                 with_shape=engine.colbert is not None)
@@ -281,7 +281,7 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
             if task is None:
                 raise APIError(400, f"'task' is required for this model; it supports: "
                                     f"{', '.join(engine.supported_tasks)}", "task")
-        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req, task), task,
+        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req), task,
                                     add_special_tokens=req.add_special_tokens)
         return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
 

@@ -1,0 +1,1 @@
+"""Evaluation helpers (retrieval quality on BEIR-style folders)."""
