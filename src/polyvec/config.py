@@ -182,8 +182,19 @@ class EngineConfig:
         return dev
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 matmuls run at ~2x float32 (oneDNN), so `auto` picks bfloat16."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
-    """`auto`: float32 on CPU (exact mode), the checkpoint's half type (else bfloat16) on CUDA."""
+    """`auto`: bfloat16 on CPUs with native bf16 matmuls (AVX512-BF16/AMX) and on CUDA (float16 when the
+    checkpoint is float16); float32 elsewhere. Pooling and heads always run in float32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
@@ -191,7 +202,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dty
     if dtype == "auto":
         if device.type == "cuda":
             return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

@@ -138,6 +138,24 @@ def test_constructor_arguments(minilm_path):
     assert cosine_rows(out[None], ref[None]).item() >= 0.99
 
 
+def test_auto_dtype_is_bfloat16_where_the_cpu_has_native_bf16(minilm_path):
+    from polyvec.config import cpu_has_native_bf16, resolve_dtype
+
+    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu"), None) == expected
+    assert LLM(str(minilm_path)).model_config.dtype == expected
+
+
+def test_bfloat16_stays_within_0999_of_float32(minilm_path, minilm_llm, cranfield_texts):
+    bf16 = LLM(str(minilm_path), dtype="bfloat16")
+    a = torch.stack([o.outputs.data for o in bf16.embed(cranfield_texts, use_tqdm=False)])
+    b = torch.stack([o.outputs.data for o in minilm_llm.embed(cranfield_texts, use_tqdm=False)])
+    assert cosine_rows(a, b).min() >= 0.999
+    for x, y in zip(bf16.token_embed(cranfield_texts[:10], use_tqdm=False),
+                    minilm_llm.token_embed(cranfield_texts[:10], use_tqdm=False)):
+        assert cosine_rows(x.outputs.data, y.outputs.data).min() >= 0.999
+
+
 def test_progress_bar_callable(minilm_llm):
     seen = []
 

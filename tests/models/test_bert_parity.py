@@ -98,6 +98,13 @@ def test_truncate_prompt_tokens(minilm_llm, st_minilm):
     assert len(full.prompt_token_ids) == full.num_input_tokens  # -1: the model's maximum, nothing cut here
     kw = minilm_llm.embed(text, truncate_prompt_tokens=16, use_tqdm=False)[0]
     assert kw.prompt_token_ids == out.prompt_token_ids
+    # vLLM >= 0.11 spells it tokenization_kwargs.
+    tk = minilm_llm.embed(text, tokenization_kwargs={"truncation": True, "max_length": 16}, use_tqdm=False)[0]
+    assert tk.prompt_token_ids == out.prompt_token_ids
+    import pytest
+
+    with pytest.raises(ValueError, match="tokenization_kwargs supports truncation and max_length, not padding"):
+        minilm_llm.embed(text, tokenization_kwargs={"padding": True}, use_tqdm=False)
 
 
 def test_truncation_error_mode(minilm_path):

@@ -36,7 +36,8 @@ class LLM:
 
     Args:
         model: local folder, Hugging Face cache entry, or hub id resolved offline.
-        dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
+        dtype: "auto" (bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32), "float32",
+            "bfloat16" or "float16".
         device: "auto", "cpu" or "cuda".
         max_model_len: longest input in tokens (default: sentence-transformers max_seq_length, else the
             model's position limit).
@@ -84,8 +85,10 @@ class LLM:
     # ---------------------------------------------------------------------------------------- core loop
 
     def _run(self, prompts: PromptsType, params: PoolingParams | Sequence[PoolingParams] | None, task: str,
-             truncate_prompt_tokens: int | None, use_tqdm: bool | Callable) -> list[PoolingRequestOutput]:
+             truncate_prompt_tokens: int | None, use_tqdm: bool | Callable,
+             tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
         prompts = _as_prompt_list(prompts)
+        truncate_prompt_tokens = _truncation_from_kwargs(tokenization_kwargs, truncate_prompt_tokens)
         if truncate_prompt_tokens is not None:
             params = _with_truncation(params, truncate_prompt_tokens)
         requests = self.engine.process(prompts, params, task)
@@ -116,7 +119,8 @@ class LLM:
 
     def encode(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
                *, pooling_task: str | None = None, truncate_prompt_tokens: int | None = None,
-               use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
+               use_tqdm: bool | Callable = True,
+               tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
         """Raw pooling outputs (`.outputs.data` tensors). With no task: token_embed, else token_classify."""
         if pooling_task is None:
             first = pooling_params[0] if isinstance(pooling_params, Sequence) and pooling_params else pooling_params
@@ -129,27 +133,28 @@ class LLM:
             else:
                 raise ValueError(f"encode() needs pooling_task for this model; it supports: "
                                  f"{', '.join(self.supported_tasks)}")
-        return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm)
+        return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm,
+                         tokenization_kwargs)
 
     def embed(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              *, truncate_prompt_tokens: int | None = None,
-              use_tqdm: bool | Callable = True) -> list[EmbeddingRequestOutput]:
+              *, truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
+              tokenization_kwargs: dict[str, Any] | None = None) -> list[EmbeddingRequestOutput]:
         """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor)."""
-        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm)
+        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
     def token_embed(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                    use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
-        return self._run(prompts, pooling_params, "token_embed", truncate_prompt_tokens, use_tqdm)
+                    use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[PoolingRequestOutput]:
+        return self._run(prompts, pooling_params, "token_embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
     def token_classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                       use_tqdm: bool | Callable = True) -> list[PoolingRequestOutput]:
-        return self._run(prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm)
+                    use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[PoolingRequestOutput]:
+        return self._run(prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
     def classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                 use_tqdm: bool | Callable = True) -> list[ClassificationRequestOutput]:
+                 use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[ClassificationRequestOutput]:
         """Label probabilities per prompt: `.outputs.probs`."""
-        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm)
+        outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], *,
@@ -168,6 +173,18 @@ class LLM:
                 prompt_token_ids=[t for o in sources for t in o.prompt_token_ids],
                 num_input_tokens=sum(o.num_input_tokens for o in sources)))
         return results
+
+
+def _truncation_from_kwargs(kwargs: dict[str, Any] | None, truncate: int | None) -> int | None:
+    """vLLM >= 0.11 passes truncation as tokenization_kwargs={"truncation": True, "max_length": n}."""
+    if not kwargs:
+        return truncate
+    unknown = set(kwargs) - {"truncation", "max_length"}
+    if unknown:
+        raise ValueError(f"tokenization_kwargs supports truncation and max_length, not {', '.join(sorted(unknown))}")
+    if kwargs.get("truncation") and kwargs.get("max_length") is not None:
+        return int(kwargs["max_length"])
+    return truncate
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:

@@ -23,6 +23,8 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, *args: str, env: dict[str, str] | None = None):
+        if "--dtype" not in args:  # compared against float32 offline results
+            args = (*args, "--dtype", "float32")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"polyvec-serve-{self.port}.log"
