@@ -22,7 +22,6 @@ TOKEN_POOLING_TYPES = ("ALL", "STEP")
 POOLING_TYPES = SEQ_POOLING_TYPES + TOKEN_POOLING_TYPES
 
 POOLING_TASKS = ("embed", "token_embed", "classify", "token_classify")
-SEQ_TASKS = ("embed", "classify")
 EMBED_TASKS = ("embed", "token_embed")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
