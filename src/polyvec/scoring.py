@@ -63,35 +63,37 @@ class ScorePlan:
         return [(outputs[i], outputs[self.n1 + j]) for i, j in self.pairs]
 
 
-def maxsim(query: torch.Tensor, docs: list[torch.Tensor], chunk: int = 256) -> torch.Tensor:
-    """MaxSim of one query [Lq, d] against many documents (each [Ld_i, d]) → [N], float32 accumulation.
+def iter_maxsim(queries: list[torch.Tensor], docs: list[torch.Tensor], chunk: int = 128, budget: int = 1 << 25):
+    """Exact MaxSim of every query against every document, one document chunk at a time.
 
-    Documents are padded per chunk into one [n, Lmax, d] tensor so the whole chunk is one batched matmul;
-    padding rows get -inf before the max.
+    Yields `(doc_index, scores)`: the chunk's document positions [n] and their scores [n_queries, n]. All query
+    tokens are concatenated (no padding) into one [Tq, d] matrix. Documents are visited in length order and each
+    chunk is padded to its longest document by repeating the document's own first vector (a duplicate cannot
+    change a max, so no mask is needed). One matmul per block of query tokens gives [Tq, n, Ld] (the block keeps
+    it under `budget` floats); the max over Ld and a per-query sum over its tokens give the scores, in float32.
     """
-    q = query.float()
-    out = []
-    for start in range(0, len(docs), chunk):
-        part = docs[start:start + chunk]
-        lens = torch.tensor([d.shape[0] for d in part])
-        padded = torch.nn.utils.rnn.pad_sequence([d.float() for d in part], batch_first=True)  # [n, L, d]
-        sims = torch.einsum("qd,nld->nql", q, padded)
-        valid = torch.arange(padded.shape[1])[None, :] < lens[:, None]  # [n, L]
-        sims = sims.masked_fill(~valid[:, None, :], float("-inf"))
-        out.append(sims.amax(dim=2).sum(dim=1))
-    return torch.cat(out) if out else torch.zeros(0)
+    q_flat = torch.cat([x.float() for x in queries])  # [Tq, d]
+    owner = torch.repeat_interleave(torch.arange(len(queries)), torch.tensor([x.shape[0] for x in queries]))
+    order = sorted(range(len(docs)), key=lambda i: docs[i].shape[0])
+    for start in range(0, len(order), chunk):
+        ids = order[start:start + chunk]
+        width = max(docs[i].shape[0] for i in ids)
+        padded = torch.stack([torch.cat([docs[i], docs[i][:1].expand(width - docs[i].shape[0], -1)]).float()
+                              for i in ids])  # [n, Ld, d]
+        n = len(ids)
+        flat = padded.reshape(n * width, -1).T  # [d, n*Ld]
+        block = max(1, budget // (n * width))
+        per_token = torch.cat([(q_flat[t:t + block] @ flat).view(-1, n, width).amax(dim=2)
+                               for t in range(0, q_flat.shape[0], block)])  # [Tq, n]
+        yield torch.tensor(ids), q_flat.new_zeros(len(queries), n).index_add_(0, owner, per_token)
 
 
 def maxsim_pairs(queries: list[torch.Tensor], docs: list[torch.Tensor], pairs: list[tuple[int, int]]) -> list[float]:
-    scores = [0.0] * len(pairs)
-    by_query: dict[int, list[int]] = {}
-    for k, (i, _) in enumerate(pairs):
-        by_query.setdefault(i, []).append(k)
-    for i, members in by_query.items():  # one batched MaxSim per distinct query
-        values = maxsim(queries[i], [docs[pairs[k][1]] for k in members]).tolist()
-        for k, v in zip(members, values):
-            scores[k] = v
-    return scores
+    """MaxSim for each (query, document) pair; each query's vectors serve all its documents."""
+    matrix = torch.empty(len(queries), len(docs))
+    for doc_index, scores in iter_maxsim(queries, docs):
+        matrix[:, doc_index] = scores
+    return [float(matrix[i, j]) for i, j in pairs]
 
 
 def plan_scores(text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder: bool,

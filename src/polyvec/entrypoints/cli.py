@@ -97,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
     import signal
 
+    import torch
     import uvicorn
 
     from .. import LLM
@@ -116,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
              mc.embed_dim, mc.token_dim)
     log.info("dtype %s [%s]; device %s; threads %d; max_model_len %d [%s]; truncation %s; "
              "max_num_batched_tokens %d; max_num_seqs %d", mc.dtype, "--dtype " + args.dtype, engine.runner.device,
-             __import__("torch").get_num_threads(), mc.max_model_len, mc.sources["max_model_len"], args.truncation,
+             torch.get_num_threads(), mc.max_model_len, mc.sources["max_model_len"], args.truncation,
              engine.engine_config.max_num_batched_tokens, engine.engine_config.max_num_seqs)
     app = build_app(engine, ServerConfig(served_model_names=args.served_model_name or [args.model],
                                          api_key=args.api_key, max_request_bytes=args.max_request_bytes,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..scoring import iter_maxsim
+
 
 @dataclass
 class BeirData:
@@ -72,31 +74,11 @@ def dense_search(queries: torch.Tensor, docs: torch.Tensor, top_k: int, chunk: i
 
 def maxsim_search(queries: list[torch.Tensor], docs: list[torch.Tensor], top_k: int, chunk: int = 128,
                   budget: int = 1 << 25):
-    """Exact MaxSim top-k of every query over every document, streamed over the corpus.
-
-    All query tokens are concatenated (no padding) into one [Tq, d] matrix. Documents are visited in
-    length order, a chunk at a time, each padded to the chunk's longest by repeating its own first vector
-    (a duplicate cannot change a max, so no mask is needed). One matmul per block of query tokens gives
-    [Tq, n, Ld]; the max over Ld and a per-query sum over its tokens give [nq, n].
-    """
-    q_flat = torch.cat([x.float() for x in queries])  # [Tq, d]
-    owner = torch.repeat_interleave(torch.arange(len(queries)), torch.tensor([x.shape[0] for x in queries]))
-    nq = len(queries)
-    order = sorted(range(len(docs)), key=lambda i: docs[i].shape[0])
-    best_s = q_flat.new_empty(nq, 0)
-    best_i = torch.empty(nq, 0, dtype=torch.long)
-    for start in range(0, len(order), chunk):
-        ids = order[start:start + chunk]
-        width = max(docs[i].shape[0] for i in ids)
-        padded = torch.stack([torch.cat([docs[i], docs[i][:1].expand(width - docs[i].shape[0], -1)]).float()
-                              for i in ids])  # [n, Ld, d]
-        n = len(ids)
-        flat = padded.reshape(n * width, -1).T  # [d, n*Ld]
-        block = max(1, budget // (n * width))
-        per_token = torch.cat([(q_flat[t:t + block] @ flat).view(-1, n, width).amax(dim=2)
-                               for t in range(0, q_flat.shape[0], block)])  # [Tq, n]
-        scores = q_flat.new_zeros(nq, n).index_add_(0, owner, per_token)
-        best_s, best_i = _merge_topk(best_s, best_i, scores, torch.tensor(ids), top_k)
+    """Exact MaxSim top-k of every query over every document, streamed over the corpus (`iter_maxsim`)."""
+    best_s = torch.empty(len(queries), 0)
+    best_i = torch.empty(len(queries), 0, dtype=torch.long)
+    for doc_index, scores in iter_maxsim(queries, docs, chunk, budget):
+        best_s, best_i = _merge_topk(best_s, best_i, scores, doc_index, top_k)
     return best_s, best_i
 
 

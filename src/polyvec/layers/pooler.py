@@ -116,14 +116,13 @@ class Pooler(nn.Module):
                     results[i] = out[row]
                 continue
 
+            starts = meta.cu_seqlens.tolist()
             if len(members) == meta.num_seqs:
                 tokens = hidden
             else:
-                cu = meta.cu_seqlens.tolist()
-                tokens = torch.cat([hidden[cu[i]:cu[i + 1]] for i in members])
+                tokens = torch.cat([hidden[starts[i]:starts[i + 1]] for i in members])
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
-            starts = meta.cu_seqlens.tolist()
             for i, piece in zip(members, out.split(lens)):
                 if spec.pooling == ("STEP",):
                     piece = self._step_select(piece, input_ids[starts[i]:starts[i + 1]], spec)
