@@ -118,6 +118,12 @@ class ModelConfig:
     classifier_activation: Literal["softmax", "sigmoid", "identity"] = "softmax"
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
+    is_causal: bool = False
+    """A decoder (causal attention): chunked prefill, KV cache, prefix caching."""
+    prompts: dict[str, str] = field(default_factory=dict)
+    """Instruction prompts by name (config_sentence_transformers.json), prepended to text prompts whose
+    input_type (query / document) names one."""
+    default_prompt_name: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -159,8 +165,28 @@ class EngineConfig:
     """auto: input longer than max_model_len is cut to it (as sentence-transformers does); error: rejected."""
     num_threads: int | None = None
     """CPU threads for torch (None: torch's default, one per core)."""
+    long_input: Literal["truncate", "window"] = "truncate"
+    """Encoder input longer than max_model_len: truncate (or reject, with truncation="error"), or split into
+    windows; requests may override it (PoolingParams.long_input)."""
+    window_overlap: int = 0
+    """Default tokens shared by consecutive windows (long_input="window")."""
+    kv_cache_memory_bytes: int | None = None
+    """Causal models: memory for the KV caches of requests being prefilled (default 4 GiB, and at least one
+    max_model_len request plus a full batch). Requests wait when it is full."""
+    enable_prefix_caching: bool | None = None
+    """Causal models: reuse the keys/values of prompt prefixes already computed (None: on)."""
+    prefix_cache_tokens: int = 8192
+    """Most prompt tokens the prefix cache keeps (least recently used blocks are evicted)."""
 
     def __post_init__(self) -> None:
+        if self.long_input not in ("truncate", "window"):
+            raise ValueError(f"long_input must be 'truncate' or 'window', got {self.long_input!r}")
+        if self.window_overlap < 0:
+            raise ValueError(f"window_overlap must be >= 0, got {self.window_overlap}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {self.prefix_cache_tokens}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:

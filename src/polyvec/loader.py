@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import shutil
+import string
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
-import string
 
 from .config import ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
 
@@ -245,6 +245,24 @@ def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[st
         skiplist_words=tuple(cfg.get("skiplist_words", string.punctuation)))
 
 
+def _token_ids(tdir: Path, root: Path, tokens: list[str]) -> list[int]:
+    """Vocabulary ids of single tokens (vLLM's classifier_from_token)."""
+    from tokenizers import Tokenizer
+
+    path = tdir / "tokenizer.json" if (tdir / "tokenizer.json").is_file() else root / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    ids = []
+    for token in tokens:
+        found = tok.token_to_id(token)
+        if found is None:
+            encoded = tok.encode(token, add_special_tokens=False).ids
+            if len(encoded) != 1:
+                raise ValueError(f"classifier_from_token {token!r} is not a single token of this vocabulary")
+            found = encoded[0]
+        ids.append(found)
+    return ids
+
+
 def position_limit(hf_config: dict[str, Any]) -> int:
     """Longest input the position table allows (fairseq-style models reserve padding_idx + 1 slots)."""
     limit = int(hf_config.get("max_position_embeddings", 512))
@@ -274,7 +292,13 @@ def load_model_config(
     hf_overrides: dict[str, Any] | None = None,
     revision: str | None = None,
     download_dir: str | None = None,
+    convert: str | None = None,
 ) -> ModelConfig:
+    """`convert` (vLLM's name) serves a `*ForCausalLM` checkpoint as a pooling model: "embed" (the default
+    for causal LMs: LM head dropped, LAST pooling) or "classify" (a `score` head, from the checkpoint or
+    from the LM-head rows of the `classifier_from_token` tokens)."""
+    if convert not in (None, "auto", "none", "embed", "classify"):
+        raise ValueError(f"convert={convert!r} is not valid; allowed: auto, embed, classify")
     root = resolve_model_path(model, revision, download_dir)
     st = _read_sentence_transformers(root)
     tdir: Path = st["transformer_dir"]
@@ -297,11 +321,23 @@ def load_model_config(
         sources["colbert"] = "artifact.metadata" if colbert.layout == "stanford" else "config_sentence_transformers.json"
     if st["pooling"] is not None or colbert is not None:
         # A sentence-transformers model with a Pooling module is an embedding model: its config.json often
-        # names the pre-training head (all-mpnet-base-v2 says MPNetForMaskedLM) whose weights it lacks.
-        for suffix in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForPreTraining"):
-            if architecture.endswith(suffix):
+        # names the pre-training head (all-mpnet-base-v2 says MPNetForMaskedLM; Qwen3-Embedding says
+        # Qwen3ForCausalLM) whose weights it lacks.
+        for suffix in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForPreTraining",
+                       "ForCausalLM"):
+            if architecture.endswith(suffix) and convert != "classify":
                 sources["architecture"] = f"modules.json (embedding model; config.json says {architecture})"
                 architecture = architecture[: -len(suffix)] + "Model"
+    if architecture.endswith("ForCausalLM"):
+        head = "ForSequenceClassification" if convert == "classify" else "Model"
+        sources["architecture"] = f"convert={convert or 'embed'} (config.json says {architecture})"
+        architecture = architecture[: -len("ForCausalLM")] + head
+        if convert == "classify" and hf_config.get("classifier_from_token"):
+            hf_config["classifier_from_token_ids"] = _token_ids(tdir, root, hf_config["classifier_from_token"])
+            hf_config["num_labels"] = len(hf_config["classifier_from_token_ids"])
+            hf_config.pop("id2label", None)
+    elif convert == "classify" and not architecture.endswith("ForSequenceClassification"):
+        raise ValueError(f"convert='classify' needs a causal LM or sequence classifier checkpoint, not {architecture}")
 
     st_cfg = _read_json(tdir / "sentence_bert_config.json") if (tdir / "sentence_bert_config.json").is_file() else {}
     limit = position_limit(hf_config)
@@ -343,8 +379,19 @@ def load_model_config(
         sources["pooling_type"] = "pooler_config"
     sources["dtype"] = "argument"
 
+    st_model_cfg = root / "config_sentence_transformers.json"
+    prompts, default_prompt = {}, None
+    if st_model_cfg.is_file():
+        st_model = _read_json(st_model_cfg)
+        prompts = {k: v for k, v in (st_model.get("prompts") or {}).items() if isinstance(v, str)}
+        default_prompt = st_model.get("default_prompt_name")
+        if prompts:
+            sources["prompts"] = "config_sentence_transformers.json"
+    from .models.registry import CAUSAL_FAMILIES
+
     return ModelConfig(
-        model=str(model), path=root, hf_config=hf_config, architecture=architecture, dtype=dtype,
+        model=str(model), is_causal=architecture.startswith(CAUSAL_FAMILIES), prompts=prompts,
+        default_prompt_name=default_prompt, path=root, hf_config=hf_config, architecture=architecture, dtype=dtype,
         max_model_len=max_model_len, max_position_len=limit, tokenizer_path=tokenizer_path, transformer_dir=tdir,
         do_lower_case=do_lower_case, st_pooling=st["pooling"], dense=tuple(st["dense"]),
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,

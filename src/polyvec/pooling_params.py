@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 
-
+LONG_INPUT_MODES = ("truncate", "window")
 INPUT_TYPES = {"query": "query", "document": "document", "search_query": "query",
                "search_document": "document", "classification": None, "clustering": None}
 
@@ -40,13 +40,23 @@ class PoolingParams:
     """STEP pooling: return only these output columns."""
     input_type: str | None = None
     """Late-interaction (ColBERT) models: encode as a "query" or a "document" (default document). Cohere's
-    search_query / search_document are accepted as aliases; other models ignore it."""
+    search_query / search_document are accepted as aliases; other models ignore it. Models with instruction
+    prompts (config_sentence_transformers.json `prompts`, e.g. Qwen3-Embedding) prepend the prompt of that
+    name to text inputs."""
+    long_input: str | None = None
+    """Encoder input longer than the model's maximum: "truncate" (cut to max_model_len, as
+    sentence-transformers does) or "window" (split into windows of max_model_len: embed returns the
+    token-weighted mean of the windows' pooled vectors followed by the task's activation; token_embed and
+    token_classify return one vector per input token). None: the engine's setting (default "truncate")."""
+    window_overlap: int | None = None
+    """long_input="window": tokens shared by consecutive windows (each token's vector is taken from the
+    window where it is farther from the edge). None: the engine's setting (default 0)."""
 
-    def clone(self) -> "PoolingParams":
+    def clone(self) -> PoolingParams:
         return dataclasses.replace(self)
 
     def verify(self, task: str | None, model_config: ModelConfig,
-               supported_tasks: tuple[str, ...]) -> "PoolingParams":
+               supported_tasks: tuple[str, ...]) -> PoolingParams:
         """Check against the task and model; return a copy with `task` and `use_activation` resolved."""
         task = task or self.task
         if task is None:
@@ -114,6 +124,18 @@ class PoolingParams:
             if input_type not in INPUT_TYPES:
                 raise ValueError(f"input_type={input_type!r} is not valid; allowed: {', '.join(INPUT_TYPES)}")
             input_type = INPUT_TYPES[input_type]
+
+        if self.long_input is not None and self.long_input not in LONG_INPUT_MODES:
+            raise ValueError(f"long_input={self.long_input!r} is not valid; allowed: {', '.join(LONG_INPUT_MODES)}")
+        if self.long_input == "window" and task == "classify":
+            raise ValueError("long_input='window' applies to the embed, token_embed and token_classify tasks, "
+                             "not classify")
+        overlap = self.window_overlap
+        if overlap is not None and (isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0):
+            raise ValueError(f"window_overlap must be a non-negative integer, got {overlap!r}")
+        if overlap is not None and overlap >= model_config.max_model_len // 2:
+            raise ValueError(f"window_overlap={overlap} must be less than half of max_model_len="
+                             f"{model_config.max_model_len}")
 
         return dataclasses.replace(
             self, task=task, input_type=input_type, use_activation=use_activation, normalize=None, activation=None,

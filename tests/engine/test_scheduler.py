@@ -1,39 +1,54 @@
-"""The scheduler on its own: token budget, sequence cap, fairness, length grouping, abort."""
+"""The scheduler on its own: token budget, sequence cap, fairness, length grouping, abort, chunked prefill,
+KV cache reservations and prefix-cache deduplication."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from polyvec.engine.scheduler import Scheduler
+from polyvec.engine.scheduler import ScheduledChunk, Scheduler
 
 
 @dataclass
 class Req:
     request_id: str
     n: int
+    chunkable: bool = False
+    num_computed_tokens: int = 0
+    prefix: tuple[int, str | None] = (0, None)  # what the prefix probe answers for it
 
     @property
     def num_tokens(self) -> int:
         return self.n
 
 
-def drain(s: Scheduler) -> list[list[Req]]:
+def reqs(batch: list[ScheduledChunk]) -> list[Req]:
+    assert all(c.is_whole for c in batch)
+    return [c.request for c in batch]
+
+
+def drain(s: Scheduler, finish: bool = True) -> list[list[ScheduledChunk]]:
     batches = []
     while s.has_unfinished():
-        batches.append(s.schedule())
+        batch = s.schedule()
+        assert batch, "no progress"
+        batches.append(batch)
+        if finish:
+            for c in batch:
+                if c.is_last:
+                    s.release(c.request.request_id)
     return batches
 
 
 def test_budget_and_cap_respected_and_everything_scheduled_once():
     rng = random.Random(0)
     s = Scheduler(max_num_batched_tokens=512, max_num_seqs=8)
-    reqs = [Req(str(i), rng.randint(1, 512)) for i in range(300)]
-    for r in reqs:
+    reqs_ = [Req(str(i), rng.randint(1, 512)) for i in range(300)]
+    for r in reqs_:
         s.add(r)
-    batches = drain(s)
+    batches = [reqs(b) for b in drain(s)]
     seen = [r.request_id for b in batches for r in b]
-    assert sorted(seen, key=int) == [r.request_id for r in reqs]
+    assert sorted(seen, key=int) == [r.request_id for r in reqs_]
     for b in batches:
         assert 1 <= len(b) <= 8
         assert sum(r.n for r in b) <= 512
@@ -45,7 +60,7 @@ def test_oldest_request_always_in_next_batch():
         s.add(Req(str(i), n))
     while s.has_unfinished():
         oldest = s.waiting[0].request_id
-        batch = s.schedule()
+        batch = reqs(s.schedule())
         assert oldest in [r.request_id for r in batch]
         assert sum(r.n for r in batch) <= 100
 
@@ -55,7 +70,7 @@ def test_groups_similar_lengths():
     lengths = [100, 10, 101, 11, 99, 12, 102, 13]
     for i, n in enumerate(lengths):
         s.add(Req(str(i), n))
-    first, second = s.schedule(), s.schedule()
+    first, second = reqs(s.schedule()), reqs(s.schedule())
     assert sorted(r.n for r in first) == [99, 100, 101, 102]
     assert sorted(r.n for r in second) == [10, 11, 12, 13]
 
@@ -64,15 +79,15 @@ def test_batch_keeps_arrival_order():
     s = Scheduler(max_num_batched_tokens=10_000, max_num_seqs=16)
     for i, n in enumerate([5, 3, 9, 1]):
         s.add(Req(str(i), n))
-    assert [r.request_id for r in s.schedule()] == ["0", "1", "2", "3"]
+    assert [r.request_id for r in reqs(s.schedule())] == ["0", "1", "2", "3"]
 
 
 def test_request_as_large_as_budget_runs_alone():
     s = Scheduler(max_num_batched_tokens=256, max_num_seqs=8)
     s.add(Req("a", 256))
     s.add(Req("b", 1))
-    assert [r.request_id for r in s.schedule()] == ["a"]
-    assert [r.request_id for r in s.schedule()] == ["b"]
+    assert [r.request_id for r in reqs(s.schedule())] == ["a"]
+    assert [r.request_id for r in reqs(s.schedule())] == ["b"]
 
 
 def test_abort_drops_waiting_requests():
@@ -80,8 +95,77 @@ def test_abort_drops_waiting_requests():
     for i in range(5):
         s.add(Req(str(i), 10))
     assert s.abort({"1", "3", "zzz"}) == 2
-    assert [b[0].request_id for b in drain(s)] == ["0", "2", "4"]
+    assert [b[0].request.request_id for b in drain(s)] == ["0", "2", "4"]
 
 
 def test_empty_queue():
     assert Scheduler(10, 1).schedule() == []
+
+
+def test_long_causal_prompt_is_chunked_and_interleaved_with_short_requests():
+    s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_tokens=1000)
+    s.add(Req("long", 55, chunkable=True))
+    for i in range(4):
+        s.add(Req(f"short{i}", 5, chunkable=True))
+    batches = drain(s)
+    assert all(sum(c.num_tokens for c in b) <= 16 for b in batches)
+    long_chunks = [c for b in batches for c in b if c.request.request_id == "long"]
+    # Contiguous chunks covering the prompt exactly once, in order.
+    assert [c.start for c in long_chunks] == [sum(x.num_tokens for x in long_chunks[:k]) for k in range(len(long_chunks))]
+    assert sum(c.num_tokens for c in long_chunks) == 55 and long_chunks[-1].is_last
+    assert len(long_chunks) >= 4
+    # Short requests ran whole, and before the long prompt was done.
+    shorts = [(k, c) for k, b in enumerate(batches) for c in b if c.request.request_id.startswith("short")]
+    assert all(c.is_whole for _, c in shorts)
+    assert min(k for k, _ in shorts) < len(batches) - 1
+
+
+def test_encoder_requests_are_never_chunked():
+    s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8)
+    s.add(Req("a", 10))
+    s.add(Req("b", 10))
+    assert [reqs(b)[0].request_id for b in drain(s)] == ["a", "b"]
+
+
+def test_requests_wait_for_kv_cache_instead_of_failing():
+    s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_tokens=60)
+    s.add(Req("x", 50, chunkable=True))  # needs a cache (longer than the budget)
+    s.add(Req("y", 40, chunkable=True))  # also needs one; both do not fit at once
+    first = s.schedule()
+    assert [c.request.request_id for c in first] == ["x"] and s.kv_used == 50
+    seen_y_before_x_done = False
+    x_done = False
+    while s.has_unfinished():
+        batch = s.schedule()
+        ids = [c.request.request_id for c in batch]
+        if "y" in ids and not x_done:
+            seen_y_before_x_done = True
+        for c in batch:
+            if c.is_last:
+                s.release(c.request.request_id)
+                x_done = x_done or c.request.request_id == "x"
+        assert s.kv_used <= 60
+    assert not seen_y_before_x_done
+    assert s.kv_used == 0
+
+
+def test_prefix_hits_skip_cached_tokens_and_shared_prefixes_start_one_at_a_time():
+    s = Scheduler(max_num_batched_tokens=1000, max_num_seqs=8, kv_cache_tokens=10_000, cache_every_causal=True,
+                  prefix_probe=lambda r: r.prefix)
+    s.add(Req("a", 40, chunkable=True, prefix=(0, "block0")))
+    s.add(Req("b", 40, chunkable=True, prefix=(0, "block0")))  # same first block, not cached yet
+    s.add(Req("c", 40, chunkable=True, prefix=(0, "other")))
+    first = s.schedule()
+    assert [c.request.request_id for c in first] == ["a", "c"]
+    s.waiting[0].prefix = (32, None)  # "a" ran: b's first 32 tokens are cached now
+    (second,) = s.schedule()
+    assert second.request.request_id == "b" and second.start == 32 and second.num_tokens == 8 and second.is_last
+
+
+def test_abort_drops_a_request_part_way_through_its_prefill():
+    s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_tokens=100)
+    s.add(Req("long", 50, chunkable=True))
+    s.schedule()
+    assert s.kv_used == 50 and s.running
+    assert s.abort({"long"}) == 1
+    assert not s.has_unfinished() and s.kv_used == 0

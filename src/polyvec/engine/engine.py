@@ -3,6 +3,11 @@
 `process` turns prompts into verified `Request`s (tokenization, truncation, parameter checks; thread-safe and
 free of engine state, so a server can run it off its event loop), `add_requests` queues them, and each `step`
 runs one scheduled batch through the model and returns the requests it finished.
+
+Causal models prefill prompts longer than the token budget in chunks across steps (KV cache + pooling
+state, see `scheduler.py`), and reuse cached prompt prefixes (`prefix_cache.py`). Encoder inputs longer than
+`max_model_len` are, when asked (`long_input="window"`), split into window requests that run like any other
+and are combined when the last one finishes.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+import torch
+
 from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
-from ..layers.pooler import PoolingSpec
+from ..layers.pooler import PoolingSpec, PoolingState
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams, token_pooling_type
 from ..tokenizer import PolyTokenizer, PromptTooLongError
 from .model_runner import ModelRunner
-from .scheduler import Scheduler
+from .prefix_cache import PrefixCache, block_hashes
+from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Request
 
 logger = logging.getLogger(__name__)
@@ -38,17 +46,40 @@ class EngineStats:
     busy_seconds: float = 0.0
 
 
+# Default memory for the KV caches of causal requests being prefilled (vLLM's CPU default KV space).
+DEFAULT_KV_CACHE_BYTES = 4 << 30
+
+
 class Engine:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig):
-        if engine_config.max_num_batched_tokens < model_config.max_model_len:
+        if engine_config.max_num_batched_tokens < model_config.max_model_len and not model_config.is_causal:
             raise ValueError(
                 f"max_num_batched_tokens={engine_config.max_num_batched_tokens} is smaller than "
-                f"max_model_len={model_config.max_model_len}; a full-length input would never fit in a batch")
+                f"max_model_len={model_config.max_model_len}; a full-length input would never fit in a batch "
+                f"(only causal models prefill in chunks)")
         self.model_config = model_config
         self.engine_config = engine_config
         self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case)
         self.runner = ModelRunner(model_config, engine_config)
-        self.scheduler = Scheduler(engine_config.max_num_batched_tokens, engine_config.max_num_seqs)
+        self.causal = self.runner.causal
+        self.prefix_cache: PrefixCache | None = None
+        self.kv_cache_tokens = 0
+        probe = None
+        if self.causal:
+            per_token = self.runner.kv_bytes_per_token()
+            self.kv_cache_tokens = max(
+                (engine_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES) // per_token,
+                0 if engine_config.kv_cache_memory_bytes else
+                model_config.max_model_len + engine_config.max_num_batched_tokens)
+            if engine_config.enable_prefix_caching is not False and engine_config.prefix_cache_tokens:
+                self.prefix_cache = PrefixCache(engine_config.prefix_cache_tokens)
+                probe = self.prefix_cache.probe
+            logger.info("KV cache: %d tokens (%.1f MiB); prefix caching %s", self.kv_cache_tokens,
+                        self.kv_cache_tokens * per_token / 2**20, "on" if self.prefix_cache else "off")
+        self.scheduler = Scheduler(engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
+                                   kv_cache_tokens=self.kv_cache_tokens,
+                                   cache_every_causal=self.prefix_cache is not None, prefix_probe=probe)
+        self._window_groups: dict[str, Request] = {}  # parent request id → parent (long input windows)
         self.supported_tasks: tuple[str, ...] = self.runner.model.supported_tasks
         self.colbert = _ColBERTIds.resolve(model_config, self.tokenizer)
         if self.colbert is not None:
@@ -130,8 +161,11 @@ class Engine:
         error_mode = (truncation or self.engine_config.truncation) == "error"
         tokenized: list[Any] = [None] * n
         text_groups: dict[tuple[int, bool], list[int]] = {}
+        windowed = [self._long_input(p) == "window" for p in verified]
         for i, (prompt, p) in enumerate(zip(prompts, verified)):
             max_len = p.truncate_prompt_tokens or limit
+            if windowed[i] and p.truncate_prompt_tokens is None:
+                max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
             if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type)) - 1
             # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
@@ -147,7 +181,7 @@ class Engine:
             if isinstance(prompt, str) or _is_text_pair(prompt):
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 text_groups.setdefault((max_len, truncate), []).append(i)
-                tokenized[i] = prompt if isinstance(prompt, str) else tuple(prompt)
+                tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
             else:
                 tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
         for (max_len, truncate), members in text_groups.items():
@@ -166,8 +200,73 @@ class Engine:
                               params=verified[i], spec=specs[i], num_input_tokens=num_input)
             if self.colbert is not None:
                 self.colbert.apply(request)
+            if self.causal:
+                request.chunkable = True
+                if request.num_tokens > self.kv_cache_tokens:
+                    raise ValueError(f"prompt {i} has {request.num_tokens} tokens, more than the KV cache holds "
+                                     f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes")
+                if self.prefix_cache is not None:
+                    request.block_hashes = block_hashes(request.prompt_token_ids)
+            elif windowed[i] and request.num_tokens > limit:
+                self._split_windows(request, verified[i].window_overlap
+                                    if verified[i].window_overlap is not None else self.engine_config.window_overlap)
             requests.append(request)
         return requests
+
+    def _long_input(self, params: PoolingParams) -> str:
+        mode = params.long_input or self.engine_config.long_input
+        if mode == "window" and (self.causal or self.colbert is not None):
+            if params.long_input == "window":
+                raise ValueError("long_input='window' applies to encoder models without a ColBERT recipe; "
+                                 + ("causal models prefill long inputs in chunks" if self.causal else
+                                    "a ColBERT model truncates documents to its document_length"))
+            return "truncate"
+        if mode == "window" and params.task == "classify":
+            return "truncate"  # the server-wide default applies to the tasks windows support
+        return mode
+
+    def _with_prompt(self, text: str, params: PoolingParams) -> str:
+        """Prepend the model's instruction prompt named by input_type (or its default prompt)."""
+        prompts = self.model_config.prompts
+        if not prompts or self.colbert is not None:
+            return text
+        name = params.input_type or self.model_config.default_prompt_name
+        return prompts.get(name, "") + text if name else text
+
+    def _split_windows(self, request: Request, overlap: int) -> None:
+        """Cut an over-long encoder input into windows of max_model_len tokens, each with the input's leading
+        and closing special tokens ([CLS] ... [SEP]); consecutive windows share `overlap` tokens.
+
+        Window k covers content tokens [s_k, s_k + W) with W = max_model_len - specials and s_k = k (W - overlap).
+        For token outputs, content token t comes from the window where it is farthest from an edge: window k
+        keeps [s_k + overlap // 2, s_{k+1} + overlap // 2) (the first from 0, the last to the end).
+        """
+        ids, limit = request.prompt_token_ids, self.model_config.max_model_len
+        head = ids[:1] if ids[0] in self._special_ids else []
+        tail = ids[-1:] if ids[-1] in self._special_ids and len(ids) > len(head) else []
+        body = ids[len(head):len(ids) - len(tail)]
+        width = limit - len(head) - len(tail)
+        stride = width - overlap
+        if stride < 1:
+            raise ValueError(f"window_overlap={overlap} leaves no room in windows of {width} tokens")
+        starts = list(range(0, max(len(body) - overlap, 1), stride))
+        if starts[-1] + width < len(body):
+            starts.append(starts[-1] + stride)
+        keep_from = [0] + [s + overlap // 2 for s in starts[1:]]
+        keep_to = keep_from[1:] + [len(body)]
+        spec = request.spec
+        if spec.task in ("embed", "classify"):
+            spec = PoolingSpec(task=spec.task, pooling=spec.pooling, raw=True)
+        windows, spans = [], []
+        for k, s in enumerate(starts):
+            window_ids = head + body[s:s + width] + tail
+            windows.append(Request(request_id=f"{request.request_id}#w{k}", prompt_token_ids=window_ids,
+                                   token_type_ids=None, params=request.params, spec=spec,
+                                   num_input_tokens=len(window_ids), parent=request))
+            spans.append((s, keep_from[k], keep_to[k]))
+        request.windows, request.window_spans = windows, spans
+        request.num_input_tokens = len(ids)
+        request.token_type_ids = None
 
     def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool):
         ids = list(prompt)
@@ -187,40 +286,128 @@ class Engine:
 
     def add_requests(self, requests: list[Request]) -> None:
         for r in requests:
-            self.scheduler.add(r)
+            if r.windows:
+                self._window_groups[r.request_id] = r
+                for w in r.windows:
+                    self.scheduler.add(w)
+            else:
+                self.scheduler.add(r)
 
     def abort_requests(self, request_ids: set[str]) -> int:
-        return self.scheduler.abort(request_ids)
+        ids = set(request_ids)
+        for rid in request_ids:
+            parent = self._window_groups.pop(rid, None)
+            if parent is not None:
+                ids.update(w.request_id for w in parent.windows)
+        return self.scheduler.abort(ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------------------------------ stepping
 
-    def step(self) -> list[PoolingRequestOutput[PoolingOutput]]:
-        return self.run(self.scheduler.schedule())
+    def schedule(self) -> list[ScheduledChunk]:
+        return self.scheduler.schedule()
 
-    def run(self, batch: list[Request]) -> list[PoolingRequestOutput[PoolingOutput]]:
-        """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it)."""
+    def step(self) -> list[PoolingRequestOutput[PoolingOutput]]:
+        return self.run(self.schedule())
+
+    def run(self, batch: list[ScheduledChunk]) -> list[PoolingRequestOutput[PoolingOutput]]:
+        """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it);
+        returns the requests it finished."""
         if not batch:
             return []
         start = time.perf_counter()
-        results = self.runner.execute(batch)
+        if self.causal:
+            self._prepare_caches(batch)
+        results, hidden = self.runner.execute(batch)
+        if self.prefix_cache is not None:
+            offset = 0
+            for c in batch:
+                self.prefix_cache.insert(c.request, c.start, c.num_tokens, hidden[offset:offset + c.num_tokens])
+                offset += c.num_tokens
         self.stats.busy_seconds += time.perf_counter() - start
         self.stats.num_batches += 1
-        self.stats.num_batched_tokens += sum(r.num_tokens for r in batch)
+        self.stats.num_batched_tokens += sum(c.num_tokens for c in batch)
         self.stats.num_batched_seqs += len(batch)
-        return [PoolingRequestOutput(request_id=r.request_id, outputs=PoolingOutput(data), task=r.params.task,
-                                     prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens,
-                                     input_type=r.input_type)
-                for r, data in zip(batch, results)]
+        finished = []
+        for c, data in zip(batch, results):
+            if not c.is_last:
+                continue
+            r = c.request
+            self._free(r)
+            if r.parent is not None:
+                r.pool_state = data  # the window's result, until its siblings are done
+                out = self._finish_windows(r.parent)
+                if out is not None:
+                    finished.append(out)
+                continue
+            finished.append(self._output(r, data))
+        return finished
 
+    def fail(self, batch: list[ScheduledChunk]) -> list[str]:
+        """A batch raised: drop its requests (and their sibling windows); return the ids to report failed."""
+        ids = []
+        for c in batch:
+            r = c.request.parent or c.request
+            if r.request_id not in ids:
+                ids.append(r.request_id)
+        self.abort_requests(set(ids) | {c.request.request_id for c in batch})
+        for c in batch:
+            self._free(c.request)
+        return ids
+
+    def _free(self, r: Request) -> None:
+        self.scheduler.release(r.request_id)
+        r.kv_cache = None
+
+    def _prepare_caches(self, batch: list[ScheduledChunk]) -> None:
+        """Give the requests the scheduler reserved KV cache for their cache; load cached prefixes."""
+        for c in batch:
+            r = c.request
+            if r.kv_cache is not None or not self.scheduler.holds_cache(r.request_id):
+                continue
+            r.kv_cache = self.runner.allocate_kv_cache(r.num_tokens)
+            if c.start > 0:  # the scheduler skipped a cached prefix
+                hidden = self.prefix_cache.load(r, c.start, r.kv_cache)
+                r.pool_state = PoolingState(r.spec)
+                ids = torch.tensor(r.prompt_token_ids[:c.start], device=hidden.device)
+                r.pool_state.update(hidden.float(), ids, 0)
+
+    def _output(self, r: Request, data: Any) -> PoolingRequestOutput[PoolingOutput]:
+        r.pool_state = None
+        return PoolingRequestOutput(request_id=r.request_id, outputs=PoolingOutput(data), task=r.params.task,
+                                    prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens,
+                                    input_type=r.input_type)
+
+    def _finish_windows(self, parent: Request) -> PoolingRequestOutput[PoolingOutput] | None:
+        """Combine a long input's windows once all are done (see `_split_windows`)."""
+        if any(w.pool_state is None for w in parent.windows) or parent.request_id not in self._window_groups:
+            return None
+        del self._window_groups[parent.request_id]
+        results = [w.pool_state for w in parent.windows]
+        if parent.spec.task in ("embed", "classify"):
+            weights = torch.tensor([float(w.num_tokens) for w in parent.windows])
+            pooled = (torch.stack(results) * weights.unsqueeze(1)).sum(0) / weights.sum()
+            data = self.runner.pooler.apply_head(parent.spec, pooled)
+        else:
+            ids = parent.prompt_token_ids
+            n_head = 1 if ids[0] in self._special_ids else 0
+            n_tail = 1 if ids[-1] in self._special_ids and len(ids) > n_head else 0
+            pieces = [results[0][:n_head]]  # [CLS] from the first window, [SEP] from the last
+            for (s, lo, hi), rows in zip(parent.window_spans, results):
+                pieces.append(rows[n_head + lo - s:n_head + hi - s])
+            pieces.append(results[-1][len(results[-1]) - n_tail:])
+            data = torch.cat(pieces)
+        for w in parent.windows:
+            w.pool_state = None
+        return self._output(parent, data)
 
 
 def _too_long(index: int, num_tokens: int, max_len: int) -> str:
     return (f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
             f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
-            f"or run with truncation='auto'")
+            f"run with truncation='auto', or (encoder models) split it with long_input='window'")
 
 
 def _is_text_pair(prompt: Any) -> bool:
@@ -238,7 +425,7 @@ class _ColBERTIds:
     skip_ids: frozenset[int]
 
     @classmethod
-    def resolve(cls, model_config: ModelConfig, tokenizer: PolyTokenizer) -> "_ColBERTIds | None":
+    def resolve(cls, model_config: ModelConfig, tokenizer: PolyTokenizer) -> _ColBERTIds | None:
         cb = model_config.colbert
         if cb is None:
             return None

@@ -1,7 +1,9 @@
 """Runs one scheduled batch: packs it, runs the model on the device, pools every request.
 
 The packed batch is flat `input_ids` [T] plus the `AttentionMetadata` (`cu_seqlens`, positions); no token of
-padding enters the model's projections or MLPs.
+padding enters the model's projections or MLPs. For causal models a batch entry may be one chunk of a
+long prompt: it starts at its context offset, reads/writes the request's KV cache, and its hidden states
+go into the request's `PoolingState` instead of the pooler, until its last chunk.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from torch import nn
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
-from ..layers.attention import AttentionMetadata
+from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.linear import onednn_available
-from ..layers.pooler import Pooler
+from ..layers.pooler import Pooler, PoolingState
 from ..loader import read_state_dict
 from ..models.registry import EncoderForPooling, build_model
-from .sequence import Request
+from .scheduler import ScheduledChunk
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +66,59 @@ class ModelRunner:
             sequence_head=self.model.sequence_head, token_head=self.model.token_head,
             classifier_activation_name=model_config.classifier_activation)
 
+    @property
+    def causal(self) -> bool:
+        return self.model.causal
+
+    def kv_bytes_per_token(self) -> int:
+        layers, heads, dim = self.model.encoder.kv_shape()
+        return 2 * layers * heads * dim * self.model_config.dtype.itemsize
+
+    def allocate_kv_cache(self, num_tokens: int) -> KVCache:
+        layers, heads, dim = self.model.encoder.kv_shape()
+        return KVCache(layers, num_tokens, heads, dim, self.model_config.dtype, self.device)
+
     @torch.inference_mode()
-    def execute(self, requests: list[Request]) -> list[torch.Tensor]:
-        lens = [r.num_tokens for r in requests]
-        input_ids = torch.tensor(list(itertools.chain.from_iterable(r.prompt_token_ids for r in requests)),
-                                 dtype=torch.long).to(self.device, non_blocking=True)
+    def execute(self, chunks: list[ScheduledChunk]) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+        """Outputs of the requests whose last chunk this is (None for the others), and the batch's final
+        hidden states [T, H] (prefix caching stores some of them)."""
+        requests = [c.request for c in chunks]
+        lens = [c.num_tokens for c in chunks]
+        if self.causal:
+            ids = list(itertools.chain.from_iterable(
+                c.request.prompt_token_ids[c.start:c.start + c.num_tokens] for c in chunks))
+        else:
+            ids = list(itertools.chain.from_iterable(r.prompt_token_ids for r in requests))
+        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
         token_type_ids = None
         if any(r.token_type_ids is not None and any(r.token_type_ids) for r in requests):
             token_type_ids = torch.tensor(
                 list(itertools.chain.from_iterable(r.token_type_ids or [0] * r.num_tokens for r in requests)),
                 dtype=torch.long).to(self.device, non_blocking=True)
-        key_lens = None
-        if any(r.num_key_tokens is not None for r in requests):
-            key_lens = [r.num_key_tokens or r.num_tokens for r in requests]
-        meta = AttentionMetadata.build(lens, self.device, key_lens)
+        if self.causal:
+            meta = AttentionMetadata.build_causal(lens, [c.start for c in chunks],
+                                                  [r.kv_cache for r in requests], self.device)
+        else:
+            key_lens = None
+            if any(r.num_key_tokens is not None for r in requests):
+                key_lens = [r.num_key_tokens or r.num_tokens for r in requests]
+            meta = AttentionMetadata.build(lens, self.device, key_lens)
         hidden = self.model(input_ids, token_type_ids, meta)
-        outputs = self.pooler(hidden, meta, input_ids, [r.spec for r in requests], [r.keep for r in requests])
+        whole = [c.is_whole and c.request.pool_state is None for c in chunks]
+        outputs = self.pooler(hidden, meta, input_ids, [r.spec if w else None for r, w in zip(requests, whole)],
+                              [r.keep for r in requests])
+        if not all(whole):
+            starts = meta.cu_seqlens.tolist()
+            for i, c in enumerate(chunks):
+                if whole[i]:
+                    continue
+                r = c.request
+                if r.pool_state is None:
+                    r.pool_state = PoolingState(r.spec)
+                r.pool_state.update(hidden[starts[i]:starts[i + 1]].float(), input_ids[starts[i]:starts[i + 1]],
+                                    c.start)
+                if c.is_last:
+                    outputs[i] = self.pooler.finish(r.pool_state, r.keep)
         if self.device.type != "cpu":
-            outputs = [o.cpu() for o in outputs]
-        return outputs
-
+            outputs = [o.cpu() if o is not None else None for o in outputs]
+        return outputs, hidden

@@ -1,72 +1,176 @@
-"""Which waiting requests go into the next forward pass (pure Python, no torch).
+"""Which requests, or chunks of them, go into the next forward pass (pure Python, no torch).
 
-A batch holds at most `max_num_batched_tokens` real tokens and `max_num_seqs` sequences. The oldest waiting
-request is always taken (no starvation); the rest of the batch is filled, inside a look-ahead window of the
-queue, with the requests closest to it in length, because attention pads each batch to its longest
-sequence. Encoder requests are never longer than `max_model_len`, which the engine keeps within the budget,
-so every request fits in a batch of its own.
+A batch holds at most `max_num_batched_tokens` real tokens and `max_num_seqs` sequences.
+
+- Requests already part-way through a chunked prefill (causal models) continue first, oldest first, so
+  a long prompt advances every step and its KV cache is freed as soon as possible.
+- Then waiting requests: the oldest one that can start anchors the batch (no starvation), and the rest of
+  the batch is filled, inside a look-ahead window of the queue, with the requests closest to it in length
+  (attention pads encoder batches to their longest sequence).
+- A causal request longer than what is left of the budget gets a chunk of it and continues next step
+  (chunked prefill). Encoder requests are never chunked: the engine keeps `max_model_len` within the
+  budget, so each fits in a batch of its own.
+- A request that keeps a KV cache reserves its whole length in `kv_cache_tokens` when it starts and
+  frees it when it finishes; when the cache is full it waits in the queue rather than failing.
+- With prefix caching, a request's leading tokens whose keys and values are cached are not scheduled at
+  all (`prefix_probe`), and two new requests whose next uncached block is the same are not started in the
+  same step: the second waits one step and then finds the block cached, so a shared prefix is computed once.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Protocol
 
 
 class Schedulable(Protocol):
     request_id: str
+    num_computed_tokens: int  # tokens already in the request's KV cache and pooling state
+    chunkable: bool  # a causal model's request: may be split across steps
 
     @property
     def num_tokens(self) -> int: ...
 
 
+@dataclass
+class ScheduledChunk:
+    """Tokens [start, start + num_tokens) of a request; those before `start` are in its KV cache."""
+
+    request: Schedulable
+    start: int
+    num_tokens: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.start + self.num_tokens == self.request.num_tokens
+
+    @property
+    def is_whole(self) -> bool:
+        return self.is_first and self.is_last
+
+
+# prefix_probe(request) → (tokens whose KV is cached, key of the next uncached block or None)
+PrefixProbe = Callable[[Schedulable], tuple[int, Hashable | None]]
+
+
 class Scheduler:
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, lookahead: int = 2048):
+    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, lookahead: int = 2048, *,
+                 kv_cache_tokens: int = 0, cache_every_causal: bool = False,
+                 prefix_probe: PrefixProbe | None = None):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.lookahead = max(lookahead, max_num_seqs)
+        self.kv_cache_tokens = kv_cache_tokens
+        self.cache_every_causal = cache_every_causal
+        self.prefix_probe = prefix_probe
+        self.kv_used = 0
+        self._reserved: dict[str, int] = {}
         self.waiting: deque[Schedulable] = deque()
+        self.running: list[Schedulable] = []  # started, not yet fully scheduled (chunked prefill)
 
     def add(self, request: Schedulable) -> None:
         self.waiting.append(request)
 
     def abort(self, request_ids: set[str]) -> int:
-        """Drop waiting requests (e.g. their client went away); returns how many were dropped."""
-        before = len(self.waiting)
+        """Drop waiting and part-way requests (e.g. their client went away); returns how many."""
+        before = len(self.waiting) + len(self.running)
         self.waiting = deque(r for r in self.waiting if r.request_id not in request_ids)
-        return before - len(self.waiting)
+        self.running = [r for r in self.running if r.request_id not in request_ids]
+        for rid in request_ids:
+            self.release(rid)
+        return before - len(self.waiting) - len(self.running)
+
+    def release(self, request_id: str) -> None:
+        """The request finished (or failed): give back its KV cache reservation."""
+        self.kv_used -= self._reserved.pop(request_id, 0)
+
+    def holds_cache(self, request_id: str) -> bool:
+        return request_id in self._reserved
+
+    def needs_cache(self, request: Schedulable, remaining: int, budget: int) -> bool:
+        return request.chunkable and (self.cache_every_causal or remaining > budget
+                                      or request.num_computed_tokens > 0)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting)
+        return bool(self.waiting) or bool(self.running)
 
     def __len__(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.running)
 
-    def schedule(self) -> list[Schedulable]:
-        if not self.waiting:
-            return []
-        window = [self.waiting.popleft() for _ in range(min(self.lookahead, len(self.waiting)))]
-        lengths = [r.num_tokens for r in window]
-        order = sorted(range(len(window)), key=lambda i: (lengths[i], i))
-        pos = order.index(0)  # the oldest request, always scheduled
-        chosen = [0]
-        budget = self.max_num_batched_tokens - lengths[0]
-        lo, hi = pos - 1, pos + 1
-        while len(chosen) < self.max_num_seqs and (lo >= 0 or hi < len(order)):
-            # Take the neighbour (in length order) whose length is closest to the oldest request's.
-            take_lo = hi >= len(order) or (lo >= 0 and lengths[0] - lengths[order[lo]] <= lengths[order[hi]] - lengths[0])
-            idx = order[lo] if take_lo else order[hi]
-            if lengths[idx] > budget:
-                if take_lo:  # shorter ones are on the low side; none of them fits either
-                    break
-                hi = len(order)  # longer ones will not fit; keep trying the shorter side
-                continue
-            chosen.append(idx)
-            budget -= lengths[idx]
-            if take_lo:
-                lo -= 1
+    def schedule(self) -> list[ScheduledChunk]:
+        chunks: list[ScheduledChunk] = []
+        budget, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        still_running = []
+        for r in self.running:
+            if budget and seqs:
+                n = min(r.num_tokens - r.num_computed_tokens, budget)
+                chunks.append(ScheduledChunk(r, r.num_computed_tokens, n))
+                budget, seqs = budget - n, seqs - 1
+                if r.num_computed_tokens + n < r.num_tokens:
+                    still_running.append(r)
             else:
-                hi += 1
-        taken = set(chosen)
-        self.waiting.extendleft(reversed([r for i, r in enumerate(window) if i not in taken]))
-        return [window[i] for i in sorted(chosen)]
+                still_running.append(r)
+        self.running = still_running
+        if budget and seqs and self.waiting:
+            chunks += self._admit(budget, seqs)
+        for c in chunks:
+            c.request.num_computed_tokens = c.start + c.num_tokens
+        return chunks
+
+    def _admit(self, budget: int, seqs: int) -> list[ScheduledChunk]:
+        window = [self.waiting.popleft() for _ in range(min(self.lookahead, len(self.waiting)))]
+        cached, keys = [0] * len(window), [None] * len(window)
+        if self.prefix_probe is not None:
+            for i, r in enumerate(window):
+                if r.chunkable and r.num_computed_tokens == 0:
+                    cached[i], keys[i] = self.prefix_probe(r)
+        remaining = [r.num_tokens - r.num_computed_tokens - c for r, c in zip(window, cached)]
+        chosen: dict[int, int] = {}  # window index → tokens scheduled
+        chosen_keys: set[Hashable] = set()
+
+        def try_take(i: int, allow_chunk: bool) -> bool:
+            nonlocal budget, seqs
+            r, n = window[i], remaining[i]
+            if n > budget:
+                if not (allow_chunk and r.chunkable):
+                    return False
+                n = budget
+            if keys[i] is not None and keys[i] in chosen_keys:
+                return False  # same uncached prefix block as a request already in this batch
+            if self.needs_cache(r, remaining[i], budget):
+                if self.kv_used + r.num_tokens > self.kv_cache_tokens:
+                    return False  # wait for the cache to free up
+                self.kv_used += r.num_tokens
+                self._reserved[r.request_id] = r.num_tokens
+            chosen[i] = n
+            if keys[i] is not None:
+                chosen_keys.add(keys[i])
+            budget, seqs = budget - n, seqs - 1
+            return True
+
+        anchor = next((i for i in range(len(window)) if try_take(i, allow_chunk=True)), None)
+        if anchor is not None and budget and seqs:
+            # Fill with the requests closest in length to the anchor (older first on ties).
+            order = sorted((i for i in range(len(window)) if i != anchor),
+                           key=lambda i: (abs(remaining[i] - remaining[anchor]), i))
+            shortest = min((remaining[i] for i in order), default=0)
+            for i in order:
+                if not budget or not seqs or shortest > budget:
+                    break
+                try_take(i, allow_chunk=False)
+
+        chunks = []
+        for i in sorted(chosen):
+            r, n = window[i], chosen[i]
+            start = r.num_computed_tokens + cached[i]
+            chunks.append(ScheduledChunk(r, start, n))
+            if start + n < r.num_tokens:
+                self.running.append(r)
+        self.waiting.extendleft(reversed([r for i, r in enumerate(window) if i not in chosen]))
+        return chunks

@@ -21,6 +21,16 @@ class Request:
     keep: list[int] | None = None  # positions whose outputs are returned (ColBERT skiplist); None: all
     input_type: str | None = None  # ColBERT mode used: "query" or "document"
     arrival_time: float = field(default_factory=time.monotonic)
+    # Causal models (chunked prefill):
+    chunkable: bool = False
+    num_computed_tokens: int = 0  # tokens scheduled so far (their KV is in kv_cache)
+    block_hashes: list[bytes] | None = None  # prefix-caching names of the prompt's full blocks
+    kv_cache: Any = None  # layers.attention.KVCache while the request is being prefilled in chunks
+    pool_state: Any = None  # layers.pooler.PoolingState carried across chunks
+    # Encoder input longer than max_model_len, split into windows (the parent holds the window requests):
+    windows: list[Request] | None = None
+    window_spans: list[tuple[int, int, int]] | None = None  # per window: (first token, kept from, kept to)
+    parent: Request | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -88,6 +88,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=e("--threads", None, int), help="CPU threads for torch")
     p.add_argument("--truncation", default=e("--truncation", "auto"), choices=["auto", "error"],
                    help="auto: cut over-long input to max_model_len; error: reject it with 400")
+    p.add_argument("--long-input", default=e("--long-input", "truncate"), choices=["truncate", "window"],
+                   help="encoder input longer than max_model_len: truncate (default), or split into windows "
+                        "(requests may choose with long_input)")
+    p.add_argument("--window-overlap", type=int, default=e("--window-overlap", 0, int),
+                   help="default tokens shared by consecutive windows")
+    p.add_argument("--convert", default=e("--convert"), choices=["embed", "classify"],
+                   help="serve a *ForCausalLM checkpoint as an embedding model or a classifier")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=e("--kv-cache-memory-bytes", None, int),
+                   help="causal models: memory for KV caches of chunked prefills (default 4 GiB)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   default=e("--enable-prefix-caching", None, lambda v: v.lower() not in ("0", "false", "no")),
+                   help="causal models: do not reuse computed prompt prefixes")
     p.add_argument("--max-request-bytes", type=int, default=e("--max-request-bytes", 32 * 1024 * 1024, int))
     p.add_argument("--max-inputs-per-request", type=int, default=e("--max-inputs-per-request", 4096, int))
     p.add_argument("--log-level", default=e("--log-level", "info"))
@@ -107,7 +119,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("polyvec.serve")
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-              truncation=args.truncation, num_threads=args.threads)
+              truncation=args.truncation, num_threads=args.threads, convert=args.convert,
+              long_input=args.long_input, window_overlap=args.window_overlap,
+              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching)
     engine, mc = llm.engine, llm.model_config
     tasks = engine.supported_tasks
     log.info("model %s (%s) from %s [architecture: %s]", mc.model, mc.architecture, mc.path,
@@ -115,10 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("tasks: %s; embed pooling %s [%s]; embed dim %d, token dim %d", ", ".join(tasks),
              "+".join(engine.default_pooling("embed")), mc.sources.get("pooling_type", "model default"),
              mc.embed_dim, mc.token_dim)
-    log.info("dtype %s [%s]; device %s; threads %d; max_model_len %d [%s]; truncation %s; "
+    log.info("dtype %s [%s]; device %s; threads %d; max_model_len %d [%s]; truncation %s; long input %s; "
              "max_num_batched_tokens %d; max_num_seqs %d", mc.dtype, "--dtype " + args.dtype, engine.runner.device,
              torch.get_num_threads(), mc.max_model_len, mc.sources["max_model_len"], args.truncation,
-             engine.engine_config.max_num_batched_tokens, engine.engine_config.max_num_seqs)
+             args.long_input, engine.engine_config.max_num_batched_tokens, engine.engine_config.max_num_seqs)
     app = build_app(engine, ServerConfig(served_model_names=args.served_model_name or [args.model],
                                          api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                                          max_inputs_per_request=args.max_inputs_per_request))

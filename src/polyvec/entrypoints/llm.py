@@ -25,8 +25,7 @@ logger = logging.getLogger(__name__)
 
 # vLLM engine arguments that have no effect here; accepted so vLLM code runs unchanged.
 _IGNORED_VLLM_ARGS = {"runner", "task", "trust_remote_code", "enforce_eager", "seed", "gpu_memory_utilization",
-                      "tensor_parallel_size", "disable_log_stats", "enable_prefix_caching", "swap_space",
-                      "tokenizer_mode", "convert"}
+                      "tensor_parallel_size", "disable_log_stats", "swap_space", "tokenizer_mode"}
 
 PromptsType = Prompt | Sequence[Prompt]
 
@@ -47,27 +46,40 @@ class LLM:
         truncation: "auto" cuts over-long input to max_model_len; "error" rejects it.
         hf_overrides: values that replace entries of config.json (e.g. {"is_matryoshka": True}).
         download_dir: Hugging Face cache folder to resolve hub ids in (default: the standard cache).
+        convert: "embed" or "classify": serve a `*ForCausalLM` checkpoint as an embedding model (LM head
+            dropped, LAST pooling; the default for causal LMs) or a classifier (`score` head).
+        long_input: "truncate" (default) or "window": encoder input longer than max_model_len is split into
+            windows (see PoolingParams.long_input); window_overlap: tokens shared by consecutive windows.
+        kv_cache_memory_bytes: causal models: memory for the KV caches of prompts prefilled in chunks.
+        enable_prefix_caching: causal models: reuse computed prompt prefixes (default on).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int = 256, pooler_config: PoolerConfig | None = None, truncation: str = "auto",
                  hf_overrides: dict[str, Any] | None = None, revision: str | None = None,
-                 download_dir: str | None = None, num_threads: int | None = None, **kwargs: Any):
+                 download_dir: str | None = None, num_threads: int | None = None, convert: str | None = None,
+                 long_input: str = "truncate", window_overlap: int = 0, kv_cache_memory_bytes: int | None = None,
+                 enable_prefix_caching: bool | None = None, **kwargs: Any):
         unknown = set(kwargs) - _IGNORED_VLLM_ARGS
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
         if kwargs.get("runner", "pooling") != "pooling":
             raise ValueError("polyvec runs pooling models only (runner='pooling')")
         engine_config = EngineConfig(max_num_batched_tokens=max_num_batched_tokens or 1, max_num_seqs=max_num_seqs,
-                                     device=device, truncation=truncation, num_threads=num_threads)
+                                     device=device, truncation=truncation, num_threads=num_threads,
+                                     long_input=long_input, window_overlap=window_overlap,
+                                     kv_cache_memory_bytes=kv_cache_memory_bytes,
+                                     enable_prefix_caching=enable_prefix_caching)
         device_obj = engine_config.resolve_device()
         model_config = load_model_config(
             model, dtype=resolve_dtype(dtype, device_obj, None), max_model_len=max_model_len,
             pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
-            download_dir=download_dir)
+            download_dir=download_dir, convert=convert)
         if max_num_batched_tokens is None:
-            engine_config.max_num_batched_tokens = max(8192, model_config.max_model_len)
+            # Causal models prefill long prompts in chunks; encoders need a whole input in one batch.
+            engine_config.max_num_batched_tokens = (8192 if model_config.is_causal
+                                                    else max(8192, model_config.max_model_len))
         self.engine = Engine(model_config, engine_config)
         self.model_config = model_config
 

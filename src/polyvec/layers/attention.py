@@ -1,4 +1,4 @@
-"""Bidirectional attention over packed (padding-free) sequences.
+"""Attention over packed (padding-free) sequences: bidirectional (encoders) and causal with a KV cache.
 
 The model sees one flat `[num_tokens, hidden]` tensor for the whole batch; `cu_seqlens` marks where each
 sequence starts (the FlashAttention varlen convention). For the attention product alone, the tokens are
@@ -6,6 +6,12 @@ scattered into a `[batch, max_len]` grid with a key mask so that no token attend
 gathered back afterwards. The scheduler groups requests of similar length, so the grid wastes little; a
 batch of one sequence, or of equal-length sequences, needs no mask at all and takes SDPA's fastest path.
 Everything outside attention (projections, MLPs, norms) runs on the flat tensor with no padding.
+
+Causal attention (decoders) runs per sequence: a chunk of a long prompt attends to the keys and values of
+its earlier chunks, kept in the request's `KVCache` (chunked prefill), and to its own tokens causally
+(the "bottom-right" causal mask of a query block that starts `context_len` tokens into the sequence).
+Decoder matmuls dwarf the per-sequence loop's overhead, and each sequence's result cannot depend on the
+rest of the batch.
 """
 
 from __future__ import annotations
@@ -25,14 +31,31 @@ class AttentionMetadata:
     max_seqlen: int
     scatter_index: torch.Tensor | None  # [T] row of each token in the [B * max_seqlen] grid; None: no grid
     key_mask: torch.Tensor | None  # [B, 1, 1, max_seqlen] True where a key is real; None: all real
+    context_lens: list[int] | None = None  # causal: tokens of each sequence already in its KV cache
+    kv_caches: list[KVCache | None] | None = None  # causal: where each sequence's keys/values go
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
     @classmethod
+    def build_causal(cls, seq_lens: list[int], context_lens: list[int], kv_caches: list[KVCache | None],
+                     device: torch.device) -> AttentionMetadata:
+        """A batch of chunks: chunk i has `seq_lens[i]` new tokens after `context_lens[i]` cached ones, so its
+        positions start at `context_lens[i]`."""
+        lens = torch.tensor(seq_lens, dtype=torch.long)
+        cu = torch.zeros(len(seq_lens) + 1, dtype=torch.long)
+        torch.cumsum(lens, 0, out=cu[1:])
+        offsets = torch.tensor(context_lens, dtype=torch.long) - cu[:-1]
+        positions = torch.arange(int(cu[-1])) + offsets.repeat_interleave(lens)
+        return cls(seq_lens=list(seq_lens), cu_seqlens=cu.to(device), positions=positions.to(device),
+                   seq_ids=torch.repeat_interleave(torch.arange(len(seq_lens)), lens).to(device),
+                   max_seqlen=max(seq_lens), scatter_index=None, key_mask=None,
+                   context_lens=list(context_lens), kv_caches=list(kv_caches))
+
+    @classmethod
     def build(cls, seq_lens: list[int], device: torch.device,
-              key_lens: list[int] | None = None) -> "AttentionMetadata":
+              key_lens: list[int] | None = None) -> AttentionMetadata:
         """`key_lens[i]` < `seq_lens[i]`: the sequence's last tokens are computed but no token attends to them
         (ColBERT's query expansion [MASK]s when the checkpoint does not attend to them)."""
         lens = torch.tensor(seq_lens, dtype=torch.long)
@@ -78,3 +101,64 @@ def varlen_attention(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int,
     q, k, v = grid.view(batch, max_len, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     return out.transpose(1, 2).reshape(batch * max_len, hidden).index_select(0, meta.scatter_index)
+
+
+class KVCache:
+    """Keys and values of one request's tokens for every layer, kept across the chunks of its prefill.
+
+    Allocated for the request's whole length when it starts (the scheduler reserved that many tokens of
+    the engine's KV budget) and dropped when it finishes.
+    """
+
+    def __init__(self, num_layers: int, num_tokens: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.k = torch.empty(num_layers, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+
+
+# Query rows per SDPA call when a chunk attends to cached context: bounds the [rows, keys] mask and scores.
+_QUERY_BLOCK = 1024
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, layer: int,
+                     sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention per sequence for q [T, Hq, d], k/v [T, Hkv, d] (grouped-query when Hkv < Hq).
+
+    New keys/values are written into each sequence's KV cache (when it has one) at its context offset, and
+    its queries attend to all cached keys before them plus its own tokens up to themselves.
+    """
+    out = torch.empty_like(q)
+    starts = meta.cu_seqlens.tolist()
+    contexts = meta.context_lens or [0] * meta.num_seqs
+    caches = meta.kv_caches or [None] * meta.num_seqs
+    for i, n in enumerate(meta.seq_lens):
+        s, ctx, cache = starts[i], contexts[i], caches[i]
+        ki, vi = k[s:s + n], v[s:s + n]
+        if cache is not None:
+            cache.k[layer, ctx:ctx + n] = ki
+            cache.v[layer, ctx:ctx + n] = vi
+            ki, vi = cache.k[layer, :ctx + n], cache.v[layer, :ctx + n]
+        elif ctx:
+            raise ValueError("a chunk with context needs its sequence's KV cache")
+        qi = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, d]
+        ki, vi = ki.transpose(0, 1).unsqueeze(0), vi.transpose(0, 1).unsqueeze(0)
+        out[s:s + n] = _causal_sdpa(qi, ki, vi, ctx, sliding_window)[0].transpose(0, 1)
+    return out
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int,
+                 window: int | None) -> torch.Tensor:
+    n = q.shape[2]
+    if ctx == 0 and (window is None or n <= window):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    parts = []
+    for r0 in range(0, n, _QUERY_BLOCK):
+        r1 = min(n, r0 + _QUERY_BLOCK)
+        rows = torch.arange(ctx + r0, ctx + r1, device=q.device).unsqueeze(1)  # absolute query positions
+        cols = torch.arange(ctx + r1, device=q.device).unsqueeze(0)
+        mask = cols <= rows
+        if window is not None:
+            mask &= cols > rows - window
+        parts.append(F.scaled_dot_product_attention(q[:, :, r0:r1], k[:, :, :ctx + r1], v[:, :, :ctx + r1],
+                                                    attn_mask=mask, enable_gqa=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

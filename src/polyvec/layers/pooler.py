@@ -12,6 +12,7 @@ Pooling modes follow sentence-transformers' `Pooling` module
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ class PoolingSpec:
     use_activation: bool = True
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
+    raw: bool = False  # return the pooled vector without the head (a long input's window; see Engine)
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -78,7 +80,13 @@ class Pooler(nn.Module):
         self.token_head = token_head
         self.classifier_act = classifier_activation(classifier_activation_name)
 
+    def apply_head(self, spec: PoolingSpec, pooled: torch.Tensor) -> torch.Tensor:
+        """The head of a sequence task on one pooled vector [H] (combined long-input windows)."""
+        return self._head(spec, pooled.unsqueeze(0))[0]
+
     def _head(self, spec: PoolingSpec, x: torch.Tensor) -> torch.Tensor:
+        if spec.raw:
+            return x
         task = spec.task
         if task == "embed" or task == "token_embed":
             proj = self.embed_projection if task == "embed" else self.token_projection
@@ -92,13 +100,16 @@ class Pooler(nn.Module):
         return self.classifier_act(x) if spec.use_activation else x
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor,
-                specs: list[PoolingSpec], keep: list[list[int] | None] | None = None) -> list[torch.Tensor]:
-        """`keep[i]`: positions of request i's token outputs to return (ColBERT drops skiplist tokens)."""
+                specs: list[PoolingSpec | None],
+                keep: list[list[int] | None] | None = None) -> list[torch.Tensor | None]:
+        """`keep[i]`: positions of request i's token outputs to return (ColBERT drops skiplist tokens).
+        A `None` spec skips that sequence (a chunk whose pooling is carried in a `PoolingState`)."""
         hidden = hidden.float()
         results: list[torch.Tensor | None] = [None] * len(specs)
         groups: dict[PoolingSpec, list[int]] = {}
         for i, spec in enumerate(specs):
-            groups.setdefault(spec, []).append(i)
+            if spec is not None:
+                groups.setdefault(spec, []).append(i)
         pooled_cache: dict[str, torch.Tensor] = {}
 
         for spec, members in groups.items():
@@ -131,6 +142,18 @@ class Pooler(nn.Module):
                 results[i] = piece
         return results  # type: ignore[return-value]
 
+    def finish(self, state: PoolingState, keep: list[int] | None = None) -> torch.Tensor:
+        """The output of a request whose chunks went through `state`: equal to pooling it in one piece."""
+        spec = state.spec
+        if spec.task in ("embed", "classify"):
+            parts = [state.pooled(mode) for mode in spec.pooling]
+            pooled = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return self._head(spec, pooled.unsqueeze(0))[0]
+        out = self._head(spec, torch.cat(state.tokens))
+        if spec.pooling == ("STEP",):
+            out = self._step_select(out, torch.cat(state.ids), spec)
+        return out[keep] if keep is not None else out
+
     @staticmethod
     def _step_select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:
         """STEP pooling (process reward models): keep the step-tag tokens and the asked-for columns."""
@@ -139,3 +162,60 @@ class Pooler(nn.Module):
         if spec.step_tag_id is not None:
             piece = piece[ids == spec.step_tag_id]
         return piece
+
+
+class PoolingState:
+    """A request's pooling carried across the chunks of a chunked prefill (float32).
+
+    CLS keeps the first chunk's first row, LAST the final chunk's last row, MEAN / MEAN_SQRT_LEN a running
+    sum and count, WEIGHTED_MEAN a position-weighted sum, MAX a running maximum; token tasks (ALL, STEP)
+    keep every chunk's rows, and the head runs once on all of them at the end (`Pooler.finish`).
+    """
+
+    def __init__(self, spec: PoolingSpec):
+        self.spec = spec
+        self.count = 0
+        self.first: torch.Tensor | None = None
+        self.last: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None
+        self.weighted_sum: torch.Tensor | None = None
+        self.max: torch.Tensor | None = None
+        self.tokens: list[torch.Tensor] = []
+        self.ids: list[torch.Tensor] = []
+
+    def update(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
+        """Add rows [start, start + len(hidden)) of the request (float32 hidden states)."""
+        if self.spec.task not in ("embed", "classify"):
+            self.tokens.append(hidden)
+            self.ids.append(ids)
+            return
+        modes = self.spec.pooling
+        if start == 0:
+            self.first = hidden[0]
+        self.last = hidden[-1]
+        self.count += hidden.shape[0]
+        if "MEAN" in modes or "MEAN_SQRT_LEN" in modes:
+            part = hidden.sum(0)
+            self.sum = part if self.sum is None else self.sum + part
+        if "WEIGHTED_MEAN" in modes:
+            weights = torch.arange(start + 1, start + 1 + hidden.shape[0], device=hidden.device, dtype=hidden.dtype)
+            part = (hidden * weights.unsqueeze(1)).sum(0)
+            self.weighted_sum = part if self.weighted_sum is None else self.weighted_sum + part
+        if "MAX" in modes:
+            part = hidden.amax(0)
+            self.max = part if self.max is None else torch.maximum(self.max, part)
+
+    def pooled(self, mode: str) -> torch.Tensor:
+        if mode == "CLS":
+            return self.first
+        if mode == "LAST":
+            return self.last
+        if mode == "MEAN":
+            return self.sum / self.count
+        if mode == "MEAN_SQRT_LEN":
+            return self.sum / math.sqrt(self.count)
+        if mode == "WEIGHTED_MEAN":
+            return self.weighted_sum / (self.count * (self.count + 1) / 2)
+        if mode == "MAX":
+            return self.max
+        raise ValueError(f"unknown sequence pooling type {mode!r}")

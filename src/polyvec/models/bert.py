@@ -74,6 +74,7 @@ class BertEncoder(nn.Module):
 
     # fairseq-style models (RoBERTa, MPNet) number positions from padding_idx + 1.
     position_offset_from_padding = False
+    causal = False
 
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()

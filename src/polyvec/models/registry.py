@@ -6,6 +6,8 @@ head the checkpoint has decides its tasks:
   `*ForSequenceClassification`     → classify
   `*ForTokenClassification`        → token_classify
   `*ForMaskedLM`                   → token_classify (vocabulary logits per token, e.g. SPLADE)
+Decoders (Llama, Mistral, Qwen2, Qwen3) use the same heads; a `*ForCausalLM` checkpoint is converted by the
+loader (`convert="embed"` → `*Model`, `convert="classify"` → `*ForSequenceClassification`), as vLLM does.
 """
 
 from __future__ import annotations
@@ -16,16 +18,37 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .bert import (BERT_HEAD_RULES, ENCODER_RULES, ROBERTA_HEAD_RULES, BertEncoder, BertSequenceHead,
-                   MaskedLMHead, RobertaSequenceHead)
+from .bert import (
+    BERT_HEAD_RULES,
+    ENCODER_RULES,
+    ROBERTA_HEAD_RULES,
+    BertEncoder,
+    BertSequenceHead,
+    MaskedLMHead,
+    RobertaSequenceHead,
+)
+from .decoder import (
+    DECODER_HEAD_RULES,
+    DECODER_RULES,
+    DecoderModel,
+    Qwen2Model,
+    Qwen3Model,
+)
 from .mpnet import MPNET_ENCODER_RULES, MPNetEncoder
 from .roberta import RobertaEncoder
 from .weights import Rule, load_mapped
 
 
+class ScoreHead(nn.Linear):
+    """Decoders' `*ForSequenceClassification` head: a bias-free linear layer on the last token."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__(hidden, num_labels, bias=False)
+
+
 @dataclass(frozen=True)
 class Family:
-    encoder: type[BertEncoder]
+    encoder: type[nn.Module]
     prefix: str  # base-model prefix in task checkpoints ("bert." in BertForMaskedLM)
     encoder_rules: list[Rule]
     head_rules: dict[str, list[Rule]]
@@ -37,7 +60,12 @@ FAMILIES: dict[str, Family] = {
     "Roberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "XLMRoberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "MPNet": Family(MPNetEncoder, "mpnet.", MPNET_ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+    "Llama": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
+    "Mistral": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
+    "Qwen2": Family(Qwen2Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
+    "Qwen3": Family(Qwen3Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
 }
+CAUSAL_FAMILIES = tuple(name for name, f in FAMILIES.items() if getattr(f.encoder, "causal", False))
 HEADS = {
     "Model": ("embed", "token_embed"),
     "ForSequenceClassification": ("classify",),
@@ -64,8 +92,11 @@ class EncoderForPooling(nn.Module):
         hidden = cfg["hidden_size"]
         self.family, self.head_kind = family, head
         self.supported_tasks: tuple[str, ...] = HEADS[head]
-        self.default_pooling = "CLS"  # what transformers' classifiers read; embedders usually override via ST
         self.encoder = family.encoder(cfg)
+        self.causal = bool(getattr(self.encoder, "causal", False))
+        # What transformers' classifiers read (CLS for encoders, the last token for decoders); embedders
+        # usually override it through their sentence-transformers Pooling module.
+        self.default_pooling = "LAST" if self.causal else "CLS"
         self.sequence_head = self.token_head = None
         if head == "ForSequenceClassification":
             self.sequence_head = family.sequence_head(hidden, model_config.num_labels)
@@ -81,11 +112,30 @@ class EncoderForPooling(nn.Module):
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)
         tied = self.head_kind == "ForMaskedLM"
-        load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,),
-                    optional=("token_head.decoder.weight",) if tied else ())
+        from_tokens = self.causal and self.head_kind == "ForSequenceClassification" and not any(
+            k.endswith("score.weight") for k in state)
+        optional = ("token_head.decoder.weight",) if tied else ("sequence_head.",) if from_tokens else ()
+        load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,), optional=optional)
+        if from_tokens:
+            self._score_from_lm_head(state)
         if tied and not any(k.endswith(("predictions.decoder.weight", "lm_head.decoder.weight")) for k in state):
             with torch.no_grad():  # tied decoder: the checkpoint stores the input embeddings only
                 self.token_head.decoder.weight.copy_(self.encoder.embeddings.word_embeddings.weight)
+
+
+    def _score_from_lm_head(self, state: dict[str, torch.Tensor]) -> None:
+        """A `*ForCausalLM` served with convert="classify" and no `score` weights: vLLM's
+        `classifier_from_token` (hf_overrides) names the vocabulary tokens whose LM-head rows become the
+        classifier (e.g. ["no", "yes"] for a yes/no reranker); their logits are the labels' logits."""
+        token_ids = self.encoder.cfg.get("classifier_from_token_ids")
+        if not token_ids:
+            raise ValueError("this causal LM checkpoint has no `score` weights; to serve it with convert='classify' "
+                             "name the label tokens with hf_overrides={'classifier_from_token': [...]}")
+        lm_head = state.get("lm_head.weight")
+        if lm_head is None:  # tied embeddings
+            lm_head = self.encoder.embed_tokens.weight
+        with torch.no_grad():
+            self.sequence_head.weight.copy_(lm_head[list(token_ids)])
 
 
 def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> EncoderForPooling:

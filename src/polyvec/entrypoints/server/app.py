@@ -245,7 +245,8 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
     def embed_params(req) -> PoolingParams:
         return PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation, normalize=req.normalize,
                              activation=getattr(req, "activation", None), input_type=req.input_type,
-                             truncate_prompt_tokens=req.truncate_prompt_tokens)
+                             truncate_prompt_tokens=req.truncate_prompt_tokens, long_input=req.long_input,
+                             window_overlap=req.window_overlap)
 
     async def score_pairs(raw: Request, text_1, text_2, req) -> tuple[list[float], int]:
         try:

@@ -112,20 +112,20 @@ class AsyncEngine:
                     self._cond.wait()
                 if self._stopping and not self.engine.has_unfinished_requests():
                     return
-                batch = self.engine.scheduler.schedule()
+                batch = self.engine.schedule()
             start = time.perf_counter()
             try:
                 outputs = self.engine.run(batch)
             except Exception as exc:  # an engine fault fails this batch only; the loop keeps serving
                 logger.exception("engine step failed for %d requests", len(batch))
                 with self._cond:
-                    entries = [self._pending.pop(r.request_id, None) for r in batch]
+                    entries = [self._pending.pop(rid, None) for rid in self.engine.fail(batch)]
                 for entry in entries:
                     if entry is not None:
                         entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=exc))
                 continue
             if self.on_batch is not None:
-                self.on_batch(sum(r.num_tokens for r in batch), len(batch), time.perf_counter() - start)
+                self.on_batch(sum(c.num_tokens for c in batch), len(batch), time.perf_counter() - start)
             with self._cond:
                 entries = [self._pending.pop(o.request_id, None) for o in outputs]
             for out, entry in zip(outputs, entries):

@@ -74,7 +74,14 @@ class EmbeddingRequest(PoolingBase, EncodingFields):
     """Older name of use_activation."""
     input_type: str | None = None
     """Late-interaction (ColBERT) models: "query" or "document" (default); search_query / search_document
-    are accepted. The response says which mode was used."""
+    are accepted. The response says which mode was used. Models with instruction prompts
+    (config_sentence_transformers.json, e.g. Qwen3-Embedding) prepend the prompt of that name to text."""
+    long_input: Literal["truncate", "window"] | None = None
+    """Encoder input longer than the model's maximum: "truncate" it, or split it into "window"s (embed: the
+    token-weighted mean of the windows, then normalized; token_embed: one vector per input token). Default:
+    the server's --long-input."""
+    window_overlap: Annotated[int, Field(ge=0)] | None = None
+    """long_input="window": tokens shared by consecutive windows (default: the server's --window-overlap)."""
 
 
 class PoolingRequest(EmbeddingRequest):

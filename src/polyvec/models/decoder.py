@@ -1,0 +1,197 @@
+"""Decoder-only transformers (Llama, Mistral, Qwen2, Qwen3) over packed sequences, as pooling models.
+
+Touvron et al., "LLaMA" (2023), https://arxiv.org/abs/2302.13971; Jiang et al., "Mistral 7B" (2023),
+https://arxiv.org/abs/2310.06825; Qwen2 / Qwen3 technical reports (https://arxiv.org/abs/2407.10671,
+https://arxiv.org/abs/2505.09388). One pre-norm block serves all four: RMSNorm → grouped-query attention
+with rotary positions (Su et al., https://arxiv.org/abs/2104.09864) → RMSNorm → SwiGLU MLP. The families
+differ only in switches read from `config.json`: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), an
+explicit `head_dim`, rope scaling (Llama 3) and a sliding window (Mistral).
+
+Used as embedders (e5-mistral, Qwen3-Embedding: LAST pooling + normalize) or classifiers with a `score`
+head; the LM head is dropped. Attention is causal and keeps keys/values in a per-request KV cache so a
+long prompt can be prefilled in chunks (see `layers/attention.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..layers.activation import get_act_fn
+from ..layers.attention import AttentionMetadata, causal_attention
+from ..layers.linear import PackedLinear
+from .weights import Rule
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as transformers does) and cast back."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`."""
+    params = dict(cfg.get("rope_scaling") or {})
+    params.update(cfg.get("rope_parameters") or {})
+    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    return params
+
+
+def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
+    p = rope_parameters(cfg)
+    inv_freq = 1.0 / (float(p["rope_theta"]) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = p["rope_type"]
+    if kind == "default":
+        return inv_freq.float()
+    if kind == "linear":
+        return (inv_freq / float(p["factor"])).float()
+    if kind == "llama3":
+        # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+        factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        old_len = float(p["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled).float()
+    raise ValueError(f"rope type {kind!r} is not supported; supported: default, linear, llama3")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves (the GPT-NeoX / transformers layout) of x [T, H, d] by cos/sin [T, 1, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any], index: int, head_dim: int, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.index = index
+        self.num_heads, self.num_kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg[
+            "num_attention_heads"]
+        self.head_dim = head_dim
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bool(cfg.get("attention_bias", False)))
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        mlp_bias = bool(cfg.get("mlp_bias", False))
+        self.gate_proj = nn.Linear(hidden, cfg["intermediate_size"], bias=mlp_bias)
+        self.up_proj = nn.Linear(hidden, cfg["intermediate_size"], bias=mlp_bias)
+        self.down_proj = nn.Linear(cfg["intermediate_size"], hidden, bias=mlp_bias)
+        self.act = get_act_fn(cfg.get("hidden_act", "silu"))
+        self.sliding_window = _sliding_window(cfg, index)
+
+    def prepack(self) -> None:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+            setattr(self, name, PackedLinear(getattr(self, name)))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        total = h.shape[0]
+        q = self.q_proj(h).view(total, self.num_heads, self.head_dim)
+        k = self.k_proj(h).view(total, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(h).view(total, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)
+        x = x + self.o_proj(attn.reshape(total, self.num_heads * self.head_dim))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(self.act(self.gate_proj(h)) * self.up_proj(h))
+
+
+def _sliding_window(cfg: dict[str, Any], index: int) -> int | None:
+    window = cfg.get("sliding_window")
+    if not window:
+        return None
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        return int(window) if layer_types[index] == "sliding_attention" else None
+    if cfg.get("model_type") in ("qwen2", "qwen3"):
+        # Qwen applies the window only with use_sliding_window, from layer max_window_layers on.
+        use = cfg.get("use_sliding_window", False) and index >= cfg.get("max_window_layers", 0)
+        return int(window) if use else None
+    return int(window)
+
+
+class DecoderModel(nn.Module):
+    """Token embeddings + N decoder layers + final RMSNorm: packed `input_ids` [T] → hidden states [T, H]."""
+
+    causal = True
+    qkv_bias_default = False
+    qk_norm = False
+
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        self.cfg = cfg
+        hidden = cfg["hidden_size"]
+        self.head_dim = int(cfg.get("head_dim") or hidden // cfg["num_attention_heads"])
+        self.num_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        qkv_bias = bool(cfg.get("attention_bias", self.qkv_bias_default)) or self.qkv_bias_default
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.head_dim, qkv_bias, self.qk_norm)
+                                    for i in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
+        # Not a buffer: the model is built on the meta device and only its parameters are loaded.
+        self._inv_freq: torch.Tensor | None = None
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, kv heads, head dim): what one token costs in a KV cache, times 2 (keys and values)."""
+        return len(self.layers), self.num_kv_heads, self.head_dim
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = rope_inv_freq(self.cfg, self.head_dim).to(positions.device)
+        freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(meta.positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.norm(x)
+
+
+class Qwen2Model(DecoderModel):
+    qkv_bias_default = True  # Qwen2 always has q/k/v biases
+
+
+class Qwen3Model(DecoderModel):
+    qk_norm = True
+
+
+# transformers name → polyvec name (after "model." is stripped).
+_L = r"^layers\.(\d+)\."
+DECODER_RULES: list[Rule] = [
+    (r"^embed_tokens\.", "encoder.embed_tokens.", None),
+    (r"^norm\.", "encoder.norm.", None),
+    (_L + r"self_attn\.", r"encoder.layers.\1.", None),
+    (_L + r"mlp\.", r"encoder.layers.\1.", None),
+    (_L, r"encoder.layers.\1.", None),
+]
+DECODER_HEAD_RULES: dict[str, list[Rule]] = {
+    "ForSequenceClassification": [(r"^score\.", "sequence_head.", None)],
+    "ForTokenClassification": [(r"^score\.", "token_head.", None)],
+}

@@ -1,0 +1,77 @@
+"""Prefix caching on a causal model: a shared instruction prefix is computed once and results do not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyvec import LLM, PoolerConfig
+from polyvec.engine.prefix_cache import BLOCK_SIZE, block_hashes
+from tests.models.test_decoder_parity import save_decoder
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory, minilm_path):
+    folder = tmp_path_factory.mktemp("qwen3-prefix")
+    save_decoder("qwen3", "ForCausalLM", folder, minilm_path)
+    return folder
+
+
+def shared_prefix_prompts(n: int = 12, prefix_len: int = 40) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(1000, 30000, (prefix_len,), generator=g).tolist()
+    return [prefix + torch.randint(1000, 30000, (int(k % 7) + 3,), generator=g).tolist() for k in range(n)]
+
+
+def test_block_hashes_are_chained():
+    a = list(range(40))
+    b = list(range(16)) + [99] + list(range(17, 40))
+    ha, hb = block_hashes(a), block_hashes(b)
+    assert len(ha) == 40 // BLOCK_SIZE
+    assert ha[0] == hb[0] and ha[1] != hb[1]
+    assert block_hashes(a[16:32]) != ha[1:2]  # a block's name depends on what precedes it
+
+
+@pytest.mark.parametrize("pooling", ["LAST", "MEAN", "CLS", "ALL"])
+@pytest.mark.parametrize("budget", [None, 16])
+def test_results_unchanged_and_prefix_computed_once(qwen3_folder, pooling, budget):
+    ps = shared_prefix_prompts()
+    task = "token_embed" if pooling == "ALL" else "embed"
+    outs = {}
+    for caching in (False, True):
+        llm = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=caching, max_num_batched_tokens=budget,
+                  pooler_config=PoolerConfig(pooling_type=pooling))
+        got = llm.encode([{"prompt_token_ids": p} for p in ps], pooling_task=task, use_tqdm=False)
+        outs[caching] = ([o.outputs.data for o in got], llm.engine)
+    for plain, cached in zip(outs[False][0], outs[True][0]):
+        assert plain.shape == cached.shape
+        assert torch.allclose(plain, cached, atol=1e-5)
+    plain_engine, cached_engine = outs[False][1], outs[True][1]
+    total = sum(len(p) for p in ps)
+    assert plain_engine.stats.num_batched_tokens == total
+    # Two full blocks (32 of the 40 shared tokens) are computed by the first request only.
+    reused = 2 * BLOCK_SIZE * (len(ps) - 1)
+    assert cached_engine.prefix_cache.hit_tokens == reused
+    assert cached_engine.stats.num_batched_tokens == total - reused
+
+
+def test_prefix_cache_is_bounded(qwen3_folder):
+    llm = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=True)
+    llm.engine.prefix_cache.capacity_blocks = 4
+    g = torch.Generator().manual_seed(6)
+    ps = [torch.randint(1000, 30000, (50,), generator=g).tolist() for _ in range(10)]
+    llm.embed([{"prompt_token_ids": p} for p in ps], use_tqdm=False)
+    assert len(llm.engine.prefix_cache) <= 4
+    assert llm.engine.scheduler.kv_used == 0  # every request gave its KV reservation back
+
+
+def test_instruction_prompt_text_reuses_the_cache(qwen3_folder):
+    llm = LLM(str(qwen3_folder), dtype="float32")
+    instruction = "Instruct: given a question about aerodynamics, retrieve passages that answer it. Query: "
+    queries = [instruction + q for q in ("stall angle", "boundary layer suction", "supersonic flutter")]
+    first = llm.embed(queries[:1], use_tqdm=False)
+    rest = llm.embed(queries[1:], use_tqdm=False)
+    assert llm.engine.prefix_cache.hit_tokens > 0
+    fresh = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=False).embed(queries, use_tqdm=False)
+    for a, b in zip(first + rest, fresh):
+        assert torch.allclose(a.outputs.data, b.outputs.data, atol=1e-5)

@@ -1,0 +1,180 @@
+"""Decoders (Qwen3, Qwen2, Llama, Mistral) against transformers on the same weights, whole and chunked.
+
+Tiny random-initialised checkpoints (fixed seed, RMSNorm weights perturbed so a mis-loaded norm cannot pass).
+Prompts of 50-60 tokens are mixed in one run with short ones; with a token budget of 16 the long ones are
+prefilled in 4 chunks across steps, interleaved with the short requests.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from polyvec import LLM, PoolerConfig, PoolingParams
+from tests.helpers import cosine_rows
+
+DECODER = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=128, max_position_embeddings=512)
+FAMILIES = {
+    "qwen3": ("Qwen3", "Qwen3Config", dict(DECODER, head_dim=16)),
+    "qwen2": ("Qwen2", "Qwen2Config", dict(DECODER)),
+    "llama": ("Llama", "LlamaConfig", dict(DECODER, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32})),
+    "mistral": ("Mistral", "MistralConfig", dict(DECODER, sliding_window=24)),
+}
+LENGTHS = (55, 3, 60, 7, 50, 12, 58)
+
+
+def save_decoder(kind: str, head: str, folder, tokenizer_from, seed: int = 0, **extra):
+    import transformers
+
+    prefix, cfg_name, kwargs = FAMILIES[kind]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_name)(**kwargs, **extra)
+    model = getattr(transformers, f"{prefix}{head}")(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif "bias" in name:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, folder / name)
+    return model
+
+
+def prompts(seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1000, 30000, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def reference_hidden(model, ids: list[int]) -> torch.Tensor:
+    base = getattr(model, "model", model)
+    with torch.no_grad():
+        return base(input_ids=torch.tensor([ids])).last_hidden_state[0]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def causal_lm(request, tmp_path_factory, minilm_path):
+    folder = tmp_path_factory.mktemp(request.param)
+    model = save_decoder(request.param, "ForCausalLM", folder, minilm_path)
+    return request.param, folder, model
+
+
+@pytest.mark.parametrize("budget", [None, 16])
+def test_embed_last_token_embed_all_and_mean(causal_lm, budget):
+    _kind, folder, model = causal_lm
+    ps = prompts()
+    refs = [reference_hidden(model, p) for p in ps]
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False)
+    assert llm.supported_tasks == ("embed", "token_embed")
+    assert "convert=embed" in llm.model_config.sources["architecture"]
+    token_prompts = [{"prompt_token_ids": p} for p in ps]
+    embeds = llm.embed(token_prompts, use_tqdm=False)
+    tokens = llm.token_embed(token_prompts, use_tqdm=False)
+    for ref, e, t in zip(refs, embeds, tokens):
+        assert cosine_rows(e.outputs.data, F.normalize(ref[-1], dim=-1)).item() >= 0.9999  # LAST + normalize
+        assert t.outputs.data.shape == ref.shape
+        assert cosine_rows(t.outputs.data, F.normalize(ref, dim=-1)).min().item() >= 0.9999
+    if budget == 16:
+        assert llm.engine.stats.num_batches >= 4 * 3  # the long prompts really went in chunks
+    mean_llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False,
+                   pooler_config=PoolerConfig(pooling_type="MEAN"))
+    means = mean_llm.embed(token_prompts, use_tqdm=False)
+    for ref, m in zip(refs, means):
+        assert cosine_rows(m.outputs.data, F.normalize(ref.mean(0), dim=-1)).item() >= 0.9999
+
+
+POOLINGS = ["CLS", "LAST", "MEAN", "MAX", "WEIGHTED_MEAN", "ALL", "STEP"]
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_chunked_equals_unchunked(tmp_path, minilm_path, pooling):
+    save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    ps = prompts(seed=2)
+    step_tag = ps[0][10]  # a token that occurs in the first prompt
+    results = []
+    for budget in (None, 16):
+        llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False,
+                  pooler_config=PoolerConfig(pooling_type=pooling))
+        task = "token_embed" if pooling in ("ALL", "STEP") else "embed"
+        params = PoolingParams(step_tag_id=step_tag) if pooling == "STEP" else None
+        outs = llm.encode([{"prompt_token_ids": p} for p in ps], params, pooling_task=task, use_tqdm=False)
+        results.append([o.outputs.data for o in outs])
+    for whole, chunked in zip(*results):
+        assert whole.shape == chunked.shape
+        if whole.numel():
+            assert cosine_rows(whole.reshape(-1, whole.shape[-1]), chunked.reshape(-1, whole.shape[-1])).min() >= 0.9999
+            assert torch.allclose(whole, chunked, atol=1e-5)
+    if pooling == "STEP":
+        assert results[0][0].shape[0] == ps[0].count(step_tag) >= 1
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_sequence_classifier_whole_and_chunked(tmp_path, minilm_path, kind):
+    model = save_decoder(kind, "ForSequenceClassification", tmp_path, minilm_path, num_labels=3)
+    ps = prompts(seed=3)
+    with torch.no_grad():
+        refs = [model(input_ids=torch.tensor([p])).logits[0] for p in ps]
+    for budget in (None, 16):
+        llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget)
+        assert llm.supported_tasks == ("classify",)
+        outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False),
+                            use_tqdm=False)
+        for ref, o in zip(refs, outs):
+            assert torch.allclose(o.outputs.data, ref, atol=1e-5)
+
+
+def test_convert_classify_from_lm_head_tokens(tmp_path, minilm_path):
+    """vLLM's classifier_from_token: a causal LM served as a classifier over the logits of named tokens."""
+    model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    llm = LLM(str(tmp_path), dtype="float32", convert="classify",
+              hf_overrides={"classifier_from_token": ["no", "yes"]})
+    ids = [llm.get_tokenizer().token_to_id(t) for t in ("no", "yes")]
+    ps = prompts(seed=4)
+    outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
+    for p, o in zip(ps, outs):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p])).logits[0, -1, ids]
+        assert torch.allclose(o.outputs.data, logits, atol=1e-5)
+    with pytest.raises(ValueError, match="classifier_from_token"):
+        LLM(str(tmp_path), dtype="float32", convert="classify")
+
+
+def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
+    """A Qwen3-Embedding-style folder: config.json says Qwen3ForCausalLM, modules.json has last-token
+    pooling + Normalize, config_sentence_transformers.json has a query instruction. Against
+    sentence-transformers on the same folder, with prompt_name="query" ↔ input_type="query"."""
+    from sentence_transformers import SentenceTransformer
+
+    save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "include_prompt": True}))
+    (tmp_path / "2_Normalize").mkdir()
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({
+        "prompts": {"query": "Instruct: find passages about aerodynamics\nQuery:", "document": ""},
+        "default_prompt_name": None}))
+    texts = ["what is the stall angle of a thin wing", "laminar boundary layer", "shock waves"]
+    st = SentenceTransformer(str(tmp_path), device="cpu")
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.model_config.prompts["query"].startswith("Instruct:")
+    for input_type in ("query", "document"):
+        ref = st.encode(texts, prompt_name=input_type, convert_to_tensor=True, batch_size=2)
+        got = torch.stack([o.outputs.data for o in llm.embed(texts, PoolingParams(input_type=input_type),
+                                                              use_tqdm=False)])
+        assert cosine_rows(got, ref).min().item() >= 0.9999
+    plain = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
+    assert cosine_rows(plain, ref).min().item() >= 0.9999  # the document prompt is empty
