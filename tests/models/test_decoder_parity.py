@@ -178,3 +178,31 @@ def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
         assert cosine_rows(got, ref).min().item() >= 0.9999
     plain = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     assert cosine_rows(plain, ref).min().item() >= 0.9999  # the document prompt is empty
+
+
+def test_requests_wait_when_the_kv_cache_is_full(tmp_path, minilm_path):
+    """A KV budget of 70 tokens holds one long prompt at a time: the others wait, none fails, results equal."""
+    save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    ps = prompts(seed=8)
+    whole = LLM(str(tmp_path), dtype="float32", enable_prefix_caching=False).embed(
+        [{"prompt_token_ids": p} for p in ps], use_tqdm=False)
+    per_token = 2 * 2 * 2 * 16 * 4  # keys + values, 2 layers, 2 KV heads, head_dim 16, float32
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, enable_prefix_caching=False,
+              kv_cache_memory_bytes=70 * per_token)
+    assert llm.engine.kv_cache_tokens == 70
+    peak = 0
+    step = llm.engine.step
+
+    def watched_step():
+        nonlocal peak
+        out = step()
+        peak = max(peak, llm.engine.scheduler.kv_used)
+        return out
+
+    llm.engine.step = watched_step
+    got = llm.embed([{"prompt_token_ids": p} for p in ps], use_tqdm=False)
+    for a, b in zip(whole, got):
+        assert torch.allclose(a.outputs.data, b.outputs.data, atol=1e-5)
+    assert 50 <= peak <= 70 and llm.engine.scheduler.kv_used == 0
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
+        llm.embed([{"prompt_token_ids": ps[0] + ps[2]}], use_tqdm=False)

@@ -146,11 +146,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: At
     return out
 
 
+# The CPU flash-attention kernel behind SDPA; it also returns each row's log-sum-exp.
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int,
                  window: int | None) -> torch.Tensor:
     n = q.shape[2]
     if ctx == 0 and (window is None or n <= window):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if window is None and q.device.type == "cpu" and _FLASH_CPU is not None:
+        return _context_then_causal(q, k, v, ctx)
     parts = []
     for r0 in range(0, n, _QUERY_BLOCK):
         r1 = min(n, r0 + _QUERY_BLOCK)
@@ -162,3 +168,22 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int,
         parts.append(F.scaled_dot_product_attention(q[:, :, r0:r1], k[:, :, :ctx + r1], v[:, :, :ctx + r1],
                                                     attn_mask=mask, enable_gqa=True))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _context_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> torch.Tensor:
+    """A chunk after `ctx` cached tokens, without a mask: every query sees all cached keys (one unmasked
+    pass, the query heads of a KV group stacked as rows so keys are not repeated) and the chunk's own keys
+    causally (a top-left causal pass); the two softmaxes are merged with their log-sum-exps. ~1.5x faster
+    than SDPA with a [rows, keys] mask at 16-32k tokens of context, and exact to float rounding."""
+    _, heads, n, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    o1, l1 = _FLASH_CPU(q.reshape(1, kv_heads, group * n, dim), k[:, :, :ctx], v[:, :, :ctx])
+    k_new, v_new = k[:, :, ctx:], v[:, :, ctx:]
+    if group > 1:
+        k_new, v_new = k_new.repeat_interleave(group, 1), v_new.repeat_interleave(group, 1)
+    o2, l2 = _FLASH_CPU(q, k_new, v_new, is_causal=True)
+    l1, l2 = l1.reshape(1, heads, n, 1).float(), l2.reshape(1, heads, n, 1).float()
+    lse = torch.logaddexp(l1, l2)
+    out = o1.reshape(1, heads, n, dim).float() * torch.exp(l1 - lse) + o2.float() * torch.exp(l2 - lse)
+    return out.to(q.dtype)
