@@ -180,3 +180,31 @@ def test_cli_embed_main_job(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "embedded 40 texts" in result.stdout and "tokens/s" in result.stdout
     assert "nearest neighbour of text 0" in result.stdout
+
+
+def test_iter_encode_streams_in_order_with_bounded_memory(minilm_llm, cranfield_texts):
+    texts = cranfield_texts * 3
+    ref = minilm_llm.embed(texts, use_tqdm=False)
+    queued = []
+    add = minilm_llm.engine.add_requests
+
+    def watched(requests):
+        add(requests)
+        queued.append(len(minilm_llm.engine.scheduler))
+
+    minilm_llm.engine.add_requests = watched
+    try:
+        got = list(minilm_llm.iter_encode((t for t in texts), max_in_flight=20))
+    finally:
+        minilm_llm.engine.add_requests = add
+    assert len(got) == len(texts)
+    for a, b in zip(ref, got):
+        assert a.prompt_token_ids == b.prompt_token_ids
+        assert torch.allclose(a.outputs.data, b.outputs.data, atol=1e-6)
+    assert max(queued) <= 20 and len(queued) >= len(texts) // 20
+    tokens = list(minilm_llm.iter_encode(texts[:5], pooling_task="token_embed"))
+    assert [t.outputs.data.shape[0] for t in tokens] == [len(t.prompt_token_ids) for t in tokens]
+    stream = minilm_llm.iter_encode(texts, max_in_flight=8)
+    next(stream)
+    stream.close()  # the consumer stops early: nothing stays queued
+    assert not minilm_llm.engine.has_unfinished_requests()

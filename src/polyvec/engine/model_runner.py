@@ -8,6 +8,7 @@ go into the request's `PoolingState` instead of the pooler, until its last chunk
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 
@@ -24,6 +25,20 @@ from ..models.registry import EncoderForPooling, build_model
 from .scheduler import ScheduledChunk
 
 logger = logging.getLogger(__name__)
+
+
+def _glibc_malloc_trim():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to do
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+# Batches between two returns of freed heap memory to the OS (see ModelRunner.execute).
+TRIM_EVERY = 16
 
 
 def _load_dense_stack(model_config: ModelConfig, device: torch.device, on_tokens: bool) -> nn.Module | None:
@@ -56,6 +71,7 @@ class ModelRunner:
             token_projection.weight.data.copy_(weight)
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
+        self._batches = 0
         self.onednn = onednn_available(self.device, model_config.dtype)
         if self.onednn:
             for layer in self.model.encoder.layers:
@@ -121,4 +137,10 @@ class ModelRunner:
                     outputs[i] = self.pooler.finish(r.pool_state, r.keep)
         if self.device.type != "cpu":
             outputs = [o.cpu() if o is not None else None for o in outputs]
+        self._batches += 1
+        if _MALLOC_TRIM is not None and self._batches % TRIM_EVERY == 0:
+            # Batches allocate tensors of ever-different sizes; glibc keeps the freed ones in its heap, so a
+            # long offline run's RSS creeps up (+1 GB over 100k passages). Trimming every few batches keeps
+            # it flat for well under a millisecond per batch.
+            _MALLOC_TRIM(0)
         return outputs, hidden

@@ -19,6 +19,7 @@ A batch holds at most `max_num_batched_tokens` real tokens and `max_num_seqs` se
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class Scheduler:
         self.prefix_probe = prefix_probe
         self.kv_used = 0
         self._reserved: dict[str, int] = {}
+        # A server aborts from its event loop while the engine thread releases finished requests.
+        self._kv_lock = threading.Lock()
         self.waiting: deque[Schedulable] = deque()
         self.running: list[Schedulable] = []  # started, not yet fully scheduled (chunked prefill)
 
@@ -88,7 +91,8 @@ class Scheduler:
 
     def release(self, request_id: str) -> None:
         """The request finished (or failed): give back its KV cache reservation."""
-        self.kv_used -= self._reserved.pop(request_id, 0)
+        with self._kv_lock:
+            self.kv_used -= self._reserved.pop(request_id, 0)
 
     def holds_cache(self, request_id: str) -> bool:
         return request_id in self._reserved
@@ -144,10 +148,11 @@ class Scheduler:
             if keys[i] is not None and keys[i] in chosen_keys:
                 return False  # same uncached prefix block as a request already in this batch
             if self.needs_cache(r, remaining[i], budget):
-                if self.kv_used + r.num_tokens > self.kv_cache_tokens:
-                    return False  # wait for the cache to free up
-                self.kv_used += r.num_tokens
-                self._reserved[r.request_id] = r.num_tokens
+                with self._kv_lock:
+                    if self.kv_used + r.num_tokens > self.kv_cache_tokens:
+                        return False  # wait for the cache to free up
+                    self.kv_used += r.num_tokens
+                    self._reserved[r.request_id] = r.num_tokens
             chosen[i] = n
             if keys[i] is not None:
                 chosen_keys.add(keys[i])

@@ -38,6 +38,9 @@ def read_texts(path: str, limit: int | None = None) -> list[str]:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
     from .. import LLM
 
     texts = read_texts(args.file, args.limit)
@@ -47,22 +50,38 @@ def cmd_embed(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
               num_threads=args.threads)
     llm.embed(texts[:8], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outs = llm.embed(texts, use_tqdm=not args.quiet)
-    elapsed = time.perf_counter() - start
-    tokens = sum(len(o.prompt_token_ids) for o in outs)
-    import torch
+    dim = llm.model_config.embed_dim
+    # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus.
+    vecs = (np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=(len(texts), dim))
+            if args.output else np.empty((len(texts), dim), dtype=np.float32))
+    bar = None
+    if not args.quiet:
+        from tqdm.auto import tqdm
 
-    vecs = torch.stack([o.outputs.data for o in outs])
-    sims = vecs[1:] @ vecs[0]
-    best = int(sims.argmax()) + 1
+        bar = tqdm(total=len(texts), desc="Embedded", dynamic_ncols=True)
+    tokens = 0
+    start = time.perf_counter()
+    for i, out in enumerate(llm.iter_encode(texts, pooling_task="embed")):
+        vecs[i] = out.outputs.data.float().numpy()
+        tokens += len(out.prompt_token_ids)
+        if bar is not None:
+            bar.update(1)
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    sims = torch.from_numpy(np.asarray(vecs[1:])) @ torch.from_numpy(np.asarray(vecs[0]))
+    best = int(sims.argmax()) + 1 if len(texts) > 1 else 0
     print(f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
           f"device {llm.engine.runner.device}, threads {torch.get_num_threads()}, {platform.processor() or platform.machine()})")
     print(f"embedded {len(texts)} texts, {tokens} tokens (mean {tokens / len(texts):.1f}) in {elapsed:.2f} s: "
-          f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s; dim {vecs.shape[1]}")
-    print(f"nearest neighbour of text 0 is text {best}, cosine {float(sims[best - 1]):.4f}")
-    print(f"  [0] {texts[0][:100]}")
-    print(f"  [{best}] {texts[best][:100]}")
+          f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s; dim {dim}"
+          + (f"; written to {args.output}" if args.output else ""))
+    if best:
+        print(f"nearest neighbour of text 0 is text {best}, cosine {float(sims[best - 1]):.4f}")
+        print(f"  [0] {texts[0][:100]}")
+        print(f"  [{best}] {texts[best][:100]}")
+    if args.output:
+        vecs.flush()
     return 0
 
 
@@ -176,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--output", default=None, help="write the embeddings to this .npy file (float32, one row per text)")
     p.set_defaults(func=cmd_embed)
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
     ev.add_argument("--model", default=os.environ.get("POLYVEC_MODEL", DEFAULT_MODEL))

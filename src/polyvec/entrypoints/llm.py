@@ -6,9 +6,11 @@ names, arguments and output fields, so switching is an import change.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable
 
 import torch
@@ -126,6 +128,44 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[r.request_id] for r in requests]
+
+    def iter_encode(self, prompts: Iterable[Prompt], pooling_params: PoolingParams | None = None, *,
+                    pooling_task: str = "embed", max_in_flight: int = 4096,
+                    truncate_prompt_tokens: int | None = None) -> Iterator[PoolingRequestOutput]:
+        """Outputs one by one, in input order, for any number of prompts (a list or a lazy iterable such as
+        a file reader), with memory bounded by `max_in_flight` requests rather than by the corpus: prompts
+        are tokenized in slices as the engine drains, and nothing is kept once yielded. For offline runs
+        over large collections (write each output to disk as it comes)."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if truncate_prompt_tokens is not None:
+            pooling_params = _with_truncation(pooling_params, truncate_prompt_tokens)
+        source = iter(prompts)
+        slice_size = max(1, min(max_in_flight // 2, 1024))
+        order: deque[str] = deque()  # request ids not yet yielded, in input order
+        done: dict[str, PoolingRequestOutput] = {}
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(order) + slice_size <= max_in_flight:
+                    chunk = list(itertools.islice(source, slice_size))
+                    if not chunk:
+                        exhausted = True
+                        break
+                    requests = self.engine.process(chunk, pooling_params, pooling_task)
+                    self.engine.add_requests(requests)
+                    order.extend(r.request_id for r in requests)
+                while order and order[0] in done:
+                    yield done.pop(order.popleft())
+                if not order and exhausted:
+                    return
+                if not order:
+                    continue
+                for out in self.engine.step():
+                    done[out.request_id] = out
+        finally:
+            if order:  # the consumer stopped early or something raised: drop what is still queued
+                self.engine.abort_requests(set(order))
 
     # ------------------------------------------------------------------------------------------ tasks
 
