@@ -96,3 +96,8 @@ def test_bad_window_options(minilm_llm, long_doc):
         minilm_llm.embed([long_doc], PoolingParams(long_input="window", window_overlap=200), use_tqdm=False)
     with pytest.raises(ValueError, match="long_input"):
         minilm_llm.embed([long_doc], PoolingParams(long_input="sliding"), use_tqdm=False)
+
+
+def test_windows_refuse_step_pooling(minilm_llm, long_doc):
+    with pytest.raises(ValueError, match="STEP"):
+        minilm_llm.token_embed([long_doc], PoolingParams(long_input="window", step_tag_id=1012), use_tqdm=False)

@@ -221,6 +221,11 @@ class Engine:
                                  + ("causal models prefill long inputs in chunks" if self.causal else
                                     "a ColBERT model truncates documents to its document_length"))
             return "truncate"
+        if mode == "window" and params.is_step:
+            if params.long_input == "window":
+                raise ValueError("long_input='window' does not apply to STEP pooling (step_tag_id / "
+                                 "returned_token_ids)")
+            return "truncate"
         if mode == "window" and params.task == "classify":
             return "truncate"  # the server-wide default applies to the tasks windows support
         return mode

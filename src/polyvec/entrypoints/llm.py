@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import EngineConfig, PoolerConfig, resolve_dtype
+from ..config import EngineConfig, PoolerConfig, default_max_num_batched_tokens, resolve_dtype
 from ..engine.engine import Engine, Prompt
 from ..loader import DEFAULT_MODEL, load_model_config
 from ..outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
@@ -79,9 +79,7 @@ class LLM:
             pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
             download_dir=download_dir, convert=convert)
         if max_num_batched_tokens is None:
-            # Causal models prefill long prompts in chunks; encoders need a whole input in one batch.
-            engine_config.max_num_batched_tokens = (8192 if model_config.is_causal
-                                                    else max(8192, model_config.max_model_len))
+            engine_config.max_num_batched_tokens = default_max_num_batched_tokens(model_config, device_obj)
         self.engine = Engine(model_config, engine_config)
         self.model_config = model_config
 
