@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, load_passages  # noqa: E402
+from common import hardware, load_passages
 
 
 def rss_mib() -> float:
@@ -42,6 +42,7 @@ def main() -> None:
     args = p.parse_args()
 
     import numpy as np
+    import torch
 
     from polyvec import LLM
 
@@ -67,7 +68,7 @@ def main() -> None:
             if matrix is not None:
                 matrix[i - 1] = data.float().numpy()
             else:
-                sink.write(data.to(dtype=__import__("torch").float16).numpy().tobytes())
+                sink.write(data.to(torch.float16).numpy().tobytes())
             tokens += len(out.prompt_token_ids)
             if i in marks:
                 rows.append((i, rss_mib(), time.perf_counter() - start, tokens))

@@ -10,16 +10,27 @@ import itertools
 import logging
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from ..config import EngineConfig, PoolerConfig, default_max_num_batched_tokens, resolve_dtype
+from ..config import (
+    EngineConfig,
+    PoolerConfig,
+    default_max_num_batched_tokens,
+    resolve_dtype,
+)
 from ..engine.engine import Engine, Prompt
 from ..loader import DEFAULT_MODEL, load_model_config
-from ..outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
-                       ScoringOutput, ScoringRequestOutput, as_task_output)
+from ..outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+    as_task_output,
+)
 from ..pooling_params import PoolingParams
 from ..scoring import plan_scores
 
