@@ -245,17 +245,16 @@ def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[st
         skiplist_words=tuple(cfg.get("skiplist_words", string.punctuation)))
 
 
-def _token_ids(tdir: Path, root: Path, tokens: list[str]) -> list[int]:
+def _token_ids(tokenizer_path: Path, tokens: list[str]) -> list[int]:
     """Vocabulary ids of single tokens (vLLM's classifier_from_token)."""
-    from tokenizers import Tokenizer
+    from .tokenizer import PolyTokenizer
 
-    path = tdir / "tokenizer.json" if (tdir / "tokenizer.json").is_file() else root / "tokenizer.json"
-    tok = Tokenizer.from_file(str(path))
+    tok = PolyTokenizer(tokenizer_path)
     ids = []
     for token in tokens:
         found = tok.token_to_id(token)
         if found is None:
-            encoded = tok.encode(token, add_special_tokens=False).ids
+            encoded = tok.tokenize(token, add_special_tokens=False)[0]
             if len(encoded) != 1:
                 raise ValueError(f"classifier_from_token {token!r} is not a single token of this vocabulary")
             found = encoded[0]
@@ -332,10 +331,6 @@ def load_model_config(
         head = "ForSequenceClassification" if convert == "classify" else "Model"
         sources["architecture"] = f"convert={convert or 'embed'} (config.json says {architecture})"
         architecture = architecture[: -len("ForCausalLM")] + head
-        if convert == "classify" and hf_config.get("classifier_from_token"):
-            hf_config["classifier_from_token_ids"] = _token_ids(tdir, root, hf_config["classifier_from_token"])
-            hf_config["num_labels"] = len(hf_config["classifier_from_token_ids"])
-            hf_config.pop("id2label", None)
     elif convert == "classify" and not architecture.endswith("ForSequenceClassification"):
         raise ValueError(f"convert='classify' needs a causal LM or sequence classifier checkpoint, not {architecture}")
 
@@ -363,6 +358,10 @@ def load_model_config(
         tokenizer_path = tdir / "vocab.txt"
     if not tokenizer_path.is_file():
         raise ValueError(f"no tokenizer.json (or vocab.txt) in {tdir}")
+    if convert == "classify" and hf_config.get("classifier_from_token"):
+        hf_config["classifier_from_token_ids"] = _token_ids(tokenizer_path, hf_config["classifier_from_token"])
+        hf_config["num_labels"] = len(hf_config["classifier_from_token_ids"])
+        hf_config.pop("id2label", None)
     do_lower_case = bool(st_cfg.get("do_lower_case", False))
 
     id2label = {int(k): v for k, v in (hf_config.get("id2label") or {}).items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polyvec import LLM, PoolingParams
@@ -101,8 +102,6 @@ def test_truncate_prompt_tokens(minilm_llm, st_minilm):
     # vLLM >= 0.11 spells it tokenization_kwargs.
     tk = minilm_llm.embed(text, tokenization_kwargs={"truncation": True, "max_length": 16}, use_tqdm=False)[0]
     assert tk.prompt_token_ids == out.prompt_token_ids
-    import pytest
-
     with pytest.raises(ValueError, match="tokenization_kwargs supports truncation and max_length, not padding"):
         minilm_llm.embed(text, tokenization_kwargs={"padding": True}, use_tqdm=False)
 
@@ -110,8 +109,6 @@ def test_truncate_prompt_tokens(minilm_llm, st_minilm):
 def test_truncation_error_mode(minilm_path):
     llm = LLM(str(minilm_path), dtype="float32", truncation="error", max_model_len=64)
     assert llm.embed("short text", use_tqdm=False)[0].outputs.data.shape == (384,)
-    import pytest
-
     with pytest.raises(ValueError, match=r"prompt 1 has \d+ tokens, more than the maximum input length of 64"):
         llm.embed(["fine", "word " * 100], use_tqdm=False)
     with pytest.raises(ValueError, match="maximum input length of 64"):

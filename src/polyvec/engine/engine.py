@@ -46,7 +46,7 @@ class EngineStats:
     busy_seconds: float = 0.0
 
 
-# Default memory for the KV caches of causal requests being prefilled (vLLM's CPU default KV space).
+# Default memory for the KV caches of causal requests being prefilled.
 DEFAULT_KV_CACHE_BYTES = 4 << 30
 
 
@@ -67,10 +67,11 @@ class Engine:
         probe = None
         if self.causal:
             per_token = self.runner.kv_bytes_per_token()
-            self.kv_cache_tokens = max(
-                (engine_config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES) // per_token,
-                0 if engine_config.kv_cache_memory_bytes else
-                model_config.max_model_len + engine_config.max_num_batched_tokens)
+            if engine_config.kv_cache_memory_bytes:
+                self.kv_cache_tokens = engine_config.kv_cache_memory_bytes // per_token
+            else:  # the default always fits one full-length prompt plus a batch
+                self.kv_cache_tokens = max(DEFAULT_KV_CACHE_BYTES // per_token,
+                                           model_config.max_model_len + engine_config.max_num_batched_tokens)
             if engine_config.enable_prefix_caching is not False and engine_config.prefix_cache_tokens:
                 self.prefix_cache = PrefixCache(engine_config.prefix_cache_tokens)
                 probe = self.prefix_cache.probe
@@ -342,7 +343,7 @@ class Engine:
             r = c.request
             self._free(r)
             if r.parent is not None:
-                r.pool_state = data  # the window's result, until its siblings are done
+                r.window_output = data
                 out = self._finish_windows(r.parent)
                 if out is not None:
                     finished.append(out)
@@ -387,10 +388,10 @@ class Engine:
 
     def _finish_windows(self, parent: Request) -> PoolingRequestOutput[PoolingOutput] | None:
         """Combine a long input's windows once all are done (see `_split_windows`)."""
-        if any(w.pool_state is None for w in parent.windows) or parent.request_id not in self._window_groups:
+        if any(w.window_output is None for w in parent.windows) or parent.request_id not in self._window_groups:
             return None
         del self._window_groups[parent.request_id]
-        results = [w.pool_state for w in parent.windows]
+        results = [w.window_output for w in parent.windows]
         if parent.spec.task in ("embed", "classify"):
             weights = torch.tensor([float(w.num_tokens) for w in parent.windows])
             pooled = (torch.stack(results) * weights.unsqueeze(1)).sum(0) / weights.sum()
@@ -405,7 +406,7 @@ class Engine:
             pieces.append(results[-1][len(results[-1]) - n_tail:])
             data = torch.cat(pieces)
         for w in parent.windows:
-            w.pool_state = None
+            w.window_output = None
         return self._output(parent, data)
 
 

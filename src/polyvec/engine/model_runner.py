@@ -120,7 +120,7 @@ class ModelRunner:
                 key_lens = [r.num_key_tokens or r.num_tokens for r in requests]
             meta = AttentionMetadata.build(lens, self.device, key_lens)
         hidden = self.model(input_ids, token_type_ids, meta)
-        whole = [c.is_whole and c.request.pool_state is None for c in chunks]
+        whole = [c.is_whole for c in chunks]
         outputs = self.pooler(hidden, meta, input_ids, [r.spec if w else None for r, w in zip(requests, whole)],
                               [r.keep for r in requests])
         if not all(whole):

@@ -43,7 +43,6 @@ class PrefixCache:
         self.capacity_blocks = max(0, capacity_tokens // BLOCK_SIZE)
         self.blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self.hit_tokens = 0
-        self.queried_tokens = 0
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -77,8 +76,6 @@ class PrefixCache:
         if not self.capacity_blocks or request.kv_cache is None:
             return
         hashes = request.block_hashes or []
-        if start == 0:
-            self.queried_tokens += request.num_tokens
         first, end = -(-start // BLOCK_SIZE), min(len(hashes), (start + num_tokens) // BLOCK_SIZE)
         for b in range(first, end):
             key = hashes[b]

@@ -31,6 +31,7 @@ class Request:
     windows: list[Request] | None = None
     window_spans: list[tuple[int, int, int]] | None = None  # per window: (first token, kept from, kept to)
     parent: Request | None = None
+    window_output: Any = None  # a window's result, kept until its siblings are done
 
     @property
     def num_tokens(self) -> int:

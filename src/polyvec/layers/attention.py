@@ -16,6 +16,7 @@ rest of the batch.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -138,7 +139,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: At
     its queries attend to all cached keys before them plus its own tokens up to themselves.
     """
     out = torch.empty_like(q)
-    starts = meta.cu_seqlens.tolist()
+    starts = [0, *itertools.accumulate(meta.seq_lens)]
     contexts = meta.context_lens or [0] * meta.num_seqs
     caches = meta.kv_caches or [None] * meta.num_seqs
     for i, n in enumerate(meta.seq_lens):

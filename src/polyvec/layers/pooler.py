@@ -104,12 +104,14 @@ class Pooler(nn.Module):
                 keep: list[list[int] | None] | None = None) -> list[torch.Tensor | None]:
         """`keep[i]`: positions of request i's token outputs to return (ColBERT drops skiplist tokens).
         A `None` spec skips that sequence (a chunk whose pooling is carried in a `PoolingState`)."""
-        hidden = hidden.float()
         results: list[torch.Tensor | None] = [None] * len(specs)
         groups: dict[PoolingSpec, list[int]] = {}
         for i, spec in enumerate(specs):
             if spec is not None:
                 groups.setdefault(spec, []).append(i)
+        if not groups:  # every sequence is a chunk pooled through its PoolingState
+            return results
+        hidden = hidden.float()
         pooled_cache: dict[str, torch.Tensor] = {}
 
         for spec, members in groups.items():
@@ -135,11 +137,8 @@ class Pooler(nn.Module):
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
             for i, piece in zip(members, out.split(lens)):
-                if spec.pooling == ("STEP",):
-                    piece = self._step_select(piece, input_ids[starts[i]:starts[i + 1]], spec)
-                if keep is not None and keep[i] is not None:
-                    piece = piece[keep[i]]
-                results[i] = piece
+                results[i] = self._select(piece, input_ids[starts[i]:starts[i + 1]], spec,
+                                          keep[i] if keep is not None else None)
         return results  # type: ignore[return-value]
 
     def finish(self, state: PoolingState, keep: list[int] | None = None) -> torch.Tensor:
@@ -147,12 +146,16 @@ class Pooler(nn.Module):
         spec = state.spec
         if spec.task in ("embed", "classify"):
             parts = [state.pooled(mode) for mode in spec.pooling]
-            pooled = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return self._head(spec, pooled.unsqueeze(0))[0]
-        out = self._head(spec, torch.cat(state.tokens))
+            return self.apply_head(spec, parts[0] if len(parts) == 1 else torch.cat(parts))
+        return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
+
+    @classmethod
+    def _select(cls, piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec,
+                keep: list[int] | None) -> torch.Tensor:
+        """A token task's rows to return: STEP's selection, then the ColBERT skiplist's `keep`."""
         if spec.pooling == ("STEP",):
-            out = self._step_select(out, torch.cat(state.ids), spec)
-        return out[keep] if keep is not None else out
+            piece = cls._step_select(piece, ids, spec)
+        return piece[keep] if keep is not None else piece
 
     @staticmethod
     def _step_select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:

@@ -146,7 +146,7 @@ class DecoderModel(nn.Module):
         hidden = cfg["hidden_size"]
         self.head_dim = int(cfg.get("head_dim") or hidden // cfg["num_attention_heads"])
         self.num_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        qkv_bias = bool(cfg.get("attention_bias", self.qkv_bias_default)) or self.qkv_bias_default
+        qkv_bias = self.qkv_bias_default or bool(cfg.get("attention_bias", False))
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.head_dim, qkv_bias, self.qk_norm)
                                     for i in range(cfg["num_hidden_layers"]))
