@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig, ModelConfig
+from ..layers import kernels
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.linear import onednn_available
@@ -73,6 +74,9 @@ class ModelRunner:
         del state
         self._batches = 0
         self.onednn = onednn_available(self.device, model_config.dtype)
+        cfg = self.model.encoder.cfg
+        self.packed_attention = not self.causal and kernels.packed_attention_available(
+            self.device, model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"])
         if self.onednn:
             for layer in self.model.encoder.layers:
                 layer.prepack()
@@ -118,7 +122,7 @@ class ModelRunner:
             key_lens = None
             if any(r.num_key_tokens is not None for r in requests):
                 key_lens = [r.num_key_tokens or r.num_tokens for r in requests]
-            meta = AttentionMetadata.build(lens, self.device, key_lens)
+            meta = AttentionMetadata.build(lens, self.device, key_lens, packed=self.packed_attention)
         hidden = self.model(input_ids, token_type_ids, meta)
         whole = [c.is_whole for c in chunks]
         outputs = self.pooler(hidden, meta, input_ids, [r.spec if w else None for r, w in zip(requests, whole)],

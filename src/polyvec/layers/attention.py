@@ -1,7 +1,9 @@
 """Attention over packed (padding-free) sequences: bidirectional (encoders) and causal with a KV cache.
 
 The model sees one flat `[num_tokens, hidden]` tensor for the whole batch; `cu_seqlens` marks where each
-sequence starts (the FlashAttention varlen convention). For the attention product alone, the tokens are
+sequence starts (the FlashAttention varlen convention). On CPU, polyvec's native kernel (layers/kernels.py)
+computes bidirectional attention straight from that flat layout. Elsewhere (CUDA, or where the kernel cannot
+be built), for the attention product alone, the tokens are
 scattered into a `[batch, max_len]` grid with a key mask so that no token attends across sequences, and
 gathered back afterwards. The scheduler groups requests of similar length, so the grid wastes little; a
 batch of one sequence, or of equal-length sequences, needs no mask at all and takes SDPA's fastest path.
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import kernels
+
 
 @dataclass
 class AttentionMetadata:
@@ -35,6 +39,10 @@ class AttentionMetadata:
     pad_index: torch.Tensor | None = None  # grid rows no token fills (zeroed, so masked keys stay finite)
     context_lens: list[int] | None = None  # causal: tokens of each sequence already in its KV cache
     kv_caches: list[KVCache | None] | None = None  # causal: where each sequence's keys/values go
+    # Bidirectional attention by polyvec's native kernel straight on the packed batch (no grid, no mask);
+    # then `key_lens` holds each sequence's attended keys when some are fewer than its tokens.
+    packed: bool = False
+    key_lens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -56,10 +64,11 @@ class AttentionMetadata:
                    context_lens=list(context_lens), kv_caches=list(kv_caches))
 
     @classmethod
-    def build(cls, seq_lens: list[int], device: torch.device,
-              key_lens: list[int] | None = None) -> AttentionMetadata:
+    def build(cls, seq_lens: list[int], device: torch.device, key_lens: list[int] | None = None,
+              packed: bool = False) -> AttentionMetadata:
         """`key_lens[i]` < `seq_lens[i]`: the sequence's last tokens are computed but no token attends to them
-        (ColBERT's query expansion [MASK]s when the checkpoint does not attend to them)."""
+        (ColBERT's query expansion [MASK]s when the checkpoint does not attend to them). `packed`: attention
+        runs on the packed batch (layers/kernels.py), so no grid or mask is built."""
         lens = torch.tensor(seq_lens, dtype=torch.long)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.long)
         torch.cumsum(lens, 0, out=cu[1:])
@@ -69,8 +78,10 @@ class AttentionMetadata:
         max_len = max(seq_lens)
         keys = lens if key_lens is None else torch.tensor(key_lens, dtype=torch.long)
         partial_keys = key_lens is not None and any(k < n for k, n in zip(key_lens, seq_lens))
-        scatter = mask = pad = None
-        if len(seq_lens) > 1 or partial_keys:
+        scatter = mask = pad = packed_keys = None
+        if packed:
+            packed_keys = keys.to(device) if partial_keys else None
+        elif len(seq_lens) > 1 or partial_keys:
             rows = seq_ids * max_len + positions
             scatter = rows.to(device)
             if min(seq_lens) != max_len or partial_keys:
@@ -81,10 +92,13 @@ class AttentionMetadata:
                 pad = (~filled).nonzero().squeeze(1).to(device)
         return cls(seq_lens=list(seq_lens), cu_seqlens=cu.to(device), positions=positions.to(device),
                    seq_ids=seq_ids.to(device), max_seqlen=max_len, scatter_index=scatter, key_mask=mask,
-                   pad_index=pad)
+                   pad_index=pad, packed=packed, key_lens=packed_keys)
 
     def attn_mask(self, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The mask SDPA gets: the key mask, plus an additive `[1, heads, L, L]` bias when the model has one."""
+        """The mask SDPA gets: the key mask, plus an additive `[1, heads, L, L]` bias when the model has one.
+        The packed kernel takes the bias alone (it applies key lengths itself)."""
+        if self.packed:
+            return bias
         if bias is None:
             return self.key_mask
         if self.key_mask is None:
@@ -95,6 +109,8 @@ class AttentionMetadata:
 def varlen_attention(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int,
                      attn_mask: torch.Tensor | None) -> torch.Tensor:
     """softmax(q kᵀ/√d + mask) v per sequence, for fused `qkv` of shape [T, 3 * hidden] → [T, hidden]."""
+    if meta.packed:  # `attn_mask` is then the model's additive bias by position, or None
+        return kernels.varlen_attention(qkv, meta.cu_seqlens, num_heads, meta.key_lens, attn_mask)
     total, three_h = qkv.shape
     hidden = three_h // 3
     head_dim = hidden // num_heads

@@ -1,0 +1,272 @@
+// Bidirectional attention over packed (padding-free) sequences, on CPU.
+//
+// softmax(q k^T * scale) v for every (sequence, head) of a packed batch, read straight from the fused
+// qkv projection [T, 3 * H * d] and written to [T, H * d]: no padded grid, no mask, no scatter/gather.
+// Encoder sequences are short (tens to hundreds of tokens), so one (sequence, head) fits in L1/L2: its keys
+// are transposed into a float32 buffer once, and each block of query rows computes scores 16 keys per
+// vector FMA, a softmax in registers' width, and the value sum 16 features per FMA. PyTorch's general CPU
+// flash-attention kernel spends most of its time on per-block overhead at these lengths and head_dim 32.
+// Arithmetic is float32 whatever the storage dtype (bf16 / fp16 in, same dtype out), with the exact-rounding
+// exp of SLEEF, so results match float32 SDPA to rounding. Each (sequence, head) is computed alone, so a
+// sequence's output does not depend on the rest of the batch.
+//
+// Registered as torch.ops.polyvec.varlen_attention; built on first use by polyvec/layers/kernels.py.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kW = Vec::size();  // floats per vector (16 with AVX-512, 8 with AVX2)
+constexpr int kRows = 8;  // query rows per block
+
+// Storage dtype <-> float32, in loops the compiler vectorizes (bf16 is the top half of a float32).
+inline void to_float(const float* src, float* dst, int64_t n, float scale) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = src[c] * scale;
+}
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t n, float scale) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t c = 0; c < n; ++c) {
+    uint32_t u = static_cast<uint32_t>(bits[c]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    dst[c] = f * scale;
+  }
+}
+inline void to_float(const c10::Half* src, float* dst, int64_t n, float scale) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<float>(src[c]) * scale;
+}
+inline void from_float(const float* src, float* dst, int64_t n, float mul) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = src[c] * mul;
+}
+inline void from_float(const float* src, c10::BFloat16* dst, int64_t n, float mul) {
+  uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t c = 0; c < n; ++c) {  // round to nearest even (outputs are finite)
+    float f = src[c] * mul;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits[c] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+inline void from_float(const float* src, c10::Half* dst, int64_t n, float mul) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<c10::Half>(src[c] * mul);
+}
+
+// R query rows at once: every key or value vector loaded feeds R FMAs, and the R independent accumulator
+// chains hide the FMA latency.
+template <int R, typename T>
+void query_block(const float* q, int64_t q_stride, const float* kt, const float* v, int64_t v_stride, float* s,
+                 int64_t n_keys, int64_t n_pad, int64_t d, const float* const* bias_rows, T* const* out_rows,
+                 float* o) {
+  // scores s[r][j] = q[r] . k[j]: 2 * kW keys per step (2R accumulators, FMA-bound rather than load-bound),
+  // then kW at a time
+  int64_t j0 = 0;
+  for (; j0 + 2 * kW <= n_pad; j0 += 2 * kW) {
+    Vec a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec(0.f);
+    for (int64_t c = 0; c < d; ++c) {
+      Vec k0 = Vec::loadu(kt + c * n_pad + j0), k1 = Vec::loadu(kt + c * n_pad + j0 + kW);
+      for (int r = 0; r < R; ++r) {
+        Vec qr(q[r * q_stride + c]);
+        a0[r] = at::vec::fmadd(qr, k0, a0[r]);
+        a1[r] = at::vec::fmadd(qr, k1, a1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      a0[r].store(s + r * n_pad + j0);
+      a1[r].store(s + r * n_pad + j0 + kW);
+    }
+  }
+  for (int64_t j = j0; j < n_pad; j += kW) {
+    Vec acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = Vec(0.f);
+    for (int64_t c = 0; c < d; ++c) {
+      Vec kv = Vec::loadu(kt + c * n_pad + j);
+      for (int r = 0; r < R; ++r) acc[r] = at::vec::fmadd(Vec(q[r * q_stride + c]), kv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r].store(s + r * n_pad + j);
+  }
+  float inv_sum[R];
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * n_pad;
+    if (bias_rows) {
+      const float* br = bias_rows[r];
+      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
+    }
+    Vec mvec(-std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
+    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
+    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
+    // exp(s - m) on whole vectors; the keys past n_keys get 0 so the value loop can run on whole vectors.
+    Vec sum(0.f), mv(m);
+    for (j = 0; j < n_pad; j += kW) {
+      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
+      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, n_keys - j);
+      e.store(sr + j);
+      sum = sum + e;
+    }
+    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+  }
+  // o[r] = sum_j p[r][j] v[j], two feature vectors at a time (d = 32 with AVX-512: all of them)
+  int64_t c0 = 0;
+  for (; c0 + 2 * kW <= d; c0 += 2 * kW) {
+    Vec a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec(0.f);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      Vec v0 = Vec::loadu(v + j * v_stride + c0), v1 = Vec::loadu(v + j * v_stride + c0 + kW);
+      for (int r = 0; r < R; ++r) {
+        Vec p(s[r * n_pad + j]);
+        a0[r] = at::vec::fmadd(p, v0, a0[r]);
+        a1[r] = at::vec::fmadd(p, v1, a1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      a0[r].store(o + r * d + c0);
+      a1[r].store(o + r * d + c0 + kW);
+    }
+  }
+  for (; c0 < d; c0 += kW) {
+    Vec a0[R];
+    for (int r = 0; r < R; ++r) a0[r] = Vec(0.f);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      Vec v0 = Vec::loadu(v + j * v_stride + c0);
+      for (int r = 0; r < R; ++r) a0[r] = at::vec::fmadd(Vec(s[r * n_pad + j]), v0, a0[r]);
+    }
+    for (int r = 0; r < R; ++r) a0[r].store(o + r * d + c0);
+  }
+  for (int r = 0; r < R; ++r) from_float(o + r * d, out_rows[r], d, inv_sum[r]);
+}
+
+struct Buffers {
+  std::vector<float> q, k, kt, v, s, o;
+};
+
+// Heads [h0, h1) of one sequence. Its rows are contiguous in qkv and are read once, front to back, into
+// float32 buffers: q (scaled) and v row-major, k transposed per head. Reading each head's 128 bytes from
+// every 4.6 KB row instead was latency-bound (the prefetchers do not follow strides that cross pages).
+template <typename T>
+void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int64_t h0, int64_t h1,
+            int64_t heads, int64_t d, float scale, const float* bias, int64_t bias_len, Buffers& buf) {
+  const int64_t hidden = heads * d, stride = 3 * hidden, cols = (h1 - h0) * d, off = h0 * d;
+  const int64_t n_pad = (n_keys + kW - 1) / kW * kW;
+  const int64_t n_rows = (n + kRows - 1) / kRows * kRows;  // query rows past n are zeros, their output dropped
+  buf.q.assign(n_rows * cols, 0.f);
+  buf.k.resize(cols);
+  buf.kt.assign(cols * n_pad, 0.f);
+  buf.v.resize(n_keys * cols);
+  buf.s.resize(kRows * n_pad);
+  buf.o.resize(kRows * d);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = qkv + (start + i) * stride + off;
+    to_float(row, buf.q.data() + i * cols, cols, scale);
+    if (i < n_keys) {
+      to_float(row + hidden, buf.k.data(), cols, 1.f);
+      for (int64_t c = 0; c < cols; ++c) buf.kt[c * n_pad + i] = buf.k[c];
+      to_float(row + 2 * hidden, buf.v.data() + i * cols, cols, 1.f);
+    }
+  }
+  std::vector<T> scratch(kRows * d);
+  for (int64_t hh = 0; hh < h1 - h0; ++hh) {
+    const float* q = buf.q.data() + hh * d;
+    const float* kt = buf.kt.data() + hh * d * n_pad;
+    const float* v = buf.v.data() + hh * d;
+    T* o = out + start * hidden + off + hh * d;
+    for (int64_t i = 0; i < n; i += kRows) {
+      T* rows[kRows];
+      const float* bias_rows[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        rows[r] = i + r < n ? o + (i + r) * hidden : scratch.data() + r * d;
+        // bias[h][i][j]: the additive score bias of query i and key j (a padding row reuses row n - 1)
+        bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
+      }
+      query_block<kRows>(q + i * cols, cols, kt, v, cols, buf.s.data(), n_keys, n_pad, d,
+                         bias ? bias_rows : nullptr, rows, buf.o.data());
+    }
+  }
+}
+
+template <typename T>
+void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const float* bias, int64_t bias_len,
+         int64_t batch, int64_t heads, int64_t d, float scale) {
+  // Whole sequences per task when there are enough of them to share out; otherwise (a few long
+  // sequences) one head per task, so every thread has work.
+  const int64_t per_seq = batch >= 4 * at::get_num_threads() ? heads : 1;
+  const int64_t groups = heads / per_seq;
+  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    Buffers buf;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / groups, h0 = item % groups * per_seq;
+      const int64_t n = cu[b + 1] - cu[b];
+      if (n <= 0) continue;
+      const int64_t n_keys = key_lens ? std::max<int64_t>(1, std::min(key_lens[b], n)) : n;
+      attend(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, buf);
+    }
+  });
+}
+
+at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& key_lens, const std::optional<at::Tensor>& bias,
+                            int64_t num_heads, double scale) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous CPU [T, 3*H*d]");
+  TORCH_CHECK(qkv.size(1) % (3 * num_heads) == 0, "qkv width is not 3 * num_heads * head_dim");
+  const int64_t d = qkv.size(1) / (3 * num_heads);
+  TORCH_CHECK(d % kW == 0, "head_dim must be a multiple of ", kW);
+  auto cu = cu_seqlens.to(at::kLong).contiguous();
+  TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 1, "cu_seqlens: [B + 1]");
+  at::Tensor kl;
+  if (key_lens.has_value()) {
+    kl = key_lens->to(at::kLong).contiguous();
+    TORCH_CHECK(kl.numel() == cu.size(0) - 1, "key_lens: one per sequence");
+  }
+  at::Tensor bf;
+  int64_t bias_len = 0;
+  if (bias.has_value()) {  // [heads, L, L] (a leading 1 allowed), L >= the longest sequence
+    bf = bias->to(at::kFloat).contiguous();
+    bias_len = bf.size(-1);
+    TORCH_CHECK(bf.numel() == num_heads * bias_len * bias_len, "bias: [heads, L, L]");
+  }
+  auto out = at::empty({qkv.size(0), num_heads * d}, qkv.options());
+  const int64_t batch = cu.size(0) - 1;
+  const int64_t* klp = kl.defined() ? kl.data_ptr<int64_t>() : nullptr;
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  if (bp) {
+    auto cpu = cu.accessor<int64_t, 1>();
+    for (int64_t b = 0; b < cu.size(0) - 1; ++b) TORCH_CHECK(cpu[b + 1] - cpu[b] <= bias_len, "bias shorter than a sequence");
+  }
+  switch (qkv.scalar_type()) {
+    case at::kFloat:
+      run(qkv.data_ptr<float>(), out.data_ptr<float>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch, num_heads, d, scale);
+      break;
+    case at::kBFloat16:
+      run(qkv.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch,
+          num_heads, d, scale);
+      break;
+    case at::kHalf:
+      run(qkv.data_ptr<c10::Half>(), out.data_ptr<c10::Half>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch, num_heads, d,
+          scale);
+      break;
+    default:
+      TORCH_CHECK(false, "varlen_attention: float32, bfloat16 or float16 only, got ", qkv.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(polyvec, m) {
+  m.def("varlen_attention(Tensor qkv, Tensor cu_seqlens, Tensor? key_lens, Tensor? bias, int num_heads, "
+        "float scale) -> Tensor");
+  m.impl("varlen_attention", c10::DispatchKey::CPU, TORCH_FN(varlen_attention));
+}

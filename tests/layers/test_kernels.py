@@ -1,0 +1,120 @@
+"""polyvec's native packed attention kernel (layers/csrc/varlen_attention.cpp) against SDPA per sequence.
+
+The kernel builds with the compiler PyTorch's extension loader uses; where one is present (as on every
+machine this project tests on) it must build, so the model tests exercise it and not only the SDPA fallback.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from polyvec.layers import kernels
+from polyvec.layers.attention import AttentionMetadata, varlen_attention
+
+HAVE_COMPILER = shutil.which("c++") is not None and shutil.which("ninja") is not None
+needs_kernel = pytest.mark.skipif(kernels._capability() not in kernels.VECTOR_WIDTH,
+                                  reason="the kernel is built for AVX2/AVX-512 CPUs only")
+
+
+def _reference(qkv, lens, heads, key_lens=None, bias=None):
+    """SDPA in float32, one sequence at a time."""
+    dim = qkv.shape[1] // (3 * heads)
+    outs, start = [], 0
+    for i, n in enumerate(lens):
+        k_n = n if key_lens is None else key_lens[i]
+        q, k, v = qkv[start:start + n].float().view(n, 3, heads, dim).permute(1, 2, 0, 3)
+        mask = None if bias is None else bias.reshape(heads, -1, bias.shape[-1])[:, :n, :k_n].float()
+        o = F.scaled_dot_product_attention(q, k[:, :k_n], v[:, :k_n], attn_mask=mask)
+        outs.append(o.transpose(0, 1).reshape(n, heads * dim))
+        start += n
+    return torch.cat(outs)
+
+
+@needs_kernel
+def test_kernel_builds_where_a_compiler_is_present():
+    assert kernels.load() is HAVE_COMPILER
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,dim", [(12, 32), (4, 64), (2, 16)])
+@pytest.mark.parametrize("lens", [[1], [5, 16, 17, 33], [300, 2, 31, 64, 9]])
+def test_kernel_equals_sdpa_per_sequence_float32(heads, dim, lens):
+    if not kernels.load():
+        pytest.fail("the kernel did not build")
+    torch.manual_seed(0)
+    qkv = torch.randn(sum(lens), 3 * heads * dim)
+    cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
+    out = kernels.varlen_attention(qkv, cu, heads)
+    ref = _reference(qkv, lens, heads)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max() < 2e-6
+
+
+@needs_kernel
+def test_kernel_key_lengths_and_bias():
+    """Queries see only their sequence's first key_lens keys (ColBERT's unattended [MASK]s), plus an additive
+    [1, heads, L, L] bias by position (MPNet's relative positions)."""
+    assert kernels.load()
+    torch.manual_seed(1)
+    heads, dim, lens, key_lens = 4, 32, [20, 7, 45], [12, 7, 1]
+    qkv = torch.randn(sum(lens), 3 * heads * dim)
+    bias = torch.randn(1, heads, 45, 45)
+    meta = AttentionMetadata.build(lens, torch.device("cpu"), key_lens, packed=True)
+    assert meta.key_lens.tolist() == key_lens and meta.scatter_index is None and meta.key_mask is None
+    out = varlen_attention(qkv, meta, heads, meta.attn_mask(bias))
+    assert (out - _reference(qkv, lens, heads, key_lens, bias)).abs().max() < 2e-6
+    # The SDPA grid path (CUDA, or no compiler) gives the same numbers.
+    grid = AttentionMetadata.build(lens, torch.device("cpu"), key_lens)
+    assert (varlen_attention(qkv, grid, heads, grid.attn_mask(bias)) - out).abs().max() < 2e-6
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_half_precision_storage(dtype):
+    """bf16/fp16 in and out, float32 inside: as close to float32 as the output's rounding allows."""
+    assert kernels.load()
+    torch.manual_seed(2)
+    heads, dim, lens = 12, 32, [70, 3, 128]
+    qkv = torch.randn(sum(lens), 3 * heads * dim).to(dtype)
+    cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
+    out = kernels.varlen_attention(qkv, cu, heads)
+    assert out.dtype == dtype
+    ref = _reference(qkv, lens, heads)  # on the same (rounded) inputs
+    assert (out.float() - ref).abs().max() < 1e-2
+    assert F.cosine_similarity(out.float(), ref, dim=-1).min() > 0.9999
+
+
+@needs_kernel
+def test_kernel_output_of_a_sequence_does_not_depend_on_the_batch():
+    """Alone (work split by head) or among 40 others (work split by sequence): bit-identical."""
+    assert kernels.load()
+    torch.manual_seed(3)
+    heads, dim = 12, 32
+    lens = [int(x) for x in torch.randint(1, 120, (40,))]
+    qkv = torch.randn(sum(lens), 3 * heads * dim)
+    out = kernels.varlen_attention(qkv, AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens,
+                                   heads)
+    start = 0
+    for n in lens[:5]:
+        alone = kernels.varlen_attention(qkv[start:start + n].contiguous(), torch.tensor([0, n]), heads)
+        assert torch.equal(alone, out[start:start + n])
+        start += n
+
+
+@needs_kernel
+def test_kernel_rejects_bad_shapes():
+    assert kernels.load()
+    with pytest.raises(RuntimeError, match="head_dim"):
+        kernels.varlen_attention(torch.randn(4, 3 * 2 * 12), torch.tensor([0, 4]), 2)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        kernels.varlen_attention(torch.randn(4, 3 * 2 * 16, dtype=torch.float64), torch.tensor([0, 4]), 2)
+
+
+@needs_kernel
+def test_models_use_the_kernel_on_cpu(minilm_llm):
+    """The parity tests of the encoders run through the kernel (else they would test only the fallback)."""
+    assert minilm_llm.engine.runner.packed_attention is HAVE_COMPILER
