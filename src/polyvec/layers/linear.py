@@ -38,9 +38,22 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + x @ W.T + b` with the add fused into the matmul's epilogue (a binary post-op): the
+        residual stream is not read and written once more (~10% of an fp32 projection, ~2x in bf16)."""
+        assert self.attr == "none", "a binary post-op replaces the activation"
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, fused={self.attr}"
 
 
 def can_fuse(activation: str) -> bool:
     return activation in _FUSABLE
+
+
+def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """`residual + linear(x)`, fused where the linear is prepacked."""
+    if isinstance(linear, PackedLinear):
+        return linear.forward_add(x, residual)
+    return residual + linear(x)

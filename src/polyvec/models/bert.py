@@ -14,7 +14,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
-from ..layers.linear import PackedLinear, can_fuse
+from ..layers.linear import PackedLinear, can_fuse, linear_add
 from .weights import Rule
 
 
@@ -45,8 +45,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)
-        x = self.attn_norm(x + self.attn_out(attn))
-        return self.ffn_norm(x + self.ffn_down(self.act(self.ffn_up(x))))
+        x = self.attn_norm(linear_add(self.attn_out, attn, x))
+        return self.ffn_norm(linear_add(self.ffn_down, self.act(self.ffn_up(x)), x))
 
 
 class BertEmbeddings(nn.Module):

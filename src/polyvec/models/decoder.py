@@ -22,7 +22,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, causal_attention
-from ..layers.linear import PackedLinear
+from ..layers.linear import PackedLinear, linear_add
 from .weights import Rule
 
 
@@ -114,9 +114,9 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)
-        x = x + self.o_proj(attn.reshape(total, self.num_heads * self.head_dim))
+        x = linear_add(self.o_proj, attn.reshape(total, self.num_heads * self.head_dim), x)
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(self.act(self.gate_proj(h)) * self.up_proj(h))
+        return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)
 
 
 def _sliding_window(cfg: dict[str, Any], index: int) -> int | None:
