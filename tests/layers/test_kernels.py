@@ -74,28 +74,35 @@ def test_kernel_key_lengths_and_bias():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_kernel_half_precision_storage(dtype):
-    """bf16/fp16 in and out, float32 inside: as close to float32 as the output's rounding allows."""
+@pytest.mark.parametrize("heads,dim,lens,key_lens,with_bias", [
+    (12, 32, [70, 3, 128, 1, 33], None, False),
+    (4, 64, [20, 7, 45], [12, 7, 1], True),  # key lengths (odd ones too) and a bias
+    (2, 16, [9, 40], None, False),  # head_dim 16: the float32 path even where bf16 dot products exist
+])
+def test_kernel_half_precision_storage(dtype, heads, dim, lens, key_lens, with_bias):
+    """bf16/fp16 in and out: as close to float32 attention on the same inputs as the output's rounding allows
+    (bf16 with AVX512-BF16 and head_dim % 32 == 0 uses bf16 dot products, float32 elsewhere)."""
     assert kernels.load()
     torch.manual_seed(2)
-    heads, dim, lens = 12, 32, [70, 3, 128]
     qkv = torch.randn(sum(lens), 3 * heads * dim).to(dtype)
-    cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
-    out = kernels.varlen_attention(qkv, cu, heads)
+    bias = torch.randn(1, heads, max(lens), max(lens)) if with_bias else None
+    meta = AttentionMetadata.build(lens, torch.device("cpu"), key_lens, packed=True)
+    out = kernels.varlen_attention(qkv, meta.cu_seqlens, heads, meta.key_lens, bias)
     assert out.dtype == dtype
-    ref = _reference(qkv, lens, heads)  # on the same (rounded) inputs
+    ref = _reference(qkv, lens, heads, key_lens, bias)  # on the same (rounded) inputs
     assert (out.float() - ref).abs().max() < 1e-2
     assert F.cosine_similarity(out.float(), ref, dim=-1).min() > 0.9999
 
 
 @needs_kernel
-def test_kernel_output_of_a_sequence_does_not_depend_on_the_batch():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_output_of_a_sequence_does_not_depend_on_the_batch(dtype):
     """Alone (work split by head) or among 40 others (work split by sequence): bit-identical."""
     assert kernels.load()
     torch.manual_seed(3)
     heads, dim = 12, 32
     lens = [int(x) for x in torch.randint(1, 120, (40,))]
-    qkv = torch.randn(sum(lens), 3 * heads * dim)
+    qkv = torch.randn(sum(lens), 3 * heads * dim).to(dtype)
     out = kernels.varlen_attention(qkv, AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens,
                                    heads)
     start = 0

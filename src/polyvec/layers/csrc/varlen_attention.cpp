@@ -6,8 +6,8 @@
 // are transposed into a float32 buffer once, and each block of query rows computes scores 16 keys per
 // vector FMA, a softmax in registers' width, and the value sum 16 features per FMA. PyTorch's general CPU
 // flash-attention kernel spends most of its time on per-block overhead at these lengths and head_dim 32.
-// Arithmetic is float32 whatever the storage dtype (bf16 / fp16 in, same dtype out), with the exact-rounding
-// exp of SLEEF, so results match float32 SDPA to rounding. Each (sequence, head) is computed alone, so a
+// Arithmetic is float32 whatever the storage dtype (bf16 / fp16 in, same dtype out), so results match float32
+// SDPA to rounding; bf16 on CPUs with AVX512-BF16 uses its bf16 dot products instead (see attend_bf16). Each (sequence, head) is computed alone, so a
 // sequence's output does not depend on the rest of the batch.
 //
 // Registered as torch.ops.polyvec.varlen_attention; built on first use by polyvec/layers/kernels.py.
@@ -18,7 +18,12 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -197,6 +202,148 @@ void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int6
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512) && (defined(__GNUC__) || defined(__clang__))
+#define POLYVEC_DPBF16 1
+// bfloat16 storage on CPUs with AVX512-BF16 (and head_dim a multiple of 32): q.k and p.v are bf16 pair dot
+// products (vdpbf16ps: two multiply-adds per float32 lane per instruction, exact products, float32 sums),
+// on the bf16 inputs as stored, so half the instructions and half the bytes of the float32 path. The softmax
+// stays float32; p is rounded to bf16 for p.v, as PyTorch's bf16 flash attention does.
+struct BuffersBF16 {
+  std::vector<uint16_t> q, v2, p;
+  std::vector<uint32_t> kt;
+  std::vector<float> s, o;
+};
+
+inline uint32_t pair_at(const uint16_t* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+
+template <int R>
+__attribute__((target("avx512bf16"))) void query_block_bf16(
+    const uint16_t* q, int64_t q_stride, const uint32_t* kt, const uint16_t* v2, int64_t d, float* s, uint16_t* p16,
+    int64_t n_keys, int64_t n_pad, float scale, const float* const* bias_rows, c10::BFloat16* const* out_rows,
+    float* o) {
+  // scores: kt holds (k[j][2c], k[j][2c+1]) pairs, [d / 2][n_pad]
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < n_pad; j += 16) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d / 2; ++c) {
+      __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + c * n_pad + j);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair_at(q + r * q_stride + 2 * c)), kv);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * n_pad + j, _mm512_mul_ps(acc[r], vscale));
+  }
+  float inv_sum[R];
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * n_pad;
+    if (bias_rows) {
+      const float* br = bias_rows[r];
+      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
+    }
+    Vec mvec(-std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
+    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
+    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
+    Vec sum(0.f), mv(m);
+    for (j = 0; j < n_pad; j += kW) {
+      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
+      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, std::max<int64_t>(0, n_keys - j));
+      e.store(sr + j);
+      sum = sum + e;
+    }
+    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+    for (j = 0; j < n_pad; j += 32) {  // n_pad is a multiple of 32
+      __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + j + 16), _mm512_loadu_ps(sr + j));
+      _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)b);
+    }
+  }
+  // o[r] = sum_j p[r][j] v[j]: v2 holds (v[2m][c], v[2m+1][c]) pairs, [n_keys / 2][d]
+  const int64_t n_pairs = (n_keys + 1) / 2;
+  for (int64_t c0 = 0; c0 < d; c0 += 32) {
+    __m512 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (int64_t m = 0; m < n_pairs; ++m) {
+      __m512bh v0 = (__m512bh)_mm512_loadu_si512(v2 + (m * d + c0) * 2);
+      __m512bh v1 = (__m512bh)_mm512_loadu_si512(v2 + (m * d + c0 + 16) * 2);
+      for (int r = 0; r < R; ++r) {
+        __m512bh pb = (__m512bh)_mm512_set1_epi32(pair_at(p16 + r * n_pad + 2 * m));
+        a0[r] = _mm512_dpbf16_ps(a0[r], pb, v0);
+        a1[r] = _mm512_dpbf16_ps(a1[r], pb, v1);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(o + r * d + c0, a0[r]);
+      _mm512_storeu_ps(o + r * d + c0 + 16, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) from_float(o + r * d, out_rows[r], d, inv_sum[r]);
+}
+
+__attribute__((target("avx512bf16"))) void attend_bf16(
+    const c10::BFloat16* qkv_, c10::BFloat16* out, int64_t start, int64_t n, int64_t n_keys, int64_t h0, int64_t h1,
+    int64_t heads, int64_t d, float scale, const float* bias, int64_t bias_len, BuffersBF16& buf) {
+  const uint16_t* qkv = reinterpret_cast<const uint16_t*>(qkv_);
+  const int64_t hidden = heads * d, stride = 3 * hidden, cols = (h1 - h0) * d, off = h0 * d, nh = h1 - h0;
+  const int64_t n_pad = (n_keys + 31) / 32 * 32, n_pairs = (n_keys + 1) / 2, half = d / 2;
+  const int64_t n_rows = (n + kRows - 1) / kRows * kRows;
+  buf.q.assign(n_rows * cols, 0);
+  buf.kt.assign(nh * half * n_pad, 0);
+  buf.v2.resize(nh * n_pairs * d * 2);
+  buf.s.resize(kRows * n_pad);
+  buf.p.resize(kRows * n_pad);
+  buf.o.resize(kRows * d);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* row = qkv + (start + i) * stride + off;
+    std::memcpy(buf.q.data() + i * cols, row, cols * 2);
+    if (i < n_keys)
+      for (int64_t c = 0; c < cols / 2; ++c) buf.kt[c * n_pad + i] = pair_at(row + hidden + 2 * c);
+  }
+  // values of keys 2m and 2m+1 interleaved feature by feature
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
+                                      53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  for (int64_t m = 0; m < n_pairs; ++m) {
+    const uint16_t* a = qkv + (start + 2 * m) * stride + 2 * hidden + off;
+    const uint16_t* b = 2 * m + 1 < n_keys ? a + stride : nullptr;
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      uint16_t* dst = buf.v2.data() + (hh * n_pairs + m) * d * 2;
+      for (int64_t c0 = 0; c0 < d; c0 += 32) {
+        __m512i va = _mm512_loadu_si512(a + hh * d + c0);
+        __m512i vb = b ? _mm512_loadu_si512(b + hh * d + c0) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + c0 * 2, _mm512_permutex2var_epi16(va, lo, vb));
+        _mm512_storeu_si512(dst + c0 * 2 + 32, _mm512_permutex2var_epi16(va, hi, vb));
+      }
+    }
+  }
+  std::vector<c10::BFloat16> scratch(kRows * d);
+  for (int64_t hh = 0; hh < nh; ++hh) {
+    c10::BFloat16* o = out + start * hidden + off + hh * d;
+    for (int64_t i = 0; i < n; i += kRows) {
+      c10::BFloat16* rows[kRows];
+      const float* bias_rows[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        rows[r] = i + r < n ? o + (i + r) * hidden : scratch.data() + r * d;
+        bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
+      }
+      query_block_bf16<kRows>(buf.q.data() + i * cols + hh * d, cols, buf.kt.data() + hh * half * n_pad,
+                              buf.v2.data() + hh * n_pairs * d * 2, d, buf.s.data(), buf.p.data(), n_keys, n_pad,
+                              scale, bias ? bias_rows : nullptr, rows, buf.o.data());
+    }
+  }
+}
+
+bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+#endif
+
 template <typename T>
 void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const float* bias, int64_t bias_len,
          int64_t batch, int64_t heads, int64_t d, float scale) {
@@ -204,13 +351,27 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
   // sequences) one head per task, so every thread has work.
   const int64_t per_seq = batch >= 4 * at::get_num_threads() ? heads : 1;
   const int64_t groups = heads / per_seq;
+#ifdef POLYVEC_DPBF16
+  const bool dpbf16 = std::is_same_v<T, c10::BFloat16> && d % 32 == 0 && has_avx512_bf16();
+#endif
   at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
     Buffers buf;
+#ifdef POLYVEC_DPBF16
+    BuffersBF16 buf16;
+#endif
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / groups, h0 = item % groups * per_seq;
       const int64_t n = cu[b + 1] - cu[b];
       if (n <= 0) continue;
       const int64_t n_keys = key_lens ? std::max<int64_t>(1, std::min(key_lens[b], n)) : n;
+#ifdef POLYVEC_DPBF16
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (dpbf16) {
+          attend_bf16(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, buf16);
+          continue;
+        }
+      }
+#endif
       attend(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, buf);
     }
   });
