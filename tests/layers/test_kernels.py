@@ -125,3 +125,32 @@ def test_kernel_rejects_bad_shapes():
 def test_models_use_the_kernel_on_cpu(minilm_llm):
     """The parity tests of the encoders run through the kernel (else they would test only the fallback)."""
     assert minilm_llm.engine.runner.packed_attention is HAVE_COMPILER
+
+
+@needs_kernel
+def test_bf16_paths_agree(tmp_path):
+    """The bf16 paths chosen by CPU features (AMX tiles, AVX512-BF16 dot products, float32 vectors) give the
+    same attention to bf16 rounding: this process uses the best one here, a child the next one down."""
+    import subprocess
+    import sys
+
+    assert kernels.load()
+    script = (
+        "import sys, torch\n"
+        "from polyvec.layers import kernels\n"
+        "assert kernels.load()\n"
+        "torch.manual_seed(4)\n"
+        "lens = [70, 3, 128, 33]\n"
+        "qkv = torch.randn(sum(lens), 3 * 12 * 32).bfloat16()\n"
+        "cu = torch.tensor([0, 70, 73, 201, 234])\n"
+        "torch.save((qkv, kernels.varlen_attention(qkv, cu, 12)), sys.argv[1])\n")
+    here, child = tmp_path / "here.pt", tmp_path / "child.pt"
+    env = {**__import__("os").environ, "POLYVEC_DISABLE_AMX": "1"}
+    subprocess.run([sys.executable, "-c", script, str(child)], check=True, env=env)
+    subprocess.run([sys.executable, "-c", script, str(here)], check=True)
+    qkv, a = torch.load(here)
+    _, b = torch.load(child)
+    ref = _reference(qkv, [70, 3, 128, 33], 12)
+    for out in (a, b):
+        assert (out.float() - ref).abs().max() < 1e-2
+    assert (a.float() - b.float()).abs().max() < 1e-2

@@ -7,8 +7,10 @@
 // vector FMA, a softmax in registers' width, and the value sum 16 features per FMA. PyTorch's general CPU
 // flash-attention kernel spends most of its time on per-block overhead at these lengths and head_dim 32.
 // Arithmetic is float32 whatever the storage dtype (bf16 / fp16 in, same dtype out), so results match float32
-// SDPA to rounding; bf16 on CPUs with AVX512-BF16 uses its bf16 dot products instead (see attend_bf16). Each (sequence, head) is computed alone, so a
-// sequence's output does not depend on the rest of the batch.
+// SDPA to rounding. bf16 with head_dim % 32 == 0 has faster paths (attend_bf16): AMX tile multiplies where the
+// CPU has AMX (Sapphire Rapids on), else AVX512-BF16 dot products; both multiply the stored bf16 values exactly
+// and sum in float32, with a float32 softmax. Each (sequence, head) is computed alone, so a sequence's output
+// does not depend on the rest of the batch.
 //
 // Registered as torch.ops.polyvec.varlen_attention; built on first use by polyvec/layers/kernels.py.
 
@@ -19,12 +21,16 @@
 #include <torch/library.h>
 
 #if defined(CPU_CAPABILITY_AVX512)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
 #include <type_traits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <limits>
@@ -220,6 +226,39 @@ inline uint32_t pair_at(const uint16_t* p) {
   return u;
 }
 
+// Rows of float32 scores (times `scale`, plus a bias) → unnormalized exp(s - max) in bf16 (zero past n_keys,
+// n_pad a multiple of 32) and each row's 1 / sum.
+__attribute__((target("avx512bf16"))) inline void softmax_to_bf16(float* s, uint16_t* p16, int rows, int64_t n_keys,
+                                                                  int64_t n_pad, float scale,
+                                                                  const float* const* bias_rows, float* inv_sum) {
+  for (int r = 0; r < rows; ++r) {
+    float* sr = s + r * n_pad;
+    if (scale != 1.f)
+      for (int64_t j = 0; j < n_keys; ++j) sr[j] *= scale;
+    if (bias_rows) {
+      const float* br = bias_rows[r];
+      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
+    }
+    Vec mvec(-std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
+    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
+    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
+    Vec sum(0.f), mv(m);
+    for (j = 0; j < n_pad; j += kW) {
+      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
+      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, std::max<int64_t>(0, n_keys - j));
+      e.store(sr + j);
+      sum = sum + e;
+    }
+    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+    for (j = 0; j < n_pad; j += 32) {
+      __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + j + 16), _mm512_loadu_ps(sr + j));
+      _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)b);
+    }
+  }
+}
+
 template <int R>
 __attribute__((target("avx512bf16"))) void query_block_bf16(
     const uint16_t* q, int64_t q_stride, const uint32_t* kt, const uint16_t* v2, int64_t d, float* s, uint16_t* p16,
@@ -238,30 +277,7 @@ __attribute__((target("avx512bf16"))) void query_block_bf16(
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * n_pad + j, _mm512_mul_ps(acc[r], vscale));
   }
   float inv_sum[R];
-  for (int r = 0; r < R; ++r) {
-    float* sr = s + r * n_pad;
-    if (bias_rows) {
-      const float* br = bias_rows[r];
-      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
-    }
-    Vec mvec(-std::numeric_limits<float>::infinity());
-    int64_t j = 0;
-    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
-    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
-    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
-    Vec sum(0.f), mv(m);
-    for (j = 0; j < n_pad; j += kW) {
-      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
-      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, std::max<int64_t>(0, n_keys - j));
-      e.store(sr + j);
-      sum = sum + e;
-    }
-    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
-    for (j = 0; j < n_pad; j += 32) {  // n_pad is a multiple of 32
-      __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + j + 16), _mm512_loadu_ps(sr + j));
-      _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)b);
-    }
-  }
+  softmax_to_bf16(s, p16, R, n_keys, n_pad, 1.f, bias_rows, inv_sum);
   // o[r] = sum_j p[r][j] v[j]: v2 holds (v[2m][c], v[2m+1][c]) pairs, [n_keys / 2][d]
   const int64_t n_pairs = (n_keys + 1) / 2;
   for (int64_t c0 = 0; c0 < d; c0 += 32) {
@@ -284,19 +300,91 @@ __attribute__((target("avx512bf16"))) void query_block_bf16(
   for (int r = 0; r < R; ++r) from_float(o + r * d, out_rows[r], d, inv_sum[r]);
 }
 
-__attribute__((target("avx512bf16"))) void attend_bf16(
+// AMX (Sapphire Rapids and later): each 16 x 16 block of scores is one tile multiply of 16 queries by 16
+// keys over 32 head features (q rows and the (k, k) pairs of kt are already the tile layouts), and each
+// 16 x 16 block of output one tile multiply of p [16 queries x 32 keys] by the (v, v) pairs of v2.
+struct TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Eight tiles of 16 rows x 64 bytes. A global: GCC drops stores to a stack copy that only ldtilecfg reads.
+TileConfig make_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  return cfg;
+}
+alignas(64) const TileConfig kTileConfig = make_tile_config();
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_begin() { _tile_loadconfig(&kTileConfig); }
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_end() { _tile_release(); }
+
+bool amx_ready() {
+  static const bool ok = [] {
+    const char* off = std::getenv("POLYVEC_DISABLE_AMX");
+    if (off && off[0] == '1') return false;
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 22) & 1) || !((edx >> 24) & 1)) return false;  // AMX-BF16, AMX-TILE
+    // Linux hands out the tile state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+__attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_head(
+    const uint16_t* q, int64_t q_stride, const uint32_t* kt, const uint16_t* v2, int64_t d, int64_t n,
+    int64_t n_keys, int64_t n_pad, float scale, const float* bias, int64_t bias_len, BuffersBF16& buf,
+    c10::BFloat16* o_base, int64_t hidden) {
+  float* s = buf.s.data();
+  uint16_t* p16 = buf.p.data();
+  float* o = buf.o.data();
+  for (int64_t i = 0; i < n; i += 16) {
+    for (int64_t j = 0; j < n_pad; j += 16) {
+      _tile_zero(2);
+      for (int64_t c = 0; c < d; c += 32) {
+        _tile_loadd(0, q + i * q_stride + c, q_stride * 2);
+        _tile_loadd(1, kt + (c / 2) * n_pad + j, n_pad * 4);
+        _tile_dpbf16ps(2, 0, 1);
+      }
+      _tile_stored(2, s + j, n_pad * 4);
+    }
+    const float* bias_rows[16];
+    for (int r = 0; r < 16; ++r)
+      bias_rows[r] = bias ? bias + std::min(i + r, n - 1) * bias_len : nullptr;
+    float inv_sum[16];
+    softmax_to_bf16(s, p16, 16, n_keys, n_pad, scale, bias ? bias_rows : nullptr, inv_sum);
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+      _tile_zero(5);
+      for (int64_t kb = 0; kb < n_pad; kb += 32) {
+        _tile_loadd(3, p16 + kb, n_pad * 2);
+        _tile_loadd(4, v2 + ((kb / 2) * d + c0) * 2, d * 4);
+        _tile_dpbf16ps(5, 3, 4);
+      }
+      _tile_stored(5, o + c0, d * 4);
+    }
+    for (int r = 0; r < 16 && i + r < n; ++r) from_float(o + r * d, o_base + (i + r) * hidden, d, inv_sum[r]);
+  }
+}
+
+__attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
     const c10::BFloat16* qkv_, c10::BFloat16* out, int64_t start, int64_t n, int64_t n_keys, int64_t h0, int64_t h1,
-    int64_t heads, int64_t d, float scale, const float* bias, int64_t bias_len, BuffersBF16& buf) {
+    int64_t heads, int64_t d, float scale, const float* bias, int64_t bias_len, bool amx, BuffersBF16& buf) {
   const uint16_t* qkv = reinterpret_cast<const uint16_t*>(qkv_);
   const int64_t hidden = heads * d, stride = 3 * hidden, cols = (h1 - h0) * d, off = h0 * d, nh = h1 - h0;
-  const int64_t n_pad = (n_keys + 31) / 32 * 32, n_pairs = (n_keys + 1) / 2, half = d / 2;
-  const int64_t n_rows = (n + kRows - 1) / kRows * kRows;
+  const int64_t n_pad = (n_keys + 31) / 32 * 32, n_pairs = n_pad / 2, half = d / 2;  // pairs past n_keys: 0
+  const int64_t n_rows = (n + 15) / 16 * 16;
   buf.q.assign(n_rows * cols, 0);
   buf.kt.assign(nh * half * n_pad, 0);
-  buf.v2.resize(nh * n_pairs * d * 2);
-  buf.s.resize(kRows * n_pad);
-  buf.p.resize(kRows * n_pad);
-  buf.o.resize(kRows * d);
+  buf.v2.assign(nh * n_pairs * d * 2, 0);
+  buf.s.resize(16 * n_pad);
+  buf.p.resize(16 * n_pad);
+  buf.o.resize(16 * d);
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t* row = qkv + (start + i) * stride + off;
     std::memcpy(buf.q.data() + i * cols, row, cols * 2);
@@ -308,7 +396,7 @@ __attribute__((target("avx512bf16"))) void attend_bf16(
                                       5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
                                       53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-  for (int64_t m = 0; m < n_pairs; ++m) {
+  for (int64_t m = 0; m < (n_keys + 1) / 2; ++m) {
     const uint16_t* a = qkv + (start + 2 * m) * stride + 2 * hidden + off;
     const uint16_t* b = 2 * m + 1 < n_keys ? a + stride : nullptr;
     for (int64_t hh = 0; hh < nh; ++hh) {
@@ -320,6 +408,13 @@ __attribute__((target("avx512bf16"))) void attend_bf16(
         _mm512_storeu_si512(dst + c0 * 2 + 32, _mm512_permutex2var_epi16(va, hi, vb));
       }
     }
+  }
+  if (amx) {
+    for (int64_t hh = 0; hh < nh; ++hh)
+      amx_head(buf.q.data() + hh * d, cols, buf.kt.data() + hh * half * n_pad, buf.v2.data() + hh * n_pairs * d * 2, d,
+               n, n_keys, n_pad, scale, bias ? bias + (h0 + hh) * bias_len * bias_len : nullptr, bias_len, buf,
+               out + start * hidden + off + hh * d, hidden);
+    return;
   }
   std::vector<c10::BFloat16> scratch(kRows * d);
   for (int64_t hh = 0; hh < nh; ++hh) {
@@ -353,11 +448,13 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
   const int64_t groups = heads / per_seq;
 #ifdef POLYVEC_DPBF16
   const bool dpbf16 = std::is_same_v<T, c10::BFloat16> && d % 32 == 0 && has_avx512_bf16();
+  const bool amx = dpbf16 && amx_ready();
 #endif
   at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
     Buffers buf;
 #ifdef POLYVEC_DPBF16
     BuffersBF16 buf16;
+    if (amx) amx_begin();  // the tile configuration belongs to the thread
 #endif
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / groups, h0 = item % groups * per_seq;
@@ -367,13 +464,16 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
 #ifdef POLYVEC_DPBF16
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         if (dpbf16) {
-          attend_bf16(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, buf16);
+          attend_bf16(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, amx, buf16);
           continue;
         }
       }
 #endif
       attend(qkv, out, cu[b], n, n_keys, h0, h0 + per_seq, heads, d, scale, bias, bias_len, buf);
     }
+#ifdef POLYVEC_DPBF16
+    if (amx) amx_end();
+#endif
   });
 }
 
