@@ -62,10 +62,11 @@ def load() -> bool:
                 ok = hasattr(torch.ops.polyvec, "varlen_attention")
                 why = "" if ok else "the extension loaded without its operator"
             except Exception as e:  # no compiler or ninja, a failed build: SDPA still works
-                why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                last = str(e).strip().splitlines()
+                why = f"{type(e).__name__}: {last[-1] if last else ''}"
         if not ok:
             logger.warning("polyvec's native attention kernel is not used (%s); using PyTorch SDPA", why)
-        _state["ok"], _state["cap"] = ok, cap
+        _state["ok"] = ok
         return ok
 
 

@@ -74,6 +74,28 @@ inline void from_float(const float* src, c10::Half* dst, int64_t n, float mul) {
   for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<c10::Half>(src[c] * mul);
 }
 
+// One row of float32 scores, in place: p = exp(scale * s + bias - max), 0 past n_keys (n_pad is a multiple
+// of kW, so the value loops can run on whole vectors); returns 1 / sum(p).
+inline float softmax_row(float* sr, int64_t n_keys, int64_t n_pad, float scale, const float* bias) {
+  if (scale != 1.f)
+    for (int64_t j = 0; j < n_keys; ++j) sr[j] *= scale;
+  if (bias)
+    for (int64_t j = 0; j < n_keys; ++j) sr[j] += bias[j];
+  Vec mvec(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
+  float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
+  for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
+  Vec sum(0.f), mv(m);
+  for (j = 0; j < n_pad; j += kW) {
+    Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
+    if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, std::max<int64_t>(0, n_keys - j));
+    e.store(sr + j);
+    sum = sum + e;
+  }
+  return 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+}
+
 // R query rows at once: every key or value vector loaded feeds R FMAs, and the R independent accumulator
 // chains hide the FMA latency.
 template <int R, typename T>
@@ -109,27 +131,8 @@ void query_block(const float* q, int64_t q_stride, const float* kt, const float*
     for (int r = 0; r < R; ++r) acc[r].store(s + r * n_pad + j);
   }
   float inv_sum[R];
-  for (int r = 0; r < R; ++r) {
-    float* sr = s + r * n_pad;
-    if (bias_rows) {
-      const float* br = bias_rows[r];
-      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
-    }
-    Vec mvec(-std::numeric_limits<float>::infinity());
-    int64_t j = 0;
-    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
-    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
-    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
-    // exp(s - m) on whole vectors; the keys past n_keys get 0 so the value loop can run on whole vectors.
-    Vec sum(0.f), mv(m);
-    for (j = 0; j < n_pad; j += kW) {
-      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
-      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, n_keys - j);
-      e.store(sr + j);
-      sum = sum + e;
-    }
-    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
-  }
+  for (int r = 0; r < R; ++r)
+    inv_sum[r] = softmax_row(s + r * n_pad, n_keys, n_pad, 1.f, bias_rows ? bias_rows[r] : nullptr);
   // o[r] = sum_j p[r][j] v[j], two feature vectors at a time (d = 32 with AVX-512: all of them)
   int64_t c0 = 0;
   for (; c0 + 2 * kW <= d; c0 += 2 * kW) {
@@ -226,33 +229,14 @@ inline uint32_t pair_at(const uint16_t* p) {
   return u;
 }
 
-// Rows of float32 scores (times `scale`, plus a bias) → unnormalized exp(s - max) in bf16 (zero past n_keys,
-// n_pad a multiple of 32) and each row's 1 / sum.
+// softmax_row on `rows` rows, then p in bf16 for the p.v products (n_pad a multiple of 32).
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(float* s, uint16_t* p16, int rows, int64_t n_keys,
                                                                   int64_t n_pad, float scale,
                                                                   const float* const* bias_rows, float* inv_sum) {
   for (int r = 0; r < rows; ++r) {
     float* sr = s + r * n_pad;
-    if (scale != 1.f)
-      for (int64_t j = 0; j < n_keys; ++j) sr[j] *= scale;
-    if (bias_rows) {
-      const float* br = bias_rows[r];
-      for (int64_t j = 0; j < n_keys; ++j) sr[j] += br[j];
-    }
-    Vec mvec(-std::numeric_limits<float>::infinity());
-    int64_t j = 0;
-    for (; j + kW <= n_keys; j += kW) mvec = at::vec::maximum(mvec, Vec::loadu(sr + j));
-    float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mvec);
-    for (; j < n_keys; ++j) m = sr[j] > m ? sr[j] : m;
-    Vec sum(0.f), mv(m);
-    for (j = 0; j < n_pad; j += kW) {
-      Vec e = (Vec::loadu(sr + j) - mv).exp_u20();
-      if (j + kW > n_keys) e = Vec::set(Vec(0.f), e, std::max<int64_t>(0, n_keys - j));
-      e.store(sr + j);
-      sum = sum + e;
-    }
-    inv_sum[r] = 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
-    for (j = 0; j < n_pad; j += 32) {
+    inv_sum[r] = softmax_row(sr, n_keys, n_pad, scale, bias_rows ? bias_rows[r] : nullptr);
+    for (int64_t j = 0; j < n_pad; j += 32) {
       __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + j + 16), _mm512_loadu_ps(sr + j));
       _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)b);
     }
@@ -265,7 +249,6 @@ __attribute__((target("avx512bf16"))) void query_block_bf16(
     int64_t n_keys, int64_t n_pad, float scale, const float* const* bias_rows, c10::BFloat16* const* out_rows,
     float* o) {
   // scores: kt holds (k[j][2c], k[j][2c+1]) pairs, [d / 2][n_pad]
-  const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t j = 0; j < n_pad; j += 16) {
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -274,10 +257,10 @@ __attribute__((target("avx512bf16"))) void query_block_bf16(
       for (int r = 0; r < R; ++r)
         acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair_at(q + r * q_stride + 2 * c)), kv);
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * n_pad + j, _mm512_mul_ps(acc[r], vscale));
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * n_pad + j, acc[r]);
   }
   float inv_sum[R];
-  softmax_to_bf16(s, p16, R, n_keys, n_pad, 1.f, bias_rows, inv_sum);
+  softmax_to_bf16(s, p16, R, n_keys, n_pad, scale, bias_rows, inv_sum);
   // o[r] = sum_j p[r][j] v[j]: v2 holds (v[2m][c], v[2m+1][c]) pairs, [n_keys / 2][d]
   const int64_t n_pairs = (n_keys + 1) / 2;
   for (int64_t c0 = 0; c0 < d; c0 += 32) {
