@@ -94,6 +94,16 @@ class AttentionMetadata:
                    seq_ids=seq_ids.to(device), max_seqlen=max_len, scatter_index=scatter, key_mask=mask,
                    pad_index=pad, packed=packed, key_lens=packed_keys)
 
+    def first(self, num_seqs: int) -> AttentionMetadata:
+        """The metadata of the batch's first `num_seqs` sequences (a packed batch without its dummy tail)."""
+        assert self.packed and self.context_lens is None, "only a packed bidirectional batch can be cut"
+        lens = self.seq_lens[:num_seqs]
+        total = sum(lens)
+        return AttentionMetadata(
+            seq_lens=lens, cu_seqlens=self.cu_seqlens[:num_seqs + 1], positions=self.positions[:total],
+            seq_ids=self.seq_ids[:total], max_seqlen=max(lens), scatter_index=None, key_mask=None, packed=True,
+            key_lens=None if self.key_lens is None else self.key_lens[:num_seqs])
+
     def attn_mask(self, bias: torch.Tensor | None = None) -> torch.Tensor | None:
         """The mask SDPA gets: the key mask, plus an additive `[1, heads, L, L]` bias when the model has one.
         The packed kernel takes the bias alone (it applies key lengths itself)."""

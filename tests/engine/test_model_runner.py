@@ -1,0 +1,48 @@
+"""The model runner's packing: token counts rounded up to oneDNN-friendly buckets by dummy sequences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyvec.engine.model_runner import bucket_padding
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 8, 11, 255, 256, 1000, 4000, 4097, 8100, 8192, 16383])
+def test_bucket_padding_rounds_up_by_at_most_a_32nd(tokens):
+    pad = sum(bucket_padding(tokens, 512))
+    padded = tokens + pad
+    step = max(8, (1 << (tokens.bit_length() - 1)) // 32)
+    assert padded % step == 0 and 0 <= pad < step
+    assert pad <= max(7, tokens // 32)
+
+
+def test_bucket_padding_splits_dummies_at_the_model_length():
+    assert bucket_padding(4000, 512) == [32]  # 4000 → 4032 (steps of 64 between 2048 and 4096)
+    assert bucket_padding(4000, 10) == [10, 10, 10, 2]
+    assert bucket_padding(8192, 512) == []
+
+
+def test_few_bucket_sizes_over_all_batch_sizes():
+    """The point of buckets: oneDNN's primitive cache (1,024 entries) holds every shape a model needs."""
+    sizes = {n + sum(bucket_padding(n, 512)) for n in range(1, 8193)}
+    assert len(sizes) <= 200
+
+
+def test_padded_batches_change_no_output(minilm_llm, cranfield_texts):
+    runner = minilm_llm.engine.runner
+    assert runner.pad_to_bucket, "oneDNN and the packed kernel are there on CPU"
+    texts = cranfield_texts[:13]  # a token count that is not a bucket size
+    assert sum(bucket_padding(sum(len(o.prompt_token_ids) for o in minilm_llm.embed(texts, use_tqdm=False)),
+                              256)) > 0
+    padded_e = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
+    padded_t = [o.outputs.data for o in minilm_llm.token_embed(texts, use_tqdm=False)]
+    runner.pad_to_bucket = False
+    try:
+        plain_e = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
+        plain_t = [o.outputs.data for o in minilm_llm.token_embed(texts, use_tqdm=False)]
+    finally:
+        runner.pad_to_bucket = True
+    assert (padded_e - plain_e).abs().max() <= 1e-6
+    for a, b in zip(padded_t, plain_t):
+        assert a.shape == b.shape and (a - b).abs().max() <= 1e-6
