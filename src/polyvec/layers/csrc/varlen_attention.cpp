@@ -28,6 +28,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <cstdint>
 #include <cstdlib>
@@ -433,13 +434,24 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
   const bool dpbf16 = std::is_same_v<T, c10::BFloat16> && d % 32 == 0 && has_avx512_bf16();
   const bool amx = dpbf16 && amx_ready();
 #endif
-  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+  // Work items longest first, handed out one at a time (longest-processing-time first): a static split of
+  // the batch in halves left one thread with most of the quadratic work whenever long sequences clustered.
+  const int64_t items = batch * groups;
+  std::vector<int64_t> order(items);
+  for (int64_t k = 0; k < items; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    return cu[x / groups + 1] - cu[x / groups] > cu[y / groups + 1] - cu[y / groups];
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Buffers buf;
 #ifdef POLYVEC_DPBF16
     BuffersBF16 buf16;
     if (amx) amx_begin();  // the tile configuration belongs to the thread
 #endif
-    for (int64_t item = begin; item < end; ++item) {
+    for (int64_t k = next++; k < items; k = next++) {
+      const int64_t item = order[k];
       const int64_t b = item / groups, h0 = item % groups * per_seq;
       const int64_t n = cu[b + 1] - cu[b];
       if (n <= 0) continue;
