@@ -97,70 +97,47 @@ inline float softmax_row(float* sr, int64_t n_keys, int64_t n_pad, float scale, 
   return 1.f / at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
 }
 
-// R query rows at once: every key or value vector loaded feeds R FMAs, and the R independent accumulator
-// chains hide the FMA latency.
+// out[r][0, V * kW) = sum_t a[r][t] * b[t][0, V * kW) for R rows: every b vector loaded feeds R FMAs, and the
+// R * V independent accumulator chains hide the FMA latency (V = 2: FMA-bound rather than load-bound).
+template <int R, int V>
+inline void rows_block(const float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t len, float* out,
+                       int64_t out_stride) {
+  static_assert(V == 1 || V == 2, "one or two vectors wide");
+  Vec a0[R], a1[R];  // a1 unused when V = 1 (the compiler drops it)
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec(0.f);
+  for (int64_t t = 0; t < len; ++t) {
+    const Vec b0 = Vec::loadu(b + t * b_stride), b1 = V == 2 ? Vec::loadu(b + t * b_stride + kW) : b0;
+    for (int r = 0; r < R; ++r) {
+      const Vec ar(a[r * a_stride + t]);
+      a0[r] = at::vec::fmadd(ar, b0, a0[r]);
+      if constexpr (V == 2) a1[r] = at::vec::fmadd(ar, b1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    a0[r].store(out + r * out_stride);
+    if constexpr (V == 2) a1[r].store(out + r * out_stride + kW);
+  }
+}
+
+// The R x `width` product a[R][len] . b[len][width] (width a multiple of kW): two vectors wide, then one.
+template <int R>
+inline void rows_times(const float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t len,
+                       int64_t width, float* out, int64_t out_stride) {
+  int64_t c = 0;
+  for (; c + 2 * kW <= width; c += 2 * kW) rows_block<R, 2>(a, a_stride, b + c, b_stride, len, out + c, out_stride);
+  for (; c < width; c += kW) rows_block<R, 1>(a, a_stride, b + c, b_stride, len, out + c, out_stride);
+}
+
+// R query rows of one head: scores s = q . kt, softmax, then o = p . v, written to out_rows.
 template <int R, typename T>
 void query_block(const float* q, int64_t q_stride, const float* kt, const float* v, int64_t v_stride, float* s,
                  int64_t n_keys, int64_t n_pad, int64_t d, const float* const* bias_rows, T* const* out_rows,
                  float* o) {
-  // scores s[r][j] = q[r] . k[j]: 2 * kW keys per step (2R accumulators, FMA-bound rather than load-bound),
-  // then kW at a time
-  int64_t j0 = 0;
-  for (; j0 + 2 * kW <= n_pad; j0 += 2 * kW) {
-    Vec a0[R], a1[R];
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec(0.f);
-    for (int64_t c = 0; c < d; ++c) {
-      Vec k0 = Vec::loadu(kt + c * n_pad + j0), k1 = Vec::loadu(kt + c * n_pad + j0 + kW);
-      for (int r = 0; r < R; ++r) {
-        Vec qr(q[r * q_stride + c]);
-        a0[r] = at::vec::fmadd(qr, k0, a0[r]);
-        a1[r] = at::vec::fmadd(qr, k1, a1[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      a0[r].store(s + r * n_pad + j0);
-      a1[r].store(s + r * n_pad + j0 + kW);
-    }
-  }
-  for (int64_t j = j0; j < n_pad; j += kW) {
-    Vec acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = Vec(0.f);
-    for (int64_t c = 0; c < d; ++c) {
-      Vec kv = Vec::loadu(kt + c * n_pad + j);
-      for (int r = 0; r < R; ++r) acc[r] = at::vec::fmadd(Vec(q[r * q_stride + c]), kv, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) acc[r].store(s + r * n_pad + j);
-  }
+  rows_times<R>(q, q_stride, kt, n_pad, d, n_pad, s, n_pad);  // s[r][j] = q[r] . k[j]
   float inv_sum[R];
   for (int r = 0; r < R; ++r)
     inv_sum[r] = softmax_row(s + r * n_pad, n_keys, n_pad, 1.f, bias_rows ? bias_rows[r] : nullptr);
-  // o[r] = sum_j p[r][j] v[j], two feature vectors at a time (d = 32 with AVX-512: all of them)
-  int64_t c0 = 0;
-  for (; c0 + 2 * kW <= d; c0 += 2 * kW) {
-    Vec a0[R], a1[R];
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = Vec(0.f);
-    for (int64_t j = 0; j < n_keys; ++j) {
-      Vec v0 = Vec::loadu(v + j * v_stride + c0), v1 = Vec::loadu(v + j * v_stride + c0 + kW);
-      for (int r = 0; r < R; ++r) {
-        Vec p(s[r * n_pad + j]);
-        a0[r] = at::vec::fmadd(p, v0, a0[r]);
-        a1[r] = at::vec::fmadd(p, v1, a1[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      a0[r].store(o + r * d + c0);
-      a1[r].store(o + r * d + c0 + kW);
-    }
-  }
-  for (; c0 < d; c0 += kW) {
-    Vec a0[R];
-    for (int r = 0; r < R; ++r) a0[r] = Vec(0.f);
-    for (int64_t j = 0; j < n_keys; ++j) {
-      Vec v0 = Vec::loadu(v + j * v_stride + c0);
-      for (int r = 0; r < R; ++r) a0[r] = at::vec::fmadd(Vec(s[r * n_pad + j]), v0, a0[r]);
-    }
-    for (int r = 0; r < R; ++r) a0[r].store(o + r * d + c0);
-  }
+  rows_times<R>(s, n_pad, v, v_stride, n_keys, d, o, d);  // o[r] = sum_j p[r][j] v[j]
   for (int r = 0; r < R; ++r) from_float(o + r * d, out_rows[r], d, inv_sum[r]);
 }
 
