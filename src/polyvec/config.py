@@ -177,6 +177,10 @@ class EngineConfig:
     """Causal models: reuse the keys/values of prompt prefixes already computed (None: on)."""
     prefix_cache_tokens: int = 8192
     """Most prompt tokens the prefix cache keeps (least recently used blocks are evicted)."""
+    quantization: Literal["int8"] | None = None
+    """None: projections in the model dtype. "int8" (CPU only, opt-in): dynamic W8A8, weights int8 per output
+    channel and activations quantized per token at run time, on oneDNN's int8 matmul (VNNI / AMX); attention,
+    norms, pooling and heads stay in the model dtype. Faster, not exact: cosine ≥ 0.99 against float32."""
 
     def __post_init__(self) -> None:
         if self.long_input not in ("truncate", "window"):
@@ -195,6 +199,8 @@ class EngineConfig:
             raise ValueError(f"truncation must be 'auto' or 'error', got {self.truncation!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -212,12 +218,14 @@ class EngineConfig:
 _MMAP_CEILING = 32 << 20
 
 
-def default_max_num_batched_tokens(model_config: "ModelConfig", device: torch.device) -> int:
+def default_max_num_batched_tokens(model_config: "ModelConfig", device: torch.device,
+                                   quantization: str | None = None) -> int:
     """The token budget when the user sets none.
 
     On CPU: the largest power of two (1024..8192) whose widest activation (tokens x max(FFN width, 3 x hidden))
     stays under glibc's 32 MiB mmap ceiling, so the per-layer tensors are reused from the heap instead of
     faulted in anew (all-MiniLM-L6-v2 in float32: 4096 tokens, measured ~15% faster than 8192). Elsewhere 8192.
+    int8 projections write float32 before rescaling, whatever the activation dtype.
     Encoders need at least max_model_len (a whole input per batch); causal models prefill in chunks.
     """
     tokens = 8192
@@ -225,7 +233,8 @@ def default_max_num_batched_tokens(model_config: "ModelConfig", device: torch.de
         cfg = model_config.hf_config
         width = max(int(cfg.get("intermediate_size", 0) or 0), 3 * model_config.hidden_size)
         tokens = 1024
-        while tokens < 8192 and 2 * tokens * width * model_config.dtype.itemsize <= _MMAP_CEILING:
+        itemsize = 4 if quantization == "int8" else model_config.dtype.itemsize
+        while tokens < 8192 and 2 * tokens * width * itemsize <= _MMAP_CEILING:
             tokens *= 2
     return tokens if model_config.is_causal else max(tokens, model_config.max_model_len)
 

@@ -23,7 +23,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers import kernels
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
-from ..layers.linear import onednn_available
+from ..layers.linear import int8_available, onednn_available
 from ..layers.pooler import Pooler, PoolingState
 from ..loader import read_state_dict
 from ..models.registry import EncoderForPooling, build_model
@@ -92,9 +92,14 @@ class ModelRunner:
             self.device, model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"])
         # Dummy sequences attend only to themselves, which needs the packed kernel (no grid to pad).
         self.pad_to_bucket = self.onednn and self.packed_attention
+        self.int8 = engine_config.quantization == "int8"
+        if self.int8 and not (self.onednn and int8_available(self.device)):
+            raise ValueError("quantization='int8' needs a CPU device, dtype float32 or bfloat16, PyTorch with "
+                             "oneDNN and polyvec's native kernels (it found: device "
+                             f"{self.device}, dtype {model_config.dtype})")
         if self.onednn:
             for layer in self.model.encoder.layers:
-                layer.prepack()
+                layer.prepack(int8=self.int8)
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=token_projection,

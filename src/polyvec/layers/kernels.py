@@ -1,7 +1,8 @@
 """polyvec's native CPU kernels, compiled on first use with PyTorch's C++ extension loader.
 
 `csrc/varlen_attention.cpp` is bidirectional attention straight over the packed `qkv` projection (see its
-header comment): no padded grid, no mask, each (sequence, head) on its own. It is built once per machine with
+header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds
+the per-token int8 quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`). They are built once per machine with
 the compiler PyTorch's extension loader finds (g++/clang and ninja), for the vector width PyTorch itself uses
 here (AVX-512 or AVX2), and cached under `TORCH_EXTENSIONS_DIR` (default `~/.cache/torch_extensions`).
 Where it cannot be built (no compiler, another CPU architecture) or `POLYVEC_DISABLE_KERNELS=1`, attention
@@ -19,7 +20,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "varlen_attention.cpp"
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "dynamic_quant.cpp")]
 # PyTorch's vector classes are header-only; these select the width they compile to (as ATen's own builds do).
 _ISA_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -56,10 +57,10 @@ def load() -> bool:
             try:
                 from torch.utils.cpp_extension import load as load_extension
 
-                load_extension(f"polyvec_kernels_{cap.lower()}", [str(_SOURCE)],
+                load_extension(f"polyvec_kernels_{cap.lower()}", [str(p) for p in _SOURCES],
                                extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS[cap]], extra_ldflags=["-fopenmp"],
                                is_python_module=False, verbose=False)
-                ok = hasattr(torch.ops.polyvec, "varlen_attention")
+                ok = all(hasattr(torch.ops.polyvec, op) for op in ("varlen_attention", "quantize_rows"))
                 why = "" if ok else "the extension loaded without its operator"
             except Exception as e:  # no compiler or ninja, a failed build: SDPA still works
                 last = str(e).strip().splitlines()

@@ -48,12 +48,77 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, fused={self.attr}"
 
 
-def can_fuse(activation: str) -> bool:
-    return activation in _FUSABLE
+# GELU variants the int8 dequantize pass applies itself (1: erf, 2: tanh approximation).
+_INT8_ACT = {"gelu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
+
+
+def int8_available(device: torch.device) -> bool:
+    """oneDNN's int8 matmul (PyTorch's x86 quantization op) and polyvec's quantize passes are both here."""
+    from . import kernels
+
+    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.onednn, "qlinear_pointwise") and kernels.load())
+
+
+class Int8Linear(nn.Module):
+    """`act(x @ W.T + b)` with W in int8 (per output channel, symmetric) and x quantized per token at run time.
+
+    Dynamic W8A8 in the style of SmoothQuant's per-token / per-channel scheme (Xiao et al., 2023,
+    https://arxiv.org/abs/2211.10438, without smoothing): each row of x gets its own asymmetric uint8 grid
+    (csrc/dynamic_quant.cpp), oneDNN multiplies int8 by int8 into int32 (VNNI / AMX), and one pass rescales
+    the row, adds the rank-one zero-point correction, the bias, the activation and the residual. Integer
+    products are exact, so each output row still depends only on its input row. Not bit-equal to float:
+    cosine ≥ 0.99 against float32 is what `quantization="int8"` promises (tested).
+    """
+
+    def __init__(self, linear: nn.Linear, activation: str | None = None):
+        super().__init__()
+        if activation is not None and activation not in _INT8_ACT:
+            raise ValueError(f"int8 linear: unsupported fused activation {activation!r}")
+        if not int8_available(linear.weight.device):
+            raise RuntimeError("int8 linear: needs a CPU PyTorch with oneDNN and polyvec's native kernels")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        w_scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        w_int8 = torch.round(w / w_scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.weight = torch.ops.onednn.qlinear_prepack(w_int8, None)
+        self.w_scale = w_scale
+        self.w_zero_point = torch.zeros(self.out_features, dtype=torch.long)
+        # Σ_k of the dequantized weight row: multiplies each token's zero point (see csrc/dynamic_quant.cpp).
+        self.colsum = (w_int8.float() * w_scale[:, None]).sum(dim=1)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.act = _INT8_ACT[activation] if activation else 0
+
+    def _forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        q, scale, offset = torch.ops.polyvec.quantize_rows(x)
+        y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.weight, self.w_scale, self.w_zero_point, None, 1.0, 0,
+                                               torch.float32, "none", [], "")
+        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, residual, self.act, x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x, None)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + x @ W.T + b`, the add in the dequantize pass."""
+        assert self.act == 0, "the residual add replaces the activation"
+        return self._forward(x, residual)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8, act={self.act}"
+
+
+def pack_linear(linear: nn.Linear, activation: str | None = None, int8: bool = False) -> nn.Module:
+    """The CPU form of a projection: int8 (`quantization="int8"`) or oneDNN-prepacked; `activation` is fused
+    into it (callers check `can_fuse(activation, int8)` first)."""
+    return Int8Linear(linear, activation) if int8 else PackedLinear(linear, activation)
+
+
+def can_fuse(activation: str, int8: bool = False) -> bool:
+    return activation in (_INT8_ACT if int8 else _FUSABLE)
 
 
 def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """`residual + linear(x)`, fused where the linear is prepacked."""
-    if isinstance(linear, PackedLinear):
+    if isinstance(linear, (PackedLinear, Int8Linear)):
         return linear.forward_add(x, residual)
     return residual + linear(x)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
-from ..layers.linear import PackedLinear, can_fuse, linear_add
+from ..layers.linear import can_fuse, linear_add, pack_linear
 from .weights import Rule
 
 
@@ -35,13 +35,15 @@ class EncoderLayer(nn.Module):
         self.act_name = act
         self.act = get_act_fn(act)
 
-    def prepack(self) -> None:
-        """Swap the projections for oneDNN-prepacked ones (CPU), fusing the FFN activation when possible."""
-        self.qkv, self.attn_out, self.ffn_down = (PackedLinear(m) for m in (self.qkv, self.attn_out, self.ffn_down))
-        if can_fuse(self.act_name):
-            self.ffn_up, self.act = PackedLinear(self.ffn_up, self.act_name), get_act_fn("identity")
+    def prepack(self, int8: bool = False) -> None:
+        """Swap the projections for oneDNN-prepacked (or int8) ones (CPU), fusing the FFN activation when
+        possible."""
+        self.qkv, self.attn_out, self.ffn_down = (pack_linear(m, int8=int8)
+                                                  for m in (self.qkv, self.attn_out, self.ffn_down))
+        if can_fuse(self.act_name, int8):
+            self.ffn_up, self.act = pack_linear(self.ffn_up, self.act_name, int8), get_act_fn("identity")
         else:
-            self.ffn_up = PackedLinear(self.ffn_up)
+            self.ffn_up = pack_linear(self.ffn_up, int8=int8)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)

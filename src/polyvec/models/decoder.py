@@ -22,7 +22,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, causal_attention
-from ..layers.linear import PackedLinear, linear_add
+from ..layers.linear import linear_add, pack_linear
 from .weights import Rule
 
 
@@ -100,9 +100,9 @@ class DecoderLayer(nn.Module):
         self.act = get_act_fn(cfg.get("hidden_act", "silu"))
         self.sliding_window = _sliding_window(cfg, index)
 
-    def prepack(self) -> None:
+    def prepack(self, int8: bool = False) -> None:
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-            setattr(self, name, PackedLinear(getattr(self, name)))
+            setattr(self, name, pack_linear(getattr(self, name), int8=int8))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         h = self.input_layernorm(x)

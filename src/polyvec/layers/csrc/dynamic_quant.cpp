@@ -1,0 +1,310 @@
+// Per-token (row) dynamic int8 quantization around oneDNN's int8 matmul, on CPU.
+//
+// quantize_rows maps each row of x to uint8 with its own affine grid: x ~= s * q + o, q in [0, 255],
+// s = (max - min) / 255, o = min. Asymmetric because post-GELU activations are nearly one-signed
+// (a symmetric grid wastes half its levels there); one grid per row so that a token's result cannot depend
+// on the other tokens of the batch (a per-tensor scale would). The weights are int8 per output channel,
+// symmetric (u8 x s8 is the native VNNI / AMX int8 product; oneDNN runs s8 x s8 on VNNI-only CPUs in its
+// reference kernel, ~1000x slower), so with y' = q . Wq^T * w_scale (what oneDNN computes, exactly in int32 before the scale):
+//
+//     x . W^T = s * y' + o * colsum(W)        (colsum over the dequantized weight's input dimension)
+//
+// and dequantize_rows applies that rank-one correction, the bias, an optional GELU and an optional residual
+// add in one pass over the output, writing the activation dtype (float32 or bfloat16).
+//
+// Registered as torch.ops.polyvec.quantize_rows / dequantize_rows; built with the attention kernel by
+// polyvec/layers/kernels.py.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kW = Vec::size();
+
+inline float load1(const float* p) { return *p; }
+inline float load1(const c10::BFloat16* p) {
+  uint32_t u = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store1(float* p, float f) { *p = f; }
+inline void store1(c10::BFloat16* p, float f) {  // round to nearest even (values are finite)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// One row, AVX-512: a min/max pass and a quantize pass straight from the input, 16 values per step.
+template <typename T>
+void quantize_row16(const T* xr, uint8_t* qr, int64_t k, float* scale, float* offset) {
+  __m512 vlo = load16(xr), vhi = vlo;
+  for (int64_t c = 16; c < k; c += 16) {
+    const __m512 v = load16(xr + c);
+    vlo = _mm512_min_ps(vlo, v);
+    vhi = _mm512_max_ps(vhi, v);
+  }
+  const float lo = _mm512_reduce_min_ps(vlo), hi = _mm512_reduce_max_ps(vhi);
+  if (!(hi > lo)) {
+    std::memset(qr, 0, k);
+    *scale = 0.f;
+    *offset = lo;
+    return;
+  }
+  const float s = (hi - lo) / 255.f;
+  const __m512 inv = _mm512_set1_ps(255.f / (hi - lo)), vl = _mm512_set1_ps(lo), top = _mm512_set1_ps(255.f);
+  for (int64_t c = 0; c < k; c += 16) {
+    __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(load16(xr + c), vl), inv), _mm512_setzero_ps()),
+                             top);
+    // nearest level, ties to even (the default rounding mode)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + c), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  *scale = s;
+  *offset = lo;
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {  // round to nearest even (values are finite)
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+
+// GELU with erf from Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, as oneDNN's gelu_erf) and
+// tanh(z) = 1 - 2 / (exp(2z) + 1): a few FMAs and one fast exp instead of libm-accurate erf / tanh.
+// 1 / d: the 14-bit estimate and one Newton step (~1e-8 relative), far cheaper than a vector divide.
+inline __m512 recip16(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
+inline __m512 gelu16(__m512 x, int act) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
+  const __m512 sign = _mm512_and_ps(x, _mm512_set1_ps(-0.f));
+  if (act == 1) {
+    const __m512 z = _mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(static_cast<float>(M_SQRT1_2))));
+    const __m512 t = recip16(_mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    const __m512 e = Vec(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(z, z))).exp_u20();
+    const __m512 erf_abs = _mm512_fnmadd_ps(p, e, one);  // 1 - p * exp(-z^2)
+    return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, _mm512_or_ps(erf_abs, sign)));
+  }
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 z = _mm512_abs_ps(_mm512_mul_ps(_mm512_set1_ps(0.7978845608f),
+                                               _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x)));
+  const __m512 e = Vec(_mm512_min_ps(_mm512_add_ps(z, z), _mm512_set1_ps(80.f))).exp_u20();
+  const __m512 tanh_abs = _mm512_sub_ps(one, _mm512_add_ps(recip16(_mm512_add_ps(e, one)), recip16(_mm512_add_ps(e, one))));
+  return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, _mm512_or_ps(tanh_abs, sign)));
+}
+
+template <typename T>
+void dequantize_row16(const float* yr, float s, float o, const float* colsum, const float* bias, const T* res, int act,
+                      T* outr, int64_t n) {
+  const __m512 vs = _mm512_set1_ps(s), vo = _mm512_set1_ps(o);
+  for (int64_t c = 0; c < n; c += 16) {
+    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(yr + c), vs, _mm512_mul_ps(vo, _mm512_loadu_ps(colsum + c)));
+    if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + c));
+    if (act) v = gelu16(v, act);
+    if (res) v = _mm512_add_ps(v, load16(res + c));
+    store16(outr + c, v);
+  }
+}
+#endif
+
+template <typename T>
+void quantize(const T* x, uint8_t* q, float* scale, float* offset, int64_t rows, int64_t k) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (k % 16 == 0) {
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) quantize_row16(x + r * k, q + r * k, k, scale + r, offset + r);
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(k);
+    std::vector<int32_t> levels(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * k;
+      for (int64_t c = 0; c < k; ++c) row[c] = load1(xr + c);
+      Vec vlo(row[0]), vhi(row[0]);
+      int64_t c = 0;
+      for (; c + kW <= k; c += kW) {
+        const Vec v = Vec::loadu(row.data() + c);
+        vlo = at::vec::minimum(vlo, v);
+        vhi = at::vec::maximum(vhi, v);
+      }
+      float lo = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::minimum(a, b); }, vlo);
+      float hi = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vhi);
+      for (; c < k; ++c) {
+        lo = std::min(lo, row[c]);
+        hi = std::max(hi, row[c]);
+      }
+      uint8_t* qr = q + r * k;
+      if (!(hi > lo)) {  // a constant row: x = o exactly, q = 0 and s = 0
+        std::memset(qr, 0, k);
+        scale[r] = 0.f;
+        offset[r] = lo;
+        continue;
+      }
+      const float s = (hi - lo) / 255.f, inv = 255.f / (hi - lo);
+      const Vec vinv(inv), vl(lo), zero(0.f), top(255.f);
+      for (c = 0; c + kW <= k; c += kW) {  // nearest level, ties to even (the vector round)
+        const Vec v = at::vec::clamp((Vec::loadu(row.data() + c) - vl) * vinv, zero, top).round();
+        at::vec::convert_to_int_of_same_size(v).store(levels.data() + c);
+      }
+      for (; c < k; ++c) levels[c] = static_cast<int32_t>(std::nearbyint(std::min(std::max((row[c] - lo) * inv, 0.f), 255.f)));
+      for (c = 0; c < k; ++c) qr[c] = static_cast<uint8_t>(levels[c]);  // vectorized narrowing
+      scale[r] = s;
+      offset[r] = lo;
+    }
+  });
+}
+
+// act: 0 none, 1 GELU (erf), 2 GELU (tanh approximation).
+template <typename T>
+void dequantize(const float* y, const float* scale, const float* offset, const float* colsum, const float* bias,
+                const T* residual, int act, T* out, int64_t rows, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (n % 16 == 0) {
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        dequantize_row16(y + r * n, scale[r], offset[r], colsum, bias, residual ? residual + r * n : nullptr, act,
+                         out + r * n, n);
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(n + kW);
+    const Vec half(0.5f), one(1.f), rsqrt2(static_cast<float>(M_SQRT1_2)), c0(0.7978845608f), c1(0.044715f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const Vec s(scale[r]), o(offset[r]);
+      const float* yr = y + r * n;
+      int64_t c = 0;
+      for (; c + kW <= n; c += kW) {
+        Vec v = at::vec::fmadd(Vec::loadu(yr + c), s, o * Vec::loadu(colsum + c));
+        if (bias) v = v + Vec::loadu(bias + c);
+        if (act == 1) {
+          v = half * v * (one + (v * rsqrt2).erf());
+        } else if (act == 2) {
+          v = half * v * (one + (c0 * (v + c1 * v * v * v)).tanh());
+        }
+        v.store(row.data() + c);
+      }
+      for (; c < n; ++c) {
+        float v = yr[c] * scale[r] + offset[r] * colsum[c] + (bias ? bias[c] : 0.f);
+        if (act == 1) v = 0.5f * v * (1.f + std::erf(v * static_cast<float>(M_SQRT1_2)));
+        if (act == 2) v = 0.5f * v * (1.f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+        row[c] = v;
+      }
+      T* outr = out + r * n;
+      if (residual) {
+        const T* rr = residual + r * n;
+        for (c = 0; c < n; ++c) store1(outr + c, row[c] + load1(rr + c));
+      } else {
+        for (c = 0; c < n; ++c) store1(outr + c, row[c]);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_) {
+  TORCH_CHECK(x_.device().is_cpu() && x_.dim() == 2, "quantize_rows: a CPU [rows, k] tensor");
+  auto x = x_.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1);
+  TORCH_CHECK(k > 0, "quantize_rows: empty rows");
+  auto q = at::empty({rows, k}, x.options().dtype(at::kByte));
+  auto scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  auto offset = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      quantize(x.data_ptr<float>(), q.data_ptr<uint8_t>(), scale.data_ptr<float>(), offset.data_ptr<float>(), rows, k);
+      break;
+    case at::kBFloat16:
+      quantize(x.data_ptr<c10::BFloat16>(), q.data_ptr<uint8_t>(), scale.data_ptr<float>(), offset.data_ptr<float>(),
+               rows, k);
+      break;
+    default:
+      TORCH_CHECK(false, "quantize_rows: float32 or bfloat16 only, got ", x.scalar_type());
+  }
+  return {q, scale, offset};
+}
+
+at::Tensor dequantize_rows(const at::Tensor& y_, const at::Tensor& scale_, const at::Tensor& offset_,
+                           const at::Tensor& colsum_, const std::optional<at::Tensor>& bias_,
+                           const std::optional<at::Tensor>& residual_, int64_t act, at::ScalarType out_dtype) {
+  TORCH_CHECK(y_.device().is_cpu() && y_.dim() == 2, "dequantize_rows: a CPU [rows, n] tensor");
+  TORCH_CHECK(act >= 0 && act <= 2, "dequantize_rows: act is 0 (none), 1 (gelu) or 2 (gelu tanh)");
+  auto y = y_.to(at::kFloat).contiguous();
+  const int64_t rows = y.size(0), n = y.size(1);
+  auto scale = scale_.to(at::kFloat).contiguous(), offset = offset_.to(at::kFloat).contiguous();
+  auto colsum = colsum_.to(at::kFloat).contiguous();
+  TORCH_CHECK(scale.numel() == rows && offset.numel() == rows, "dequantize_rows: one scale and offset per row");
+  TORCH_CHECK(colsum.numel() == n, "dequantize_rows: one column sum per output column");
+  at::Tensor bias;
+  if (bias_.has_value()) {
+    bias = bias_->to(at::kFloat).contiguous();
+    TORCH_CHECK(bias.numel() == n, "dequantize_rows: one bias per output column");
+  }
+  at::Tensor residual;
+  if (residual_.has_value()) {
+    residual = residual_->to(out_dtype).contiguous();
+    TORCH_CHECK(residual.size(0) == rows && residual.size(1) == n, "dequantize_rows: residual shape");
+  }
+  auto out = at::empty({rows, n}, y.options().dtype(out_dtype));
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  switch (out_dtype) {
+    case at::kFloat:
+      dequantize(y.data_ptr<float>(), scale.data_ptr<float>(), offset.data_ptr<float>(), colsum.data_ptr<float>(), bp,
+                 residual.defined() ? residual.data_ptr<float>() : nullptr, static_cast<int>(act),
+                 out.data_ptr<float>(), rows, n);
+      break;
+    case at::kBFloat16:
+      dequantize(y.data_ptr<float>(), scale.data_ptr<float>(), offset.data_ptr<float>(), colsum.data_ptr<float>(), bp,
+                 residual.defined() ? residual.data_ptr<c10::BFloat16>() : nullptr, static_cast<int>(act),
+                 out.data_ptr<c10::BFloat16>(), rows, n);
+      break;
+    default:
+      TORCH_CHECK(false, "dequantize_rows: float32 or bfloat16 output only, got ", out_dtype);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(polyvec, m) {
+  m.def("quantize_rows(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("dequantize_rows(Tensor y, Tensor scale, Tensor offset, Tensor colsum, Tensor? bias, Tensor? residual, "
+        "int act, ScalarType out_dtype) -> Tensor");
+  m.impl("quantize_rows", c10::DispatchKey::CPU, TORCH_FN(quantize_rows));
+  m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
+}
