@@ -63,6 +63,18 @@ def test_dequantize_rows_matches_the_formula(out_dtype, act, ref_act, n):
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("act", [1, 2])
+@pytest.mark.parametrize("n", [1536, 40])
+def test_requantize_rows_is_dequantize_then_quantize(act, n):
+    torch.manual_seed(3)
+    y, scale, offset = torch.randn(21, n) * 40, torch.rand(21, 1) / 10, torch.randn(21, 1)
+    colsum, bias = torch.randn(n), torch.randn(n)
+    h = torch.ops.polyvec.dequantize_rows(y, scale, offset, colsum, bias, None, act, torch.float32)
+    expected = torch.ops.polyvec.quantize_rows(h)
+    for got, want in zip(torch.ops.polyvec.requantize_rows(y, scale, offset, colsum, bias, act), expected):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_int8_linear_close_to_float_and_batch_invariant(dtype, activation):
@@ -79,6 +91,9 @@ def test_int8_linear_close_to_float_and_batch_invariant(dtype, activation):
     # integer products are exact and every scale is per row: a row's output is bit-identical alone
     for i in (0, 137, 299):
         assert torch.equal(layer(x[i:i + 1].contiguous())[0], out[i])
+    if activation and dtype == torch.float32:  # straight to the next int8 layer's grid: as quantizing the output
+        for got, want in zip(layer.forward_requantized(x), torch.ops.polyvec.quantize_rows(out)):
+            assert torch.equal(got, want)
     residual = torch.randn(300, 1536).to(dtype)
     plain = Int8Linear(linear)
     torch.testing.assert_close(plain.forward_add(x, residual).float(), (plain(x) + residual).float(),

@@ -60,6 +60,10 @@ def int8_available(device: torch.device) -> bool:
             and hasattr(torch.ops.onednn, "qlinear_pointwise") and kernels.load())
 
 
+# uint8 rows with their scale and offset, as quantize_rows returns them: x ≈ scale * q + offset per row.
+QuantizedRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class Int8Linear(nn.Module):
     """`act(x @ W.T + b)` with W in int8 (per output channel, symmetric) and x quantized per token at run time.
 
@@ -89,19 +93,29 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.act = _INT8_ACT[activation] if activation else 0
 
-    def _forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        q, scale, offset = torch.ops.polyvec.quantize_rows(x)
-        y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.weight, self.w_scale, self.w_zero_point, None, 1.0, 0,
-                                               torch.float32, "none", [], "")
-        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, residual, self.act, x.dtype)
+    def _int32_sums(self, x: torch.Tensor | QuantizedRows) -> tuple[torch.Tensor, QuantizedRows]:
+        """oneDNN's u8 x s8 product (times the weight scales, in float32) and x's quantized rows."""
+        qx = x if isinstance(x, tuple) else torch.ops.polyvec.quantize_rows(x)
+        y = torch.ops.onednn.qlinear_pointwise(qx[0], 1.0, 0, self.weight, self.w_scale, self.w_zero_point, None, 1.0,
+                                               0, torch.float32, "none", [], "")
+        return y, qx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._forward(x, None)
+        y, (_, scale, offset) = self._int32_sums(x)
+        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, None, self.act, x.dtype)
 
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """`residual + x @ W.T + b`, the add in the dequantize pass."""
+    def forward_requantized(self, x: torch.Tensor) -> QuantizedRows:
+        """`act(x @ W.T + b)` already quantized for the next Int8Linear: the FFN intermediate (4x the hidden
+        size) is never written in the activation dtype nor read back to be quantized."""
+        y, (_, scale, offset) = self._int32_sums(x)
+        return torch.ops.polyvec.requantize_rows(y, scale, offset, self.colsum, self.bias, self.act)
+
+    def forward_add(self, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + x @ W.T + b`, the add in the dequantize pass; x may come quantized already."""
         assert self.act == 0, "the residual add replaces the activation"
-        return self._forward(x, residual)
+        y, (_, scale, offset) = self._int32_sums(x)
+        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, residual, 0,
+                                                 residual.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8, act={self.act}"
@@ -117,7 +131,7 @@ def can_fuse(activation: str, int8: bool = False) -> bool:
     return activation in (_INT8_ACT if int8 else _FUSABLE)
 
 
-def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def linear_add(linear: nn.Module, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
     """`residual + linear(x)`, fused where the linear is prepacked."""
     if isinstance(linear, (PackedLinear, Int8Linear)):
         return linear.forward_add(x, residual)

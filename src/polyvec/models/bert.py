@@ -34,6 +34,7 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
         self.act_name = act
         self.act = get_act_fn(act)
+        self.requantize_ffn = False
 
     def prepack(self, int8: bool = False) -> None:
         """Swap the projections for oneDNN-prepacked (or int8) ones (CPU), fusing the FFN activation when
@@ -42,13 +43,16 @@ class EncoderLayer(nn.Module):
                                                   for m in (self.qkv, self.attn_out, self.ffn_down))
         if can_fuse(self.act_name, int8):
             self.ffn_up, self.act = pack_linear(self.ffn_up, self.act_name, int8), get_act_fn("identity")
+            self.requantize_ffn = int8
         else:
             self.ffn_up = pack_linear(self.ffn_up, int8=int8)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)
         x = self.attn_norm(linear_add(self.attn_out, attn, x))
-        return self.ffn_norm(linear_add(self.ffn_down, self.act(self.ffn_up(x)), x))
+        # int8: the intermediate goes from the up projection's sums straight to the down projection's grid
+        h = self.ffn_up.forward_requantized(x) if self.requantize_ffn else self.act(self.ffn_up(x))
+        return self.ffn_norm(linear_add(self.ffn_down, h, x))
 
 
 class BertEmbeddings(nn.Module):
