@@ -180,7 +180,8 @@ class EngineConfig:
     quantization: Literal["int8"] | None = None
     """None: projections in the model dtype. "int8" (CPU only, opt-in): dynamic W8A8, weights int8 per output
     channel and activations quantized per token at run time, on oneDNN's int8 matmul (VNNI / AMX); attention
-    and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: cosine ≥ 0.99 against float32."""
+    and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: cosine ≥ 0.99 against
+    float32."""
 
     def __post_init__(self) -> None:
         if self.long_input not in ("truncate", "window"):

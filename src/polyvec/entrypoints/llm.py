@@ -92,7 +92,8 @@ class LLM:
             pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
             download_dir=download_dir, convert=convert)
         if max_num_batched_tokens is None:
-            engine_config.max_num_batched_tokens = default_max_num_batched_tokens(model_config, device_obj, quantization)
+            engine_config.max_num_batched_tokens = default_max_num_batched_tokens(model_config, device_obj,
+                                                                                  quantization)
         self.engine = Engine(model_config, engine_config)
         self.model_config = model_config
 

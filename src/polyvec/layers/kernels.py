@@ -1,12 +1,13 @@
 """polyvec's native CPU kernels, compiled on first use with PyTorch's C++ extension loader.
 
 `csrc/varlen_attention.cpp` is bidirectional attention straight over the packed `qkv` projection (see its
-header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds
-the per-token int8 quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`). They are built once per machine with
-the compiler PyTorch's extension loader finds (g++/clang and ninja), for the vector width PyTorch itself uses
-here (AVX-512 or AVX2), and cached under `TORCH_EXTENSIONS_DIR` (default `~/.cache/torch_extensions`).
-Where it cannot be built (no compiler, another CPU architecture) or `POLYVEC_DISABLE_KERNELS=1`, attention
-falls back to PyTorch's SDPA over a padded grid, with a warning saying why.
+header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds the
+per-token quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`). Both are built once
+per machine with the compiler PyTorch's extension loader finds (g++/clang and ninja), for the vector width
+PyTorch itself uses here (AVX-512 or AVX2), and cached under `TORCH_EXTENSIONS_DIR` (default
+`~/.cache/torch_extensions`). Where they cannot be built (no compiler, another CPU architecture) or
+`POLYVEC_DISABLE_KERNELS=1`, attention falls back to PyTorch's SDPA over a padded grid, with a warning saying
+why, and `quantization="int8"` is refused.
 """
 
 from __future__ import annotations

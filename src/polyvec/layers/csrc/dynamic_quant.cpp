@@ -5,7 +5,8 @@
 // (a symmetric grid wastes half its levels there); one grid per row so that a token's result cannot depend
 // on the other tokens of the batch (a per-tensor scale would). The weights are int8 per output channel,
 // symmetric (u8 x s8 is the native VNNI / AMX int8 product; oneDNN runs s8 x s8 on VNNI-only CPUs in its
-// reference kernel, ~1000x slower), so with y' = q . Wq^T * w_scale (what oneDNN computes, exactly in int32 before the scale):
+// reference kernel, ~1000x slower), so with y' = q . Wq^T * w_scale (what oneDNN computes, exact in int32
+// before the scale):
 //
 //     x . W^T = s * y' + o * colsum(W)        (colsum over the dequantized weight's input dimension)
 //
@@ -126,7 +127,7 @@ inline __m512 gelu16(__m512 x, int act) {
   const __m512 z = _mm512_abs_ps(_mm512_mul_ps(_mm512_set1_ps(0.7978845608f),
                                                _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x)));
   const __m512 e = Vec(_mm512_min_ps(_mm512_add_ps(z, z), _mm512_set1_ps(80.f))).exp_u20();
-  const __m512 tanh_abs = _mm512_sub_ps(one, _mm512_add_ps(recip16(_mm512_add_ps(e, one)), recip16(_mm512_add_ps(e, one))));
+  const __m512 tanh_abs = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), recip16(_mm512_add_ps(e, one)), one);
   return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, _mm512_or_ps(tanh_abs, sign)));
 }
 
@@ -185,7 +186,8 @@ void quantize_row(const T* xr, uint8_t* qr, int64_t k, float* scale, float* offs
     const Vec v = at::vec::clamp((Vec::loadu(row + c) - vl) * vinv, zero, top).round();
     at::vec::convert_to_int_of_same_size(v).store(levels + c);
   }
-  for (; c < k; ++c) levels[c] = static_cast<int32_t>(std::nearbyint(std::min(std::max((row[c] - lo) * inv, 0.f), 255.f)));
+  for (; c < k; ++c)
+    levels[c] = static_cast<int32_t>(std::nearbyint(std::min(std::max((row[c] - lo) * inv, 0.f), 255.f)));
   for (c = 0; c < k; ++c) qr[c] = static_cast<uint8_t>(levels[c]);  // vectorized narrowing
   *scale = (hi - lo) / 255.f;
   *offset = lo;
