@@ -23,6 +23,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers import kernels
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
+from ..layers.layernorm import LayerNorm
 from ..layers.linear import int8_available, onednn_available
 from ..layers.pooler import Pooler, PoolingState
 from ..loader import read_state_dict
@@ -100,6 +101,10 @@ class ModelRunner:
         if self.onednn:
             for layer in self.model.encoder.layers:
                 layer.prepack(int8=self.int8)
+        if self.device.type == "cpu" and kernels.load():
+            for module in self.model.modules():
+                if isinstance(module, LayerNorm):
+                    module.native = True
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=token_projection,

@@ -2,7 +2,8 @@
 
 `csrc/varlen_attention.cpp` is bidirectional attention straight over the packed `qkv` projection (see its
 header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds the
-per-token quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`). Both are built once
+per-token quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`), and
+`csrc/layer_norm.cpp` a one-read LayerNorm (layers/layernorm.py). They are built once
 per machine with the compiler PyTorch's extension loader finds (g++/clang and ninja), for the vector width
 PyTorch itself uses here (AVX-512 or AVX2), and cached under `TORCH_EXTENSIONS_DIR` (default
 `~/.cache/torch_extensions`). Where they cannot be built (no compiler, another CPU architecture) or
@@ -21,7 +22,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "dynamic_quant.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "dynamic_quant.cpp",
+                                                                "layer_norm.cpp")]
 # PyTorch's vector classes are header-only; these select the width they compile to (as ATen's own builds do).
 _ISA_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -61,7 +63,7 @@ def load() -> bool:
                 load_extension(f"polyvec_kernels_{cap.lower()}", [str(p) for p in _SOURCES],
                                extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS[cap]], extra_ldflags=["-fopenmp"],
                                is_python_module=False, verbose=False)
-                ok = all(hasattr(torch.ops.polyvec, op) for op in ("varlen_attention", "quantize_rows"))
+                ok = all(hasattr(torch.ops.polyvec, op) for op in ("varlen_attention", "quantize_rows", "layer_norm"))
                 why = "" if ok else "the extension loaded without its operator"
             except Exception as e:  # no compiler or ninja, a failed build: SDPA still works
                 last = str(e).strip().splitlines()

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.layernorm import LayerNorm
 from ..layers.linear import can_fuse, linear_add, pack_linear
 from .weights import Rule
 
@@ -28,10 +29,10 @@ class EncoderLayer(nn.Module):
         self.num_heads = num_heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.attn_out = nn.Linear(hidden, hidden)
-        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.attn_norm = LayerNorm(hidden, eps=eps)
         self.ffn_up = nn.Linear(hidden, intermediate)
         self.ffn_down = nn.Linear(intermediate, hidden)
-        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_norm = LayerNorm(hidden, eps=eps)
         self.act_name = act
         self.act = get_act_fn(act)
         self.requantize_ffn = False
@@ -63,7 +64,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
         types = int(cfg.get("type_vocab_size", 0) or 0)
         self.token_type_embeddings = nn.Embedding(types, hidden) if types > 0 else None
-        self.norm = nn.LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+        self.norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 token_type_ids: torch.Tensor | None) -> torch.Tensor:
@@ -158,7 +159,7 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
         self.act = get_act_fn(act)
-        self.norm = nn.LayerNorm(hidden, eps=eps)
+        self.norm = LayerNorm(hidden, eps=eps)
         self.decoder = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
