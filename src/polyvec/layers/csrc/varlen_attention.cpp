@@ -231,8 +231,10 @@ inline void transpose16x16(__m512i r[16]) {
     u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
   }
   for (int c = 0; c < 4; ++c) {
-    const __m512i lo01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x88), hi01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xdd);
-    const __m512i lo23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x88), hi23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xdd);
+    const __m512i lo01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x88);
+    const __m512i hi01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xdd);
+    const __m512i lo23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x88);
+    const __m512i hi23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xdd);
     r[c] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);       // column c: lane 0 of every row group
     r[4 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);   // column 4 + c: lane 1
     r[8 + c] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);   // column 8 + c: lane 2
@@ -244,6 +246,35 @@ inline void transpose16x16(__m512i r[16]) {
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(float* s, uint16_t* p16, int rows, int64_t n_keys,
                                                                   int64_t n_pad, float scale,
                                                                   const float* const* bias_rows, float* inv_sum) {
+  if (!bias_rows) {
+    // One pass for the maximum and one for exp, the sum and the bf16 probabilities: the scale goes into the
+    // exponent's FMA (max(scale * s) = scale * max(s), scale > 0) instead of a pass of its own, and the
+    // probabilities are not stored in float32 first (9-12% of the bf16 kernel's time).
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int r = 0; r < rows; ++r) {
+      const float* sr = s + r * n_pad;
+      __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      int64_t j = 0;
+      for (; j + 16 <= n_keys; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + j));
+      if (j < n_keys) mv = _mm512_mask_max_ps(mv, (__mmask16)((1u << (n_keys - j)) - 1), mv, _mm512_loadu_ps(sr + j));
+      const __m512 shift = _mm512_set1_ps(-scale * _mm512_reduce_max_ps(mv));
+      __m512 sum = _mm512_setzero_ps();
+      for (j = 0; j < n_pad; j += 32) {
+        __m512 e[2];
+        for (int h = 0; h < 2; ++h) {
+          const int64_t jj = j + 16 * h;
+          const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, n_keys - jj));
+          e[h] = valid ? __m512(Vec(_mm512_fmadd_ps(_mm512_loadu_ps(sr + jj), sv, shift)).exp_u20())
+                       : _mm512_setzero_ps();
+          if (valid < 16) e[h] = _mm512_maskz_mov_ps((__mmask16)((1u << valid) - 1), e[h]);
+          sum = _mm512_add_ps(sum, e[h]);
+        }
+        _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+      }
+      inv_sum[r] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     float* sr = s + r * n_pad;
     inv_sum[r] = softmax_row(sr, n_keys, n_pad, scale, bias_rows ? bias_rows[r] : nullptr);
