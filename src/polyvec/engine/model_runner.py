@@ -33,6 +33,10 @@ from .scheduler import ScheduledChunk
 logger = logging.getLogger(__name__)
 
 
+# The most memory the AMX copies of the projections may take (MiniLM-L6: 21 MiB, MPNet-base: 162 MiB).
+AMX_MAX_COPY_BYTES = 512 * 2**20
+
+
 def bucket_padding(num_tokens: int, max_len: int) -> list[int]:
     """Lengths of the dummy sequences that round `num_tokens` up to its bucket: a multiple of 1/32 of the
     power of two below it (at least 8), so at most 32 bucket sizes per doubling; each dummy sequence holds at
@@ -99,8 +103,13 @@ class ModelRunner:
                              "oneDNN and polyvec's native kernels (it found: device "
                              f"{self.device}, dtype {model_config.dtype})")
         if self.onednn:
+            # bf16 batches of a few rows (a query alone) run on AMX from a second copy of each projection's
+            # weight (layers/linear.py); models whose projections exceed AMX_MAX_COPY_BYTES keep one copy.
+            projections = sum(m.weight.numel() * m.weight.element_size() for m in self.model.encoder.layers.modules()
+                              if isinstance(m, nn.Linear))
+            amx = not self.int8 and projections <= AMX_MAX_COPY_BYTES
             for layer in self.model.encoder.layers:
-                layer.prepack(int8=self.int8)
+                layer.prepack(int8=self.int8, amx=amx)
         if self.device.type == "cpu" and kernels.load():
             for module in self.model.modules():
                 if isinstance(module, LayerNorm):

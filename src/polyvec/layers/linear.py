@@ -5,6 +5,12 @@ into its blocked format reached ~1.5x its fp32 throughput on AMD Zen 4 (on an In
 were within ±5%), and fuses GELU and the residual add into the matmul's epilogue. Each output row depends only
 on its input row, so batch invariance is kept. This is the op PyTorch's inductor emits for frozen CPU linears
 (`mkldnn._linear_pointwise`); where it is missing (non-mkldnn builds) or on CUDA, layers stay plain `nn.Linear`.
+
+In bfloat16 on CPUs with AMX, batches of at most `AMX_MAX_ROWS` rows (a short query alone: ~10) go to polyvec's
+own kernel instead (csrc/amx_linear.cpp): at that size oneDNN's fixed per-call cost and the weight read are the
+whole time, and one pass over a weight kept in the tile layout is 1.1-1.75x faster. That second copy of each
+weight is why it is opt-in per layer (`amx=True`); the model runner enables it for models whose projections
+are small (see `AMX_MAX_COPY_BYTES` in engine/model_runner.py).
 """
 
 from __future__ import annotations
@@ -25,31 +31,67 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-class PackedLinear(nn.Module):
-    """`act(x @ W.T + b)` with W prepacked for oneDNN; `act` is one of oneDNN's fused post-ops."""
+# GELU variants polyvec's own epilogues apply (int8 dequantize, AMX): 1 erf, 2 tanh approximation.
+_GELU_CODES = {"gelu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
-    def __init__(self, linear: nn.Linear, activation: str | None = None):
+# Up to this many rows, a bf16 layer with an AMX copy of its weight uses it: 1.1-1.75x oneDNN at 32-64 rows,
+# even at 128, slower beyond (MiniLM's shapes, measured in one process).
+AMX_MAX_ROWS = 64
+
+
+def pack_amx_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] → [N/16, K/32, 16, 32]: for 16 outputs × 32 inputs, AMX's B tile (16 input pairs × 16 outputs
+    × the pair), the layout csrc/amx_linear.cpp reads."""
+    n, k = weight.shape
+    tiles = weight.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4)  # [nb, kb, pair, output, 2]
+    return tiles.reshape(n // 16, k // 32, 16, 32).contiguous()
+
+
+def amx_eligible(linear: nn.Linear, activation: str | None = None) -> bool:
+    """bf16, a shape the tile kernel takes, an activation its epilogue applies, and AMX here."""
+    from . import kernels
+
+    return (linear.weight.dtype == torch.bfloat16 and linear.in_features % 32 == 0 and linear.out_features % 32 == 0
+            and (activation is None or activation in _GELU_CODES) and kernels.amx_linear_available())
+
+
+class PackedLinear(nn.Module):
+    """`act(x @ W.T + b)` with W prepacked for oneDNN; `act` is one of oneDNN's fused post-ops. With `amx`,
+    batches of ≤ AMX_MAX_ROWS rows use a second copy of W in AMX's tile layout (module docstring)."""
+
+    def __init__(self, linear: nn.Linear, activation: str | None = None, amx: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.attr, self.algorithm = _FUSABLE[activation] if activation else ("none", "")
+        self.amx_weight = self.amx_bias = None
+        if amx and amx_eligible(linear, activation):
+            self.amx_weight = pack_amx_weight(linear.weight.detach())
+            self.amx_bias = None if self.bias is None else self.bias.float()
+            self.amx_act = _GELU_CODES[activation] if activation else 0
+
+    def _amx(self, x: torch.Tensor) -> bool:
+        return self.amx_weight is not None and x.dim() == 2 and x.shape[0] <= AMX_MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._amx(x):
+            return torch.ops.polyvec.amx_linear(x.contiguous(), self.amx_weight, self.amx_bias, None, self.amx_act)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """`residual + x @ W.T + b` with the add fused into the matmul's epilogue (a binary post-op): the
         residual stream is not read and written once more (~10% of an fp32 projection, ~2x in bf16)."""
         assert self.attr == "none", "a binary post-op replaces the activation"
+        if self._amx(x):
+            return torch.ops.polyvec.amx_linear(x.contiguous(), self.amx_weight, self.amx_bias,
+                                                residual.contiguous(), 0)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, fused={self.attr}"
+        amx = ", amx" if self.amx_weight is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, fused={self.attr}{amx}"
 
-
-# GELU variants the int8 dequantize pass applies itself (1: erf, 2: tanh approximation).
-_INT8_ACT = {"gelu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
 
 def int8_available(device: torch.device) -> bool:
@@ -77,7 +119,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, activation: str | None = None):
         super().__init__()
-        if activation is not None and activation not in _INT8_ACT:
+        if activation is not None and activation not in _GELU_CODES:
             raise ValueError(f"int8 linear: unsupported fused activation {activation!r}")
         if not int8_available(linear.weight.device):
             raise RuntimeError("int8 linear: needs a CPU PyTorch with oneDNN and polyvec's native kernels")
@@ -91,7 +133,7 @@ class Int8Linear(nn.Module):
         # Σ_k of the dequantized weight row: multiplies each token's zero point (see csrc/dynamic_quant.cpp).
         self.colsum = (w_int8.float() * w_scale[:, None]).sum(dim=1)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
-        self.act = _INT8_ACT[activation] if activation else 0
+        self.act = _GELU_CODES[activation] if activation else 0
 
     def _int32_sums(self, x: torch.Tensor | QuantizedRows) -> tuple[torch.Tensor, QuantizedRows]:
         """oneDNN's u8 x s8 product (times the weight scales, in float32) and x's quantized rows."""
@@ -121,14 +163,14 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int8, act={self.act}"
 
 
-def pack_linear(linear: nn.Linear, activation: str | None = None, int8: bool = False) -> nn.Module:
-    """The CPU form of a projection: int8 (`quantization="int8"`) or oneDNN-prepacked; `activation` is fused
-    into it (callers check `can_fuse(activation, int8)` first)."""
-    return Int8Linear(linear, activation) if int8 else PackedLinear(linear, activation)
+def pack_linear(linear: nn.Linear, activation: str | None = None, int8: bool = False, amx: bool = False) -> nn.Module:
+    """The CPU form of a projection: int8 (`quantization="int8"`) or oneDNN-prepacked (`amx`: with the AMX copy
+    for small batches, where eligible); `activation` is fused into it (callers check `can_fuse` first)."""
+    return Int8Linear(linear, activation) if int8 else PackedLinear(linear, activation, amx)
 
 
 def can_fuse(activation: str, int8: bool = False) -> bool:
-    return activation in (_INT8_ACT if int8 else _FUSABLE)
+    return activation in (_GELU_CODES if int8 else _FUSABLE)
 
 
 def linear_add(linear: nn.Module, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:

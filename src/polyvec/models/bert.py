@@ -37,16 +37,16 @@ class EncoderLayer(nn.Module):
         self.act = get_act_fn(act)
         self.requantize_ffn = False
 
-    def prepack(self, int8: bool = False) -> None:
+    def prepack(self, int8: bool = False, amx: bool = False) -> None:
         """Swap the projections for oneDNN-prepacked (or int8) ones (CPU), fusing the FFN activation when
-        possible."""
-        self.qkv, self.attn_out, self.ffn_down = (pack_linear(m, int8=int8)
+        possible; `amx`: small batches on AMX too (layers/linear.py)."""
+        self.qkv, self.attn_out, self.ffn_down = (pack_linear(m, int8=int8, amx=amx)
                                                   for m in (self.qkv, self.attn_out, self.ffn_down))
         if can_fuse(self.act_name, int8):
-            self.ffn_up, self.act = pack_linear(self.ffn_up, self.act_name, int8), get_act_fn("identity")
+            self.ffn_up, self.act = pack_linear(self.ffn_up, self.act_name, int8, amx), get_act_fn("identity")
             self.requantize_ffn = int8
         else:
-            self.ffn_up = pack_linear(self.ffn_up, int8=int8)
+            self.ffn_up = pack_linear(self.ffn_up, int8=int8, amx=amx)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)

@@ -100,9 +100,9 @@ class DecoderLayer(nn.Module):
         self.act = get_act_fn(cfg.get("hidden_act", "silu"))
         self.sliding_window = _sliding_window(cfg, index)
 
-    def prepack(self, int8: bool = False) -> None:
+    def prepack(self, int8: bool = False, amx: bool = False) -> None:
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-            setattr(self, name, pack_linear(getattr(self, name), int8=int8))
+            setattr(self, name, pack_linear(getattr(self, name), int8=int8, amx=amx))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         h = self.input_layernorm(x)

@@ -23,11 +23,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
-#if defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
+
+#include "cpu_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,6 +37,7 @@
 
 namespace {
 
+using namespace polyvec_cpu;
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();
 
@@ -56,12 +56,6 @@ inline void store1(c10::BFloat16* p, float f) {  // round to nearest even (value
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
 // One row, AVX-512: a min/max pass and a quantize pass straight from the input, 16 values per step.
 template <typename T>
 void quantize_row16(const T* xr, uint8_t* qr, int64_t k, float* scale, float* offset) {
@@ -88,47 +82,6 @@ void quantize_row16(const T* xr, uint8_t* qr, int64_t k, float* scale, float* of
   }
   *scale = s;
   *offset = lo;
-}
-
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {  // round to nearest even (values are finite)
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-
-// 1 / d: the 14-bit estimate and one Newton step (~1e-8 relative), far cheaper than a vector divide.
-inline __m512 recip16(__m512 d) {
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
-
-// GELU without libm: erf as a rational function (11 FMAs and a reciprocal; GELU within 1e-6 of PyTorch's, and
-// ~30% faster than Abramowitz & Stegun 7.1.26 with an exp, measured), tanh(z) = 1 - 2 / (exp(2z) + 1).
-inline __m512 gelu16(__m512 x, int act) {
-  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
-  if (act == 1) {  // erf(z) as an odd rational function on [-4, 4] (XLA's float erf; ±1 beyond): FMAs only
-    const __m512 z = _mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(x, _mm512_set1_ps(static_cast<float>(M_SQRT1_2))),
-                                                 _mm512_set1_ps(4.f)), _mm512_set1_ps(-4.f));
-    const __m512 z2 = _mm512_mul_ps(z, z);
-    __m512 p = _mm512_set1_ps(-2.72614225801306e-10f);
-    for (float a : {2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f, -7.34990630326855e-04f,
-                    -2.95459980854025e-03f, -1.60960333262415e-02f})
-      p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(a));
-    __m512 q = _mm512_set1_ps(-1.45660718464996e-05f);
-    for (float b : {-2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f, -1.42647390514189e-02f})
-      q = _mm512_fmadd_ps(q, z2, _mm512_set1_ps(b));
-    const __m512 erf = _mm512_mul_ps(_mm512_mul_ps(p, z), recip16(q));
-    return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, erf));
-  }
-  const __m512 sign = _mm512_and_ps(x, _mm512_set1_ps(-0.f));
-  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-  const __m512 z = _mm512_abs_ps(_mm512_mul_ps(_mm512_set1_ps(0.7978845608f),
-                                               _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x)));
-  const __m512 e = Vec(_mm512_min_ps(_mm512_add_ps(z, z), _mm512_set1_ps(80.f))).exp_u20();
-  const __m512 tanh_abs = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), recip16(_mm512_add_ps(e, one)), one);
-  return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, _mm512_or_ps(tanh_abs, sign)));
 }
 
 template <typename T>
@@ -193,7 +146,7 @@ void quantize_row(const T* xr, uint8_t* qr, int64_t k, float* scale, float* offs
   *offset = lo;
 }
 
-// act: 0 none, 1 GELU (erf), 2 GELU (tanh approximation).
+// act: 0 none, 1 GELU (erf), 2 GELU (tanh approximation), as gelu16.
 template <typename T>
 void dequantize_row(const float* yr, float s, float o, const float* colsum, const float* bias, const T* res, int act,
                     T* outr, int64_t n, RowScratch& tmp) {

@@ -20,12 +20,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
-#if defined(CPU_CAPABILITY_AVX512)
-#include <cpuid.h>
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "cpu_common.h"
 
 #include <algorithm>
 #include <atomic>
@@ -39,6 +34,7 @@
 
 namespace {
 
+using namespace polyvec_cpu;
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kW = Vec::size();  // floats per vector (16 with AVX-512, 8 with AVX2)
 constexpr int kRows = 8;  // query rows per block
@@ -321,40 +317,6 @@ __attribute__((target("avx512bf16"))) void query_block_bf16(
 // AMX (Sapphire Rapids and later): each 16 x 16 block of scores is one tile multiply of 16 queries by 16
 // keys over 32 head features (q rows and the (k, k) pairs of kt are already the tile layouts), and each
 // 16 x 16 block of output one tile multiply of p [16 queries x 32 keys] by the (v, v) pairs of v2.
-struct TileConfig {
-  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Eight tiles of 16 rows x 64 bytes. A global: GCC drops stores to a stack copy that only ldtilecfg reads.
-TileConfig make_tile_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  return cfg;
-}
-alignas(64) const TileConfig kTileConfig = make_tile_config();
-
-__attribute__((target("amx-tile,amx-bf16"))) void amx_begin() { _tile_loadconfig(&kTileConfig); }
-
-__attribute__((target("amx-tile,amx-bf16"))) void amx_end() { _tile_release(); }
-
-bool amx_ready() {
-  static const bool ok = [] {
-    const char* off = std::getenv("POLYVEC_DISABLE_AMX");
-    if (off && off[0] == '1') return false;
-    unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    if (!((edx >> 22) & 1) || !((edx >> 24) & 1)) return false;  // AMX-BF16, AMX-TILE
-    // Linux hands out the tile state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
-}
-
 __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_head(
     const uint16_t* q, int64_t q_stride, const uint32_t* kt, const uint16_t* v2, int64_t d, int64_t n,
     int64_t n_keys, int64_t n_pad, float scale, const float* bias, int64_t bias_len, BuffersBF16& buf,
@@ -459,10 +421,6 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
   }
 }
 
-bool has_avx512_bf16() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
 #endif
 
 template <typename T>
