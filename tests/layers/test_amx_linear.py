@@ -139,3 +139,20 @@ def test_short_queries_alone_and_in_a_batch(minilm_bf16, minilm_llm, cranfield_t
     tokens = minilm_bf16.token_embed(queries[1], use_tqdm=False)[0].outputs.data
     tokens_in_batch = minilm_bf16.token_embed([queries[1]] + cranfield_texts, use_tqdm=False)[0].outputs.data
     assert cosine_rows(tokens, tokens_in_batch).min() >= 0.999
+
+
+def test_bf16_decoder_in_small_chunks(tmp_path, minilm_path):
+    """A decoder's projections (q / k / v of different widths, gate / up / down) on the small-batch path:
+    16-token chunks, against transformers in float32."""
+    import torch.nn.functional as F
+
+    from tests.models.test_decoder_parity import prompts, reference_hidden, save_decoder
+
+    model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    llm = LLM(str(tmp_path), dtype="bfloat16", max_num_batched_tokens=16, enable_prefix_caching=False)
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert layers and all((m.amx_weight is not None) is kernels.amx_linear_available() for m in layers)
+    ps = prompts()
+    for p, out in zip(ps, llm.token_embed([{"prompt_token_ids": p} for p in ps], use_tqdm=False)):
+        ref = F.normalize(reference_hidden(model, p), dim=-1)
+        assert cosine_rows(out.outputs.data, ref).min() >= 0.999
