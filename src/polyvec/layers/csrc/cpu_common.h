@@ -34,6 +34,33 @@ inline void store16(c10::BFloat16* p, __m512 v) {  // round to nearest even (val
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
 
+// r[i][j] -> r[j][i] for a 16 x 16 block of 32-bit elements: 32-bit, then 64-bit interleaves within 128-bit
+// lanes (lane L of u[g][c] then holds column 4L + c of rows 4g..4g+3), then two rounds of lane shuffles.
+inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  __m512i u[4][4];
+  for (int g = 0; g < 4; ++g) {
+    u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i lo01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x88);
+    const __m512i hi01 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xdd);
+    const __m512i lo23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x88);
+    const __m512i hi23 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xdd);
+    r[c] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);       // column c: lane 0 of every row group
+    r[4 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);   // column 4 + c: lane 1
+    r[8 + c] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);   // column 8 + c: lane 2
+    r[12 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);  // column 12 + c: lane 3
+  }
+}
+
 // 1 / d: the 14-bit estimate and one Newton step (~1e-8 relative), far cheaper than a vector divide.
 inline __m512 recip16(__m512 d) {
   const __m512 r = _mm512_rcp14_ps(d);
