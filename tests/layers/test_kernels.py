@@ -154,3 +154,19 @@ def test_bf16_paths_agree(tmp_path):
     for out in (a, b):
         assert (out.float() - ref).abs().max() < 1e-2
     assert (a.float() - b.float()).abs().max() < 1e-2
+
+
+def test_every_kernel_source_is_package_data():
+    """A non-editable install compiles the kernels from the installed package: every file under csrc/ (the
+    shared header included) must ship in it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["polyvec"]
+    csrc = Path(kernels.__file__).parent / "csrc"
+    names = [p.name for p in csrc.iterdir() if p.is_file()]
+    assert "cpu_common.h" in names
+    for name in names:
+        assert any(fnmatch.fnmatch(f"layers/csrc/{name}", pat) for pat in patterns), name

@@ -10,7 +10,9 @@ In bfloat16 on CPUs with AMX, batches of at most `AMX_MAX_ROWS` rows (a short qu
 own kernel instead (csrc/amx_linear.cpp): at that size oneDNN's fixed per-call cost and the weight read are the
 whole time, and one pass over a weight kept in the tile layout is 1.1-1.75x faster. That second copy of each
 weight is why it is opt-in per layer (`amx=True`); the model runner enables it for models whose projections
-are small (see `AMX_MAX_COPY_BYTES` in engine/model_runner.py).
+are small (see `AMX_MAX_COPY_BYTES` in engine/model_runner.py). Both paths compute the same float32 sums of
+exact bf16 products (bit-identical outputs without GELU in the tests; the two GELU approximations may round
+to neighbouring bf16 values), so across batch sizes a row agrees to bf16 rounding.
 """
 
 from __future__ import annotations
