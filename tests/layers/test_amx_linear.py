@@ -80,6 +80,15 @@ def test_a_row_does_not_depend_on_the_others():
 
 
 @needs_amx
+def test_empty_and_strided_inputs():
+    lin = _layer(384, 384)
+    amx = PackedLinear(lin, amx=True)
+    assert amx(torch.empty(0, 384, dtype=torch.bfloat16)).shape == (0, 384)
+    x = torch.randn(10, 768).bfloat16()[:, ::2]  # a strided view: copied to contiguous rows first
+    assert torch.equal(amx(x), amx(x.contiguous()))
+
+
+@needs_amx
 def test_large_batches_go_to_onednn(monkeypatch):
     amx = PackedLinear(_layer(384, 384), amx=True)
     amx.amx_weight = torch.zeros_like(amx.amx_weight)  # a wrong weight shows which path ran
