@@ -170,3 +170,24 @@ def test_every_kernel_source_is_package_data():
     assert "cpu_common.h" in names
     for name in names:
         assert any(fnmatch.fnmatch(f"layers/csrc/{name}", pat) for pat in patterns), name
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_any_scale_sign(dtype):
+    """The bf16 softmax takes its maximum over the raw scores when they order as the logits do (scale > 0);
+    a negative scale must still give softmax(scale * q kᵀ) v."""
+    assert kernels.load()
+    torch.manual_seed(5)
+    lens = [70, 3, 33]
+    qkv = torch.randn(sum(lens), 3 * 12 * 32).to(dtype)
+    cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
+    for scale in (32 ** -0.5, -(32 ** -0.5)):
+        out = torch.ops.polyvec.varlen_attention(qkv, cu, None, None, 12, scale).float()
+        ref, start = [], 0
+        for n in lens:
+            q, k, v = qkv[start:start + n].float().view(n, 3, 12, 32).permute(1, 2, 0, 3)
+            o = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            ref.append(o.transpose(0, 1).reshape(n, 12 * 32))
+            start += n
+        assert (out - torch.cat(ref)).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)

@@ -242,8 +242,8 @@ inline __m512 exp2_nonpositive(__m512 y) {
 // of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes per row: the maximum of the
 // logits scale * s + bias, then exp, the sum and the bf16 store from registers. The logits are recomputed in
 // the second pass rather than stored: float32 scores written and read back, and passes of their own for the
-// scale and the bf16 conversion, were 9-12% of the bf16 kernel. Without a bias, the maximum is taken over the
-// raw scores (scale > 0) and each exponent is (s * scale - max) * log2(e) in one FMA; masks only on the last
+// scale and the bf16 conversion, were 9-12% of the bf16 kernel. Without a bias (and scale > 0), the maximum is
+// taken over the raw scores and each exponent is (s * scale - max) * log2(e) in one FMA; masks only on the last
 // vector of real keys.
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s, uint16_t* p16, int rows,
                                                                   int64_t n_keys, int64_t n_pad, float scale,
@@ -255,21 +255,21 @@ __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s
   for (int r = 0; r < rows; ++r) {
     const float* sr = s + r * n_pad;
     const float* br = bias_rows ? bias_rows[r] : nullptr;  // as long as the sequence: loaded under a mask
-    // max of the raw scores (scale > 0) without a bias, of the logits with one
+    // the max of the raw scores when they order as the logits do (no bias, scale > 0), else of the logits
+    const bool raw = !br && scale > 0.f;
     __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     auto logit = [&](int64_t j, __mmask16 m) {
       const __m512 v = _mm512_maskz_loadu_ps(m, sr + j);
-      return br ? _mm512_fmadd_ps(v, sv, _mm512_maskz_loadu_ps(m, br + j)) : v;
+      return raw ? v : br ? _mm512_fmadd_ps(v, sv, _mm512_maskz_loadu_ps(m, br + j)) : _mm512_mul_ps(v, sv);
     };
     for (int64_t j = 0; j < full; j += 16) mv = _mm512_max_ps(mv, logit(j, 0xFFFF));
     if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, logit(full, tail));
-    const float top = _mm512_reduce_max_ps(mv) * (br ? kLog2e : scale * kLog2e);
-    const __m512 shift = _mm512_set1_ps(top);
+    const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mv) * (raw ? scale * kLog2e : kLog2e));
     auto prob = [&](int64_t j) {  // 2^(logit * log2 e - max * log2 e), 0 past n_keys
       if (j >= n_keys) return _mm512_setzero_ps();
       const __mmask16 m = j < full ? 0xFFFF : tail;
       const __m512 v = logit(j, m);
-      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(v, br ? l2e : sl, shift));
+      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(v, raw ? sl : l2e, shift));
       return j < full ? e : _mm512_maskz_mov_ps(m, e);
     };
     __m512 sum = _mm512_setzero_ps();
