@@ -140,12 +140,7 @@ void query_block(const float* q, int64_t q_stride, const float* kt, const float*
 // against element by element (4k-token batch, interleaved, bit-identical).
 inline void transpose_keys(const float* k, int64_t m, int64_t cols, float* kt, int64_t n_pad) {
 #if defined(CPU_CAPABILITY_AVX512)
-  for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-    __m512i r[16];
-    for (int64_t j = 0; j < 16; ++j) r[j] = j < m ? _mm512_loadu_si512(k + j * cols + c0) : _mm512_setzero_si512();
-    transpose16x16(r);
-    for (int64_t j = 0; j < 16; ++j) _mm512_storeu_si512(kt + (c0 + j) * n_pad, r[j]);
-  }
+  transpose_rows16(reinterpret_cast<const uint32_t*>(k), cols, m, cols, reinterpret_cast<uint32_t*>(kt), n_pad);
 #else
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = 0; r < kW; ++r) kt[c * n_pad + r] = r < m ? k[r * cols + c] : 0.f;
@@ -374,19 +369,10 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
   buf.p.resize(16 * n_pad);
   buf.o.resize(16 * d);
   for (int64_t i = 0; i < n; ++i) std::memcpy(buf.q.data() + i * cols, qkv + (start + i) * stride + off, cols * 2);
-  // keys as (feature pair) x key, 16 keys x 16 pairs at a time transposed in registers (element by element,
-  // the strided stores were ~10% of the kernel)
-  for (int64_t i0 = 0; i0 < n_keys; i0 += 16) {
-    const int64_t m = std::min<int64_t>(16, n_keys - i0);
-    for (int64_t c0 = 0; c0 < cols / 2; c0 += 16) {
-      __m512i r[16];
-      for (int64_t k = 0; k < 16; ++k)
-        r[k] = k < m ? _mm512_loadu_si512(qkv + (start + i0 + k) * stride + off + hidden + 2 * c0)
-                     : _mm512_setzero_si512();
-      transpose16x16(r);
-      for (int64_t k = 0; k < 16; ++k) _mm512_storeu_si512(buf.kt.data() + (c0 + k) * n_pad + i0, r[k]);
-    }
-  }
+  // keys as (feature pair) x key, 16 keys x 16 pairs at a time transposed in registers
+  for (int64_t i0 = 0; i0 < n_keys; i0 += 16)
+    transpose_rows16(reinterpret_cast<const uint32_t*>(qkv + (start + i0) * stride + off + hidden), stride / 2,
+                     std::min<int64_t>(16, n_keys - i0), cols / 2, buf.kt.data() + i0, n_pad);
   // values of keys 2m and 2m+1 interleaved feature by feature
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
                                       5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
