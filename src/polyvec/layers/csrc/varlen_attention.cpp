@@ -429,13 +429,29 @@ inline __m512 exp2_nonpositive(__m512 y) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Softmax of `rows` rows of raw scores, written as bf16 probabilities p for the p.v products (n_pad a multiple
-// of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes per row: the maximum of the
-// logits scale * s + bias, then exp, the sum and the bf16 store from registers. The logits are recomputed in
-// the second pass rather than stored: float32 scores written and read back, and passes of their own for the
-// scale and the bf16 conversion, were 9-12% of the bf16 kernel. Without a bias (and scale > 0), the maximum is
-// taken over the raw scores and each exponent is (s * scale - max) * log2(e) in one FMA; masks only on the last
-// vector of real keys.
+// Lane r of the result: the 16 lanes of v[r] combined by op (max or add), for r < 16. A transpose-and-reduce
+// (four levels of shuffles, 46 instructions) instead of 16 horizontal reductions of ~8 dependent steps each.
+template <typename Op>
+inline __m512 reduce_rows16(__m512* v, Op op) {
+  __m512 u[8], w[4], z[2];
+  for (int k = 0; k < 8; ++k)  // rows 2k, 2k+1: halves of 256 bits folded; each row in two 128-bit lanes
+    u[k] = op(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k)  // rows 4k .. 4k+3, one per 128-bit lane, 4 floats each
+    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88), _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
+  for (int k = 0; k < 2; ++k)  // in 128-bit lane l: rows 8k + l and 8k + 4 + l, 2 floats each
+    z[k] = op(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  // lane 4l + e: row 4e + l
+  const __m512 r = op(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), r);
+}
+
+// Softmax of `rows` (<= 16) rows of raw scores, written as bf16 probabilities p for the p.v products (n_pad a
+// multiple of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes: the maximum of the
+// logits scale * s + bias, then exp, the sum and the bf16 store from registers; the per-row maxima and sums of
+// all rows are reduced together (reduce_rows16). The logits are recomputed in the second pass rather than
+// stored: float32 scores written and read back, and passes of their own for the scale and the bf16
+// conversion, were 9-12% of the bf16 kernel. Without a bias (and scale > 0), the maximum is taken over the raw
+// scores and each exponent is (s * scale - max) * log2(e) in one FMA; masks only on the last vector of real keys.
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s, uint16_t* p16, int rows,
                                                                   int64_t n_keys, int64_t n_pad, float scale,
                                                                   const float* const* bias_rows, float* inv_sum) {
@@ -443,24 +459,31 @@ __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s
   const __m512 sv = _mm512_set1_ps(scale), sl = _mm512_set1_ps(scale * kLog2e), l2e = _mm512_set1_ps(kLog2e);
   const int64_t full = n_keys / 16 * 16;  // whole vectors of real keys; then one masked vector, then zeros
   const __mmask16 tail = (__mmask16)((1u << (n_keys - full)) - 1);
+  // the max of the raw scores when they order as the logits do (no bias, scale > 0), else of the logits
+  const bool raw = !bias_rows && scale > 0.f;
+  auto logit = [&](int r, int64_t j, __mmask16 m) {
+    const __m512 v = _mm512_maskz_loadu_ps(m, s + r * n_pad + j);
+    return raw ? v : bias_rows ? _mm512_fmadd_ps(v, sv, _mm512_maskz_loadu_ps(m, bias_rows[r] + j))
+                               : _mm512_mul_ps(v, sv);
+  };
+  __m512 acc[16];
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < rows; ++r) {
-    const float* sr = s + r * n_pad;
-    const float* br = bias_rows ? bias_rows[r] : nullptr;  // as long as the sequence: loaded under a mask
-    // the max of the raw scores when they order as the logits do (no bias, scale > 0), else of the logits
-    const bool raw = !br && scale > 0.f;
-    __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    auto logit = [&](int64_t j, __mmask16 m) {
-      const __m512 v = _mm512_maskz_loadu_ps(m, sr + j);
-      return raw ? v : br ? _mm512_fmadd_ps(v, sv, _mm512_maskz_loadu_ps(m, br + j)) : _mm512_mul_ps(v, sv);
-    };
-    for (int64_t j = 0; j < full; j += 16) mv = _mm512_max_ps(mv, logit(j, 0xFFFF));
-    if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, logit(full, tail));
-    const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(mv) * (raw ? scale * kLog2e : kLog2e));
+    __m512 mv = acc[r];
+    for (int64_t j = 0; j < full; j += 16) mv = _mm512_max_ps(mv, logit(r, j, 0xFFFF));
+    if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, logit(r, full, tail));
+    acc[r] = mv;
+  }
+  alignas(64) float shift[16];  // the maxima times log2(e) (times the scale for raw scores)
+  _mm512_store_ps(shift, _mm512_mul_ps(reduce_rows16(acc, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); }),
+                                       raw ? sl : l2e));
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    const __m512 sh = _mm512_set1_ps(shift[r]);
     auto prob = [&](int64_t j) {  // 2^(logit * log2 e - max * log2 e), 0 past n_keys
       if (j >= n_keys) return _mm512_setzero_ps();
       const __mmask16 m = j < full ? 0xFFFF : tail;
-      const __m512 v = logit(j, m);
-      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(v, raw ? sl : l2e, shift));
+      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(logit(r, j, m), raw ? sl : l2e, sh));
       return j < full ? e : _mm512_maskz_mov_ps(m, e);
     };
     __m512 sum = _mm512_setzero_ps();
@@ -469,8 +492,12 @@ __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s
       sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
       _mm512_storeu_si512(p16 + r * n_pad + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
     }
-    inv_sum[r] = 1.f / _mm512_reduce_add_ps(sum);
+    acc[r] = sum;
   }
+  alignas(64) float inv[16];
+  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f),
+                                     reduce_rows16(acc, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); })));
+  for (int r = 0; r < rows; ++r) inv_sum[r] = inv[r];
 }
 
 template <int R>

@@ -1,0 +1,39 @@
+"""PolyTokenizer against the `transformers` tokenizer of the same checkpoint: truncated ids, and the length
+before truncation (num_input_tokens), which single texts get in one pass from the overflowing pieces."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from polyvec.loader import resolve_model_path
+from polyvec.tokenizer import PolyTokenizer, PromptTooLongError
+from tests.conftest import MINILM, MPNET
+
+
+@pytest.mark.parametrize("model", [MINILM, MPNET])  # [CLS] .. [SEP] (BERT) and <s> .. </s> (MPNet)
+@pytest.mark.parametrize("max_length", [8, 31, 256])
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_truncation_and_input_length_match_transformers(model, max_length, add_special_tokens, cranfield_texts):
+    path = resolve_model_path(model)
+    ref = AutoTokenizer.from_pretrained(str(path))
+    texts = cranfield_texts + ["", "one", "x " * 5000]
+    ours = PolyTokenizer(path / "tokenizer.json").encode(texts, max_length, truncate=True,
+                                                         add_special_tokens=add_special_tokens)
+    cut = ref(texts, truncation=True, max_length=max_length, add_special_tokens=add_special_tokens)["input_ids"]
+    full = ref(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    assert any(len(f) > max_length for f in full) and any(len(f) <= max_length for f in full)
+    for o, c, f in zip(ours, cut, full):
+        assert o.input_ids == c
+        assert o.num_input_tokens == len(f)
+
+
+def test_pairs_and_refusal_keep_their_paths(minilm_path, cranfield_texts):
+    tok = PolyTokenizer(minilm_path / "tokenizer.json")
+    ref = AutoTokenizer.from_pretrained(str(minilm_path))
+    pairs = [("a short query", cranfield_texts[1]), (cranfield_texts[2], "x")]
+    ours = tok.encode(pairs, 64, truncate=True)
+    cut = ref([p[0] for p in pairs], [p[1] for p in pairs], truncation="longest_first", max_length=64)
+    full = ref([p[0] for p in pairs], [p[1] for p in pairs])
+    for o, i, t, f in zip(ours, cut["input_ids"], cut["token_type_ids"], full["input_ids"]):
+        assert (o.input_ids, o.token_type_ids, o.num_input_tokens) == (i, t, len(f))
+    with pytest.raises(PromptTooLongError):
+        tok.encode(["short", "x " * 300], 64, truncate=False)
