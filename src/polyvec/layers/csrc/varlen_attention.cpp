@@ -429,22 +429,6 @@ inline __m512 exp2_nonpositive(__m512 y) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Lane r of the result: the 16 lanes of v[r] combined by op (max or add), for r < 16. A transpose-and-reduce
-// (four levels of shuffles, 46 instructions) instead of 16 horizontal reductions of ~8 dependent steps each.
-template <typename Op>
-inline __m512 reduce_rows16(__m512* v, Op op) {
-  __m512 u[8], w[4], z[2];
-  for (int k = 0; k < 8; ++k)  // rows 2k, 2k+1: halves of 256 bits folded; each row in two 128-bit lanes
-    u[k] = op(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
-  for (int k = 0; k < 4; ++k)  // rows 4k .. 4k+3, one per 128-bit lane, 4 floats each
-    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88), _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
-  for (int k = 0; k < 2; ++k)  // in 128-bit lane l: rows 8k + l and 8k + 4 + l, 2 floats each
-    z[k] = op(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
-  // lane 4l + e: row 4e + l
-  const __m512 r = op(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), r);
-}
-
 // Softmax of `rows` (<= 16) rows of raw scores, written as bf16 probabilities p for the p.v products (n_pad a
 // multiple of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes: the maximum of the
 // logits scale * s + bias, then exp, the sum and the bf16 store from registers; the per-row maxima and sums of
