@@ -81,9 +81,11 @@ template <typename Op>
 inline __m512 reduce_rows16(__m512* v, Op op) {
   __m512 u[8], w[4], z[2];
   for (int k = 0; k < 8; ++k)  // rows 2k, 2k+1: halves of 256 bits folded; each row in two 128-bit lanes
-    u[k] = op(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    u[k] = op(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+              _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
   for (int k = 0; k < 4; ++k)  // rows 4k .. 4k+3, one per 128-bit lane, 4 floats each
-    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88), _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
+    w[k] = op(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88),
+              _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
   for (int k = 0; k < 2; ++k)  // in 128-bit lane l: rows 8k + l and 8k + 4 + l, 2 floats each
     z[k] = op(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
   // lane 4l + e: row 4e + l

@@ -4,10 +4,10 @@
 // qkv projection [T, 3 * H * d] and written to [T, H * d]: no padded grid, no mask, no scatter/gather.
 // Encoder sequences are short (tens to hundreds of tokens), so one (sequence, head) fits in L1/L2: its keys
 // are transposed into a float32 buffer once, and each block of query rows computes scores 16 keys per
-// vector FMA, a softmax in registers' width, and the value sum 16 features per FMA. float32 with AVX-512 has
-// its own path (attend_f32): scores, softmax and values as three small register-blocked functions, the
-// softmax in log2 units with a polynomial 2^x. PyTorch's general CPU
-// flash-attention kernel spends most of its time on per-block overhead at these lengths and head_dim 32.
+// vector FMA, a softmax in registers' width, and the value sum 16 features per FMA (float32 with AVX-512 has
+// its own path, attend_f32: scores, softmax and values as three register-blocked functions, the softmax in log2
+// units with a polynomial 2^x). PyTorch's general CPU flash-attention kernel spends most of its time on
+// per-block overhead at these lengths and head_dim 32.
 // Arithmetic is float32 whatever the storage dtype (bf16 / fp16 in, same dtype out), so results match float32
 // SDPA to rounding. bf16 with head_dim % 32 == 0 has faster paths (attend_bf16): AMX tile multiplies where the
 // CPU has AMX (Sapphire Rapids on), else AVX512-BF16 dot products; both multiply the stored bf16 values exactly
@@ -151,17 +151,29 @@ inline void transpose_keys(const float* k, int64_t m, int64_t cols, float* kt, i
 
 #if defined(CPU_CAPABILITY_AVX512)
 #define POLYVEC_F32_AVX512 1
-// 2^y for y <= 0 in float32: a degree-5 fit of 2^f on [-1/2, 1/2] (relative error 2.2e-7, two float32 ulps,
-// as exp_u20), then scalef by the rounded exponent; 2^-126 below -126.
-inline __m512 exp2_f32(__m512 y) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^y for y <= 0 (a softmax's shifted logits in log2 units): a fit of 2^f on [-1/2, 1/2], highest coefficient
+// first, then scalef by the rounded exponent; 2^-126 below -126. Half the instructions of exp_u20 with its
+// range checks. kExp2F32 (degree 5, relative error 2.2e-7, two float32 ulps as exp_u20) for float32 outputs;
+// kExp2BF16 (degree 4, 2.7e-6) where the probabilities are rounded to bf16 anyway.
+constexpr float kExp2F32[] = {0.0013266970636323094f, 0.009675459936261177f, 0.05550742521882057f,
+                              0.24022121727466583f, 0.6931469440460205f, 1.0000001192092896f};
+constexpr float kExp2BF16[] = {0.009560510516166687f, 0.05591703951358795f, 0.24024981260299683f,
+                               0.6931219696998596f, 0.9999991655349731f};
+template <int N>
+inline __m512 exp2_nonpositive(__m512 y, const float (&coef)[N]) {
   y = _mm512_max_ps(y, _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(0.0013266970636323094f);
-  for (float c : {0.009675459936261177f, 0.05550742521882057f, 0.24022121727466583f, 0.6931469440460205f,
-                  1.0000001192092896f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  __m512 p = _mm512_set1_ps(coef[0]);
+  for (int i = 1; i < N; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(coef[i]));
   return _mm512_scalef_ps(p, n);
+}
+
+// The real keys among the 16 starting at j (all, the last few, or none).
+inline __mmask16 key_mask(int64_t j, int64_t n_keys) {
+  return j + 16 <= n_keys ? 0xFFFF : j < n_keys ? (__mmask16)((1u << (n_keys - j)) - 1) : 0;
 }
 
 // Scores of R query rows against all keys of one head, as logits in log2 units (q . k times scale * log2(e),
@@ -172,16 +184,13 @@ template <int R, bool kBias>
 __attribute__((noinline)) void scores_f32(const float* const* q, float q_scale, const float* kt, float* s,
                                           int64_t n_keys, int64_t n_pad, int64_t d, const float* const* bias_rows,
                                           __m512* mx) {
-  const int64_t full = n_keys / 16 * 16;
-  const __mmask16 tail = (__mmask16)((1u << (n_keys - full)) - 1);
-  auto valid = [&](int64_t j) -> __mmask16 { return j < full ? 0xFFFF : j < n_keys ? tail : 0; };
   const __m512 qs = _mm512_set1_ps(q_scale);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) mx[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   auto finish = [&](int r, int64_t j, __mmask16 m, __m512 a) {
     a = _mm512_mul_ps(a, qs);
     if constexpr (kBias)
-      a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, bias_rows[r] + j), _mm512_set1_ps(1.4426950408889634f), a);
+      a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, bias_rows[r] + j), _mm512_set1_ps(kLog2e), a);
     _mm512_storeu_ps(s + r * n_pad + j, a);
     mx[r] = _mm512_mask_max_ps(mx[r], m, mx[r], a);
   };
@@ -199,7 +208,7 @@ __attribute__((noinline)) void scores_f32(const float* const* q, float q_scale, 
         a1[r] = _mm512_fmadd_ps(qr, b1, a1[r]);
       }
     }
-    const __mmask16 m0 = valid(j), m1 = valid(j + 16);
+    const __mmask16 m0 = key_mask(j, n_keys), m1 = key_mask(j + 16, n_keys);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       finish(r, j, m0, a0[r]);
@@ -215,7 +224,7 @@ __attribute__((noinline)) void scores_f32(const float* const* q, float q_scale, 
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][c]), b0, a0[r]);
     }
-    const __mmask16 m0 = valid(j);
+    const __mmask16 m0 = key_mask(j, n_keys);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) finish(r, j, m0, a0[r]);
   }
@@ -225,23 +234,22 @@ __attribute__((noinline)) void scores_f32(const float* const* q, float q_scale, 
 template <int R>
 __attribute__((noinline)) void softmax_f32(float* s, int64_t n_keys, int64_t n_pad, const __m512* mx, float* inv_sum) {
   const int64_t full = n_keys / 16 * 16;
-  const __mmask16 tail = (__mmask16)((1u << (n_keys - full)) - 1);
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * n_pad;
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r]));
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= full; k += 32) {
-      const __m512 e0 = exp2_f32(_mm512_sub_ps(_mm512_loadu_ps(sr + k), m));
-      const __m512 e1 = exp2_f32(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), m));
+      const __m512 e0 = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + k), m), kExp2F32);
+      const __m512 e1 = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), m), kExp2F32);
       _mm512_storeu_ps(sr + k, e0);
       _mm512_storeu_ps(sr + k + 16, e1);
       sum0 = _mm512_add_ps(sum0, e0);
       sum1 = _mm512_add_ps(sum1, e1);
     }
     for (; k < n_pad; k += 16) {
-      const __mmask16 m_k = k < full ? 0xFFFF : k < n_keys ? tail : 0;
-      const __m512 e = _mm512_maskz_mov_ps(m_k, exp2_f32(_mm512_sub_ps(_mm512_loadu_ps(sr + k), m)));
+      const __m512 e = _mm512_maskz_mov_ps(key_mask(k, n_keys),
+                                           exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + k), m), kExp2F32));
       _mm512_storeu_ps(sr + k, e);
       sum0 = _mm512_add_ps(sum0, e);
     }
@@ -286,7 +294,7 @@ __attribute__((noinline)) void values_f32(const float* p, const float* v, int64_
 #endif
 
 struct Buffers {
-  std::vector<float> q, k, kt, v, s, o, scratch;
+  std::vector<float> q, k, kt, v, s, o, scratch, zero_row;
 };
 
 // Heads [h0, h1) of one sequence. Its rows are contiguous in qkv and are read once, front to back, into
@@ -339,7 +347,6 @@ void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int6
   }
 }
 
-
 #ifdef POLYVEC_F32_AVX512
 // float32 storage, AVX-512: heads [h0, h1) of one sequence. Queries are read in place from qkv (a block's 8
 // rows stay in L1 for all its keys; the next block's are prefetched, as are its output rows: rows of qkv are
@@ -356,16 +363,17 @@ void attend_f32(const float* qkv, float* out, int64_t start, int64_t n, int64_t 
   buf.kt.resize(cols * n_pad);  // written whole (keys past n_keys as zeros)
   buf.v.resize(nh * n_keys * d);
   buf.s.resize(R * n_pad);
-  buf.o.assign(d, 0.f);  // the query row of the rows past n (their output goes to scratch)
+  buf.zero_row.assign(d, 0.f);  // the query row of the rows past n (their output goes to scratch)
   buf.scratch.resize(R * d);
   const float* base = qkv + start * stride + off;
   for (int64_t i0 = 0; i0 < n_keys; i0 += 16)
     transpose_rows16(reinterpret_cast<const uint32_t*>(base + i0 * stride + hidden), stride,
-                     std::min<int64_t>(16, n_keys - i0), cols, reinterpret_cast<uint32_t*>(buf.kt.data() + i0), n_pad);
+                     std::min<int64_t>(16, n_keys - i0), cols, reinterpret_cast<uint32_t*>(buf.kt.data() + i0),
+                     n_pad);
   for (int64_t i = 0; i < n_keys; ++i)
     for (int64_t hh = 0; hh < nh; ++hh)
       to_float(base + i * stride + 2 * hidden + hh * d, buf.v.data() + (hh * n_keys + i) * d, d, 1.f);
-  const float q_scale = scale * 1.4426950408889634f;  // logits in log2 units
+  const float q_scale = scale * kLog2e;  // logits in log2 units
   for (int64_t hh = 0; hh < nh; ++hh) {
     const float* kt = buf.kt.data() + hh * d * n_pad;
     const float* v = buf.v.data() + hh * n_keys * d;
@@ -375,7 +383,7 @@ void attend_f32(const float* qkv, float* out, int64_t start, int64_t n, int64_t 
       const float* bias_rows[R];
       for (int r = 0; r < R; ++r) {
         const bool real = i + r < n;
-        q_rows[r] = real ? base + (i + r) * stride + hh * d : buf.o.data();
+        q_rows[r] = real ? base + (i + r) * stride + hh * d : buf.zero_row.data();
         rows[r] = real ? out + (start + i + r) * hidden + off + hh * d : buf.scratch.data() + r * d;
         bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
         if (i + R + r < n)  // the next block's query and output rows
@@ -415,20 +423,6 @@ inline uint32_t pair_at(const uint16_t* p) {
   return u;
 }
 
-
-// 2^y for y <= 0 (softmax's shifted logits in log2 units), relative error 2.7e-6 (a degree-4 fit of 2^f on
-// [-1/2, 1/2], then scalef by the rounded exponent): 9 instructions, half of exp_u20 with its range checks, and
-// as accurate as the bf16 probabilities and their float32 sum need. 2^-126 below -126.
-inline __m512 exp2_nonpositive(__m512 y) {
-  y = _mm512_max_ps(y, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(0.009560510516166687f);
-  for (float c : {0.05591703951358795f, 0.24024981260299683f, 0.6931219696998596f, 0.9999991655349731f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Softmax of `rows` (<= 16) rows of raw scores, written as bf16 probabilities p for the p.v products (n_pad a
 // multiple of 32; p is 0 past n_keys); inv_sum[r] = 1 / sum(p[r]) in float32. Two passes: the maximum of the
 // logits scale * s + bias, then exp, the sum and the bf16 store from registers; the per-row maxima and sums of
@@ -439,7 +433,6 @@ inline __m512 exp2_nonpositive(__m512 y) {
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s, uint16_t* p16, int rows,
                                                                   int64_t n_keys, int64_t n_pad, float scale,
                                                                   const float* const* bias_rows, float* inv_sum) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const __m512 sv = _mm512_set1_ps(scale), sl = _mm512_set1_ps(scale * kLog2e), l2e = _mm512_set1_ps(kLog2e);
   const int64_t full = n_keys / 16 * 16;  // whole vectors of real keys; then one masked vector, then zeros
   const __mmask16 tail = (__mmask16)((1u << (n_keys - full)) - 1);
@@ -467,7 +460,7 @@ __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s
     auto prob = [&](int64_t j) {  // 2^(logit * log2 e - max * log2 e), 0 past n_keys
       if (j >= n_keys) return _mm512_setzero_ps();
       const __mmask16 m = j < full ? 0xFFFF : tail;
-      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(logit(r, j, m), raw ? sl : l2e, sh));
+      const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(logit(r, j, m), raw ? sl : l2e, sh), kExp2BF16);
       return j < full ? e : _mm512_maskz_mov_ps(m, e);
     };
     __m512 sum = _mm512_setzero_ps();
