@@ -5,28 +5,31 @@ from __future__ import annotations
 import pytest
 import torch
 
+import polyvec
 from polyvec.engine.model_runner import bucket_padding
 
 
 @pytest.mark.parametrize("tokens", [1, 7, 8, 11, 255, 256, 1000, 4000, 4097, 8100, 8192, 16383])
-def test_bucket_padding_rounds_up_by_at_most_a_32nd(tokens):
+def test_bucket_padding_rounds_up_by_at_most_a_16th(tokens):
     pad = sum(bucket_padding(tokens, 512))
     padded = tokens + pad
-    step = max(8, (1 << (tokens.bit_length() - 1)) // 32)
+    step = max(8, (1 << (tokens.bit_length() - 1)) // 16)
     assert padded % step == 0 and 0 <= pad < step
-    assert pad <= max(7, tokens // 32)
+    assert pad <= max(7, tokens // 16)
 
 
 def test_bucket_padding_splits_dummies_at_the_model_length():
-    assert bucket_padding(4000, 512) == [32]  # 4000 → 4032 (steps of 64 between 2048 and 4096)
-    assert bucket_padding(4000, 10) == [10, 10, 10, 2]
+    assert bucket_padding(4000, 512) == [96]  # 4000 → 4096 (steps of 128 between 2048 and 4096)
+    assert bucket_padding(4000, 40) == [40, 40, 16]
     assert bucket_padding(8192, 512) == []
 
 
 def test_few_bucket_sizes_over_all_batch_sizes():
-    """The point of buckets: oneDNN's primitive cache (1,024 entries) holds every shape a model needs."""
+    """The point of buckets: polyvec's oneDNN primitive cache holds every shape a model needs, the four
+    projections of every bucket size up to the largest default token budget (8,192), with room for heads."""
     sizes = {n + sum(bucket_padding(n, 512)) for n in range(1, 8193)}
-    assert len(sizes) <= 200
+    assert len(sizes) <= 115
+    assert 4 * len(sizes) <= polyvec.PRIMITIVE_CACHE_CAPACITY - 48
 
 
 def test_padded_batches_change_no_output(minilm_llm, cranfield_texts):

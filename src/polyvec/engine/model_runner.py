@@ -1,7 +1,7 @@
 """Runs one scheduled batch: packs it, runs the model on the device, pools every request.
 
 The packed batch is flat `input_ids` [T] plus the `AttentionMetadata` (`cu_seqlens`, positions); no token of
-padding enters attention between real tokens. On CPU the token count is rounded up to a bucket (at most 1/32
+padding enters attention between real tokens. On CPU the token count is rounded up to a bucket (at most 1/16
 more tokens, as dummy sequences): oneDNN JIT-compiles a matmul kernel for every new row count, ~25 ms per
 projection shape with AMX bf16 (measured: a 2,000-token batch took 250 ms the first time its size came up,
 150 ms the second), and packed batches would have a new size almost every step; bucket sizes recur and stay in
@@ -36,12 +36,17 @@ logger = logging.getLogger(__name__)
 # The most memory the AMX copies of the projections may take (MiniLM-L6: 21 MiB, MPNet-base: 162 MiB).
 AMX_MAX_COPY_BYTES = 512 * 2**20
 
+# Bucket sizes per doubling of the token count: 1/16 steps pad ≤ 6.25% (~3% on average); 1/32 steps padded
+# half that but made 190 sizes, whose ~760 primitives did not fit in the cache (see polyvec/__init__.py).
+BUCKETS_PER_DOUBLING = 16
+
 
 def bucket_padding(num_tokens: int, max_len: int) -> list[int]:
-    """Lengths of the dummy sequences that round `num_tokens` up to its bucket: a multiple of 1/32 of the
-    power of two below it (at least 8), so at most 32 bucket sizes per doubling; each dummy sequence holds at
+    """Lengths of the dummy sequences that round `num_tokens` up to its bucket: a multiple of 1/16 of the
+    power of two below it (at least 8), so at most 16 bucket sizes per doubling and 112 up to 8,192, whose
+    projections all fit in the primitive cache polyvec sets (polyvec/__init__.py); each dummy sequence holds at
     most `max_len` tokens (the model's positions)."""
-    step = max(8, (1 << (max(num_tokens, 1).bit_length() - 1)) // 32)
+    step = max(8, (1 << (max(num_tokens, 1).bit_length() - 1)) // BUCKETS_PER_DOUBLING)
     pad = -num_tokens % step
     return [min(max_len, pad - start) for start in range(0, pad, max_len)]
 
