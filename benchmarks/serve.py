@@ -1,10 +1,12 @@
-"""HTTP serving benchmark: polyvec serve vs vllm serve, same model, corpus, cores; one server at a time.
+"""HTTP serving benchmark: polyvec serve vs vllm serve, same model, corpus, cores; the systems take turns.
 
-    python benchmarks/serve.py [--model M] [--requests 400] [--concurrency 1 8 32 64] [--systems polyvec vllm]
+    python benchmarks/serve.py [--model M] [--requests 400] [--concurrency 1 8 32 64] [--rounds 3]
+                               [--systems polyvec vllm]
 
-Each request embeds one passage (Cranfield + Vaswani documents, in order) through POST /v1/embeddings. For
-each concurrency level the script sends the same requests to each system and prints requests/s, tokens/s
-(from the servers' usage counts), p50/p95/p99 latency, and polyvec/vLLM ratios. vLLM runs from a venv the
+Each request embeds one passage (Cranfield + Vaswani documents, in order) through POST /v1/embeddings. Both
+servers stay up; for each round and concurrency level the script sends the same requests to each system in
+turn and prints requests/s, tokens/s (from the servers' usage counts), p50/p95/p99 latency, the medians over
+rounds, and the polyvec/vLLM ratio of each round. vLLM runs from a venv the
 script creates on first use (benchmarks/.venv-vllm).
 """
 
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -86,8 +89,9 @@ async def run_level(url: str, texts: list[str], concurrency: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
-    ap.add_argument("--requests", type=int, default=400, help="requests per concurrency level")
+    ap.add_argument("--requests", type=int, default=400, help="requests per concurrency level and round")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats of every level on every system")
     ap.add_argument("--systems", nargs="+", default=["polyvec", "vllm"], choices=["polyvec", "vllm"])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--dtype", default="float32")
@@ -97,33 +101,47 @@ def main() -> int:
 
     model_path = str(resolve_model_path(args.model))
     texts = load_passages(limit=args.requests)
-    results: dict[tuple[str, int], dict] = {}
-    for system in args.systems:
-        proc, url = start(system, model_path, args.threads, args.dtype)
-        try:
-            asyncio.run(run_level(url, texts[:32], 8))  # warm-up
+    # All servers stay up for the whole run (an idle one takes no CPU) and take turns per level, the order
+    # flipped every round: this VM's speed drifts by tens of percent over minutes, so only a ratio of runs
+    # made back to back means anything.
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    results: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for system in args.systems:
+            servers[system] = start(system, model_path, args.threads, args.dtype)
+            asyncio.run(run_level(servers[system][1], texts[:32], 8))  # warm-up
+        for rnd in range(args.rounds):
             for c in args.concurrency:
-                results[system, c] = r = asyncio.run(run_level(url, texts, c))
-                print(f"{system:8s} c={c:<3d} {r['rps']:8.1f} req/s {r['tps']:9.0f} tok/s  p50 {r['p50']:7.1f} ms  "
-                      f"p95 {r['p95']:7.1f} ms  p99 {r['p99']:7.1f} ms", file=sys.stderr, flush=True)
-        finally:
+                for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+                    r = asyncio.run(run_level(servers[system][1], texts, c))
+                    results.setdefault((system, c), []).append(r)
+                    print(f"round {rnd + 1} {system:8s} c={c:<3d} {r['rps']:8.1f} req/s {r['tps']:9.0f} tok/s  "
+                          f"p50 {r['p50']:7.1f} ms  p95 {r['p95']:7.1f} ms  p99 {r['p99']:7.1f} ms",
+                          file=sys.stderr, flush=True)
+    finally:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=60)
 
-    tokens = next(iter(results.values()))["tokens"]
+    tokens = next(iter(results.values()))[0]["tokens"]
     print(f"\n## Serving: {args.model}, {args.dtype}, {args.requests} requests of one passage each "
-          f"(mean {tokens / args.requests:.0f} tokens), {args.threads} threads")
+          f"(mean {tokens / args.requests:.0f} tokens), {args.threads} threads, {args.rounds} interleaved rounds")
     print(f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}\n")
-    print("| system | concurrency | req/s | tokens/s | p50 ms | p95 ms | p99 ms |")
+    print("| system | concurrency | req/s (median) | tokens/s | p50 ms | p95 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|")
-    for (system, c), r in results.items():
-        print(f"| {system} | {c} | {r['rps']:.1f} | {r['tps']:.0f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} |")
+    for (system, c), runs in results.items():
+        m = {k: statistics.median([r[k] for r in runs]) for k in ("rps", "tps", "p50", "p95", "p99")}
+        print(f"| {system} | {c} | {m['rps']:.1f} | {m['tps']:.0f} | {m['p50']:.1f} | {m['p95']:.1f} "
+              f"| {m['p99']:.1f} |")
     if len(args.systems) == 2:
-        print("\n| concurrency | polyvec / vLLM throughput | vLLM / polyvec p50 latency |")
+        print("\n| concurrency | polyvec / vLLM throughput, per round (median) | vLLM / polyvec p50 latency (median) |")
         print("|---|---|---|")
         for c in args.concurrency:
             a, b = results["polyvec", c], results["vllm", c]
-            print(f"| {c} | {a['rps'] / b['rps']:.2f}x | {b['p50'] / a['p50']:.2f}x |")
+            ratios = [x["rps"] / y["rps"] for x, y in zip(a, b)]
+            p50 = statistics.median([y["p50"] / x["p50"] for x, y in zip(a, b)])
+            per_round = " ".join(f"{q:.2f}" for q in ratios)
+            print(f"| {c} | {per_round} ({statistics.median(ratios):.2f}x) | {p50:.2f}x |")
     return 0
 
 
