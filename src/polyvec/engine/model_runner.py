@@ -5,9 +5,9 @@ padding enters attention between real tokens. On CPU the token count is rounded 
 more tokens, as dummy sequences): oneDNN JIT-compiles a matmul kernel for every new row count (with AMX bf16,
 a MiniLM forward of 2,048 tokens took 166 ms the first time its size came up, 108 ms after; 6-15 ms more at
 72-240 tokens; float32 within noise), and packed batches would have a new size almost every step; bucket
-sizes recur and stay in its cache. For causal models a batch entry may be one chunk of a long prompt: it starts at its context offset,
-reads/writes the request's KV cache, and its hidden states go into the request's `PoolingState` instead of the
-pooler, until its last chunk.
+sizes recur and stay in its cache. For causal models a batch entry may be one chunk of a long prompt: it starts
+at its context offset, reads/writes the request's KV cache, and its hidden states go into the request's
+`PoolingState` instead of the pooler, until its last chunk.
 """
 
 from __future__ import annotations
