@@ -101,9 +101,8 @@ def main() -> int:
 
     model_path = str(resolve_model_path(args.model))
     texts = load_passages(limit=args.requests)
-    # All servers stay up for the whole run (an idle one takes no CPU) and take turns per level, the order
-    # flipped every round: this VM's speed drifts by tens of percent over minutes, so only a ratio of runs
-    # made back to back means anything.
+    # All servers stay up for the whole run and take turns per level, the order flipped every round: this
+    # VM's speed drifts by tens of percent over minutes, so only a ratio of runs made back to back means anything.
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     results: dict[tuple[str, int], list[dict]] = {}
     try:
