@@ -10,15 +10,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("POLYVEC_SHARED", REPO.parent / "shared"))
+# The full Cranfield and Vaswani collections (BEIR layout): a folder holding cranfield/ and vaswani/.
+DATA = Path(os.environ.get("POLYVEC_DATA", REPO.parent / "shared" / "data"))
 VLLM_VENV = Path(os.environ.get("POLYVEC_VLLM_VENV", REPO / "benchmarks" / ".venv-vllm"))
 VLLM_VERSION = "0.32.0"
+
+
+def collection(name: str) -> Path:
+    """The folder of a full collection; exits with what to set when it is not there."""
+    folder = DATA / name
+    if not (folder / "corpus.jsonl").is_file():
+        sys.exit(f"{folder / 'corpus.jsonl'} not found: set POLYVEC_DATA to a folder holding {name}/ "
+                 f"(corpus.jsonl, queries.jsonl, qrels.tsv in the BEIR layout). tests/data/{name} holds a small "
+                 f"slice, too small to benchmark on.")
+    return folder
 
 
 def load_passages(names=("cranfield", "vaswani"), limit: int | None = None) -> list[str]:
     texts = []
     for name in names:
-        with open(SHARED / "data" / name / "corpus.jsonl", encoding="utf-8") as f:
+        with open(collection(name) / "corpus.jsonl", encoding="utf-8") as f:
             for line in f:
                 row = json.loads(line)
                 text = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()

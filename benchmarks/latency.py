@@ -2,7 +2,7 @@
 
     python benchmarks/latency.py [--dtypes float32 bfloat16] [--systems polyvec st] [--rounds 2]
 
-The queries are Cranfield's (`../shared/data/cranfield/queries.jsonl`), each cut to its longest word prefix of at
+The queries are Cranfield's (`$POLYVEC_DATA/cranfield/queries.jsonl`), each cut to its longest word prefix of at
 most 10 tokens (the length a search box sends); each is embedded alone (`LLM.embed([q])`,
 `SentenceTransformer.encode([q])`) after a warm-up pass over all of them, and the script prints p50 / p95 / mean
 milliseconds per call with the hardware and the mean length.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import SHARED, hardware, percentile  # noqa: E402
+from common import collection, hardware, percentile  # noqa: E402
 
 
 def short_queries(model_path: str, max_tokens: int = 10) -> list[str]:
@@ -33,7 +33,7 @@ def short_queries(model_path: str, max_tokens: int = 10) -> list[str]:
 
     tok = PolyTokenizer(Path(model_path) / "tokenizer.json")
     out = []
-    for line in open(SHARED / "data" / "cranfield" / "queries.jsonl"):
+    for line in open(collection("cranfield") / "queries.jsonl"):
         words = json.loads(line)["text"].split()
         lens = [len(e.input_ids) for e in tok.encode([" ".join(words[:n]) for n in range(1, len(words) + 1)],
                                                        512, truncate=True)]

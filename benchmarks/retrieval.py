@@ -16,7 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHARED, hardware  # noqa: E402
+from common import collection, hardware  # noqa: E402
 
 
 def bm25(data):
@@ -44,7 +44,7 @@ def main() -> int:
     llm = LLM(args.model, dtype="float32")
     rows = []
     for name in args.data:
-        data = load_beir(SHARED / "data" / name)
+        data = load_beir(collection(name))
         s, i, index_s, search_s = bm25(data)
         rows.append((name, "BM25 (bm25s)", evaluate(data, s, i), index_s, search_s))
         for mode in ("dense", "multivector"):

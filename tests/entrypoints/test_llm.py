@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from polyvec import LLM, EmbeddingRequestOutput, PoolerConfig, PoolingParams, PoolingRequestOutput
-from tests.conftest import REPO, SHARED
+from tests.conftest import DATA, REPO
 from tests.helpers import cosine_rows
 
 QUERY = "how do wings behave in a slipstream"
@@ -174,7 +174,7 @@ def test_progress_bar_callable(minilm_llm):
 
 
 def test_cli_embed_main_job(tmp_path):
-    corpus = SHARED / "data" / "cranfield" / "corpus.jsonl"
+    corpus = DATA / "cranfield" / "corpus.jsonl"  # the README's offline example
     result = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(corpus), "--limit", "40", "--quiet"],
                             capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -208,3 +208,27 @@ def test_iter_encode_streams_in_order_with_bounded_memory(minilm_llm, cranfield_
     next(stream)
     stream.close()  # the consumer stops early: nothing stays queued
     assert not minilm_llm.engine.has_unfinished_requests()
+
+
+def test_empty_string_is_an_input_and_zero_tokens_is_an_error(minilm_llm, st_minilm):
+    out = minilm_llm.embed(["", "x", "   "], use_tqdm=False)
+    assert [len(o.prompt_token_ids) for o in out] == [2, 3, 2]  # [CLS] [SEP] for the empty ones
+    ref = torch.from_numpy(st_minilm.encode([""], normalize_embeddings=True))[0]
+    assert torch.nn.functional.cosine_similarity(out[0].outputs.data, ref, dim=0) > 0.9999
+    with pytest.raises(ValueError, match="input 1 has no tokens after tokenization"):
+        minilm_llm.engine.process(["ok", "\u200b"], None, "embed", add_special_tokens=False)
+    with pytest.raises(ValueError, match="prompt 0 has no tokens"):
+        minilm_llm.embed({"prompt_token_ids": []}, use_tqdm=False)
+    assert not minilm_llm.engine.has_unfinished_requests()
+
+
+def test_cli_embed_keeps_blank_lines_as_rows(tmp_path):
+    import numpy as np
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("first line\n\nthird line\n")
+    out = tmp_path / "vectors.npy"
+    result = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(texts), "--quiet", "--output", str(out),
+                             "--dtype", "float32"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "embedded 3 texts" in result.stdout and np.load(out).shape == (3, 384)

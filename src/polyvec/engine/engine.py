@@ -197,6 +197,9 @@ class Engine:
         requests = []
         for i in range(n):
             ids, types, num_input = tokenized[i]
+            if not ids:  # text the tokenizer drops entirely, without special tokens around it
+                raise ValueError(f"input {i} has no tokens after tokenization (add_special_tokens is off and the "
+                                 f"tokenizer keeps nothing of the text)")
             request = Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
                               params=verified[i], spec=specs[i], num_input_tokens=num_input)
             if self.colbert is not None:

@@ -1,34 +1,38 @@
 """`polyvec` command line.
 
-    polyvec serve [MODEL]            start the HTTP server (vLLM / OpenAI compatible)
+    polyvec serve [MODEL]            start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
     polyvec eval-retrieval --model M --data DIR [--mode dense|multivector] [--top-k 100]
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
 
-Every `serve` flag can also be set by an environment variable: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
+MODEL is a local folder or a Hugging Face hub id (downloaded on first use unless HF_HUB_OFFLINE=1).
+Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import sys
 import time
 
-from ..loader import DEFAULT_MODEL
+from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
 def read_texts(path: str, limit: int | None = None) -> list[str]:
-    """Texts of a BEIR-style `corpus.jsonl` (title + text) or of a plain file, one text per line."""
+    """Texts of a BEIR-style `corpus.jsonl` (title + text) or of a plain file, one text per line: a blank line
+    is an empty text, so that output row i is line i."""
     texts = []
+    jsonl = path.endswith(".jsonl")
     with open(path, encoding="utf-8") as f:
         for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            if path.endswith(".jsonl"):
+            line = line.rstrip("\r\n")
+            if jsonl:
+                if not line.strip():
+                    continue
                 row = json.loads(line)
                 line = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
             texts.append(line)
@@ -41,14 +45,13 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from .. import LLM
-
-    texts = read_texts(args.file, args.limit)
+    try:
+        texts = read_texts(args.file, args.limit)
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     if not texts:
-        print(f"no texts in {args.file}", file=sys.stderr)
-        return 1
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-              num_threads=args.threads, quantization=args.quantization)
+        raise CommandError(f"no texts in {args.file}")
+    llm = load_llm(args, max_num_batched_tokens=args.max_num_batched_tokens)
     llm.embed(texts[:8], use_tqdm=False)  # warm-up
     dim = llm.model_config.embed_dim
     # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus.
@@ -89,45 +92,96 @@ QUANTIZATION_HELP = ("int8: int8 projections with per-token activation scales (C
                      "on a par with bfloat16 on AMX; cosine >= 0.99 of float32 instead of exact)")
 
 
-def _env(flag: str, default=None, cast=str):
-    value = os.environ.get("POLYVEC_" + flag.lstrip("-").replace("-", "_").upper())
-    return default if value is None else cast(value)
+def env_name(flag: str) -> str:
+    """--max-model-len → POLYVEC_MAX_MODEL_LEN."""
+    return "POLYVEC_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _flag(p: argparse.ArgumentParser, flag: str, default=None, help: str = "", cast=str, **kw) -> None:
+    """A flag whose default an environment variable can replace; the help shows both."""
+    var = env_name(flag)
+    value = os.environ.get(var)
+    if value is not None:
+        default = cast(value)
+    shown = f"default: {default}; " if default is not None else ""
+    p.add_argument(flag, default=default, type=None if cast in (str, _split) else cast,
+                   help=f"{help} ({shown}env {var})".lstrip(), **kw)
+
+
+def _split(value: str) -> list[str]:
+    return value.split()
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() not in ("0", "false", "no", "off")
+
+
+def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
+    """The model and how it is loaded: shared by every command."""
+    var = env_name("model")
+    default = os.environ.get(var, DEFAULT_MODEL)
+    text = (f"local folder or Hugging Face hub id, downloaded on first use unless HF_HUB_OFFLINE=1 "
+            f"(default: {default}; env {var})")
+    if positional:
+        p.add_argument("model", nargs="?", default=default, help=text)
+    else:
+        p.add_argument("--model", default=default, help=text)
+    _flag(p, "--revision", help="hub branch, tag or commit to load")
+    _flag(p, "--download-dir", help="Hugging Face cache folder to read and download models into "
+                                    "(default: HF_HUB_CACHE, else HF_HOME/hub)")
+    _flag(p, "--dtype", "auto", "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32",
+          choices=["auto", "float32", "bfloat16", "float16"])
+    _flag(p, "--quantization", help=QUANTIZATION_HELP, choices=["int8"])
+    _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N")
+    _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=int)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    e = _env
-    p.add_argument("model", nargs="?", default=e("model", DEFAULT_MODEL),
-                   help="local folder, HF cache entry or hub id (resolved offline)")
-    p.add_argument("--host", default=e("--host", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=e("--port", 8000, int))
-    p.add_argument("--api-key", default=e("--api-key"), help="require 'Authorization: Bearer KEY' (not on /health)")
-    p.add_argument("--served-model-name", nargs="+", default=e("--served-model-name", None, str.split),
-                   help="name(s) clients use in 'model' (default: the model argument)")
-    p.add_argument("--dtype", default=e("--dtype", "auto"), choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", default=e("--quantization"), choices=["int8"],
-                   help=QUANTIZATION_HELP)
-    p.add_argument("--max-model-len", type=int, default=e("--max-model-len", None, int))
-    p.add_argument("--max-num-batched-tokens", type=int, default=e("--max-num-batched-tokens", None, int))
-    p.add_argument("--max-num-seqs", type=int, default=e("--max-num-seqs", 256, int))
-    p.add_argument("--device", default=e("--device", "auto"))
-    p.add_argument("--threads", type=int, default=e("--threads", None, int), help="CPU threads for torch")
-    p.add_argument("--truncation", default=e("--truncation", "auto"), choices=["auto", "error"],
-                   help="auto: cut over-long input to max_model_len; error: reject it with 400")
-    p.add_argument("--long-input", default=e("--long-input", "truncate"), choices=["truncate", "window"],
-                   help="encoder input longer than max_model_len: truncate (default), or split into windows "
-                        "(requests may choose with long_input)")
-    p.add_argument("--window-overlap", type=int, default=e("--window-overlap", 0, int),
-                   help="default tokens shared by consecutive windows")
-    p.add_argument("--convert", default=e("--convert"), choices=["embed", "classify"],
-                   help="serve a *ForCausalLM checkpoint as an embedding model or a classifier")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=e("--kv-cache-memory-bytes", None, int),
-                   help="causal models: memory for KV caches of chunked prefills (default 4 GiB)")
+    add_model_args(p, positional=True)
+    _flag(p, "--host", "127.0.0.1", "address to listen on")
+    _flag(p, "--port", 8000, "port to listen on", cast=int)
+    _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
+    _flag(p, "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)",
+          cast=_split, nargs="+")
+    _flag(p, "--max-model-len", help="longest input in tokens (default: the model's)", cast=int)
+    _flag(p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)",
+          cast=int)
+    _flag(p, "--max-num-seqs", 256, "most sequences in one forward pass", cast=int)
+    _flag(p, "--truncation", "auto", "auto: cut over-long input to max_model_len; error: reject it with 400",
+          choices=["auto", "error"])
+    _flag(p, "--long-input", "truncate", "encoder input longer than max_model_len: truncate, or split into "
+          "windows (requests may choose with long_input)", choices=["truncate", "window"])
+    _flag(p, "--window-overlap", 0, "default tokens shared by consecutive windows", cast=int)
+    _flag(p, "--convert", help="serve a *ForCausalLM checkpoint as an embedding model or a classifier",
+          choices=["embed", "classify"])
+    _flag(p, "--kv-cache-memory-bytes", help="causal models: memory for KV caches of chunked prefills "
+          "(default 4 GiB)", cast=int)
+    var = env_name("--enable-prefix-caching")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   default=e("--enable-prefix-caching", None, lambda v: v.lower() not in ("0", "false", "no")),
-                   help="causal models: do not reuse computed prompt prefixes")
-    p.add_argument("--max-request-bytes", type=int, default=e("--max-request-bytes", 32 * 1024 * 1024, int))
-    p.add_argument("--max-inputs-per-request", type=int, default=e("--max-inputs-per-request", 4096, int))
-    p.add_argument("--log-level", default=e("--log-level", "info"))
+                   default=_truthy(os.environ[var]) if var in os.environ else None,
+                   help=f"causal models: do not reuse computed prompt prefixes (env {var}=0)")
+    _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=int)
+    _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
+    _flag(p, "--log-level", "info", "debug, info, warning or error")
+
+
+def load_llm(args: argparse.Namespace, **kwargs):
+    """The LLM for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
+    from .. import LLM
+
+    try:
+        return LLM(args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                   quantization=args.quantization, revision=args.revision, download_dir=args.download_dir,
+                   **kwargs)
+    except ModelNotFoundError as exc:
+        raise CommandError(str(exc)) from None
+    except (ValueError, OSError) as exc:  # an unsupported or broken checkpoint, a bad setting
+        logging.getLogger("polyvec").debug("loading %s failed", args.model, exc_info=True)
+        raise CommandError(f"cannot load model {args.model!r}: {exc}") from None
+
+
+class CommandError(Exception):
+    """Printed as `polyvec: error: ...` with exit status 2."""
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -137,17 +191,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from .. import LLM
     from .server.app import ServerConfig, build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("polyvec.serve")
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-              truncation=args.truncation, num_threads=args.threads, convert=args.convert,
-              long_input=args.long_input, window_overlap=args.window_overlap,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
-              quantization=args.quantization)
+    llm = load_llm(args, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                   max_num_seqs=args.max_num_seqs, truncation=args.truncation, convert=args.convert,
+                   long_input=args.long_input, window_overlap=args.window_overlap,
+                   kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                   enable_prefix_caching=args.enable_prefix_caching)
     engine, mc = llm.engine, llm.model_config
     tasks = engine.supported_tasks
     log.info("model %s (%s) from %s [architecture: %s]", mc.model, mc.architecture, mc.path,
@@ -174,12 +226,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from .. import LLM
     from ..eval.retrieval import load_beir, run_retrieval
 
-    data = load_beir(args.data)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              quantization=args.quantization)
+    try:
+        data = load_beir(args.data)
+    except OSError as exc:
+        raise CommandError(f"cannot read the collection in {args.data}: {exc}") from None
+    llm = load_llm(args)
     report = run_retrieval(llm, data, mode=args.mode, top_k=args.top_k, use_tqdm=not args.quiet)
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items())
     print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; {args.model} {args.mode}")
@@ -189,41 +242,55 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def version() -> str:
+    import importlib.metadata
+    import platform
+
+    from .. import __version__
+
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"polyvec {__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polyvec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start the HTTP server")
+    serve = sub.add_parser("serve", help="start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)")
     add_serve_args(serve)
     serve.set_defaults(func=cmd_serve)
     p = sub.add_parser("embed", help="embed a corpus offline and print throughput")
-    p.add_argument("file", help="corpus.jsonl (BEIR) or a text file with one text per line")
-    p.add_argument("--model", default=os.environ.get("POLYVEC_MODEL", DEFAULT_MODEL))
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", default=None, choices=["int8"],
-                   help=QUANTIZATION_HELP)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("file", help="corpus.jsonl (BEIR) or a text file with one text per line (row i of the output is "
+                   "line i; a blank line is an empty text)")
+    add_model_args(p, positional=False)
+    _flag(p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)",
+          cast=int)
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--output", default=None, help="write the embeddings to this .npy file (float32, one row per text)")
     p.set_defaults(func=cmd_embed)
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
-    ev.add_argument("--model", default=os.environ.get("POLYVEC_MODEL", DEFAULT_MODEL))
     ev.add_argument("--data", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels.tsv")
+    add_model_args(ev, positional=False)
     ev.add_argument("--mode", choices=["dense", "multivector"], default="dense",
-                    help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors")
-    ev.add_argument("--top-k", type=int, default=100)
-    ev.add_argument("--dtype", default="auto")
-    ev.add_argument("--quantization", default=None, choices=["int8"],
-                    help=QUANTIZATION_HELP)
-    ev.add_argument("--device", default="auto")
-    ev.add_argument("--threads", type=int, default=None)
+                    help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors (default: dense)")
+    ev.add_argument("--top-k", type=int, default=100, help="documents ranked per query (default: 100)")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval_retrieval)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CommandError as exc:
+        print(f"polyvec: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,26 +1,39 @@
-"""polyvec's native CPU kernels, compiled on first use with PyTorch's C++ extension loader.
+"""polyvec's native CPU kernels, compiled once per environment and loaded from a cache after that.
 
 `csrc/varlen_attention.cpp` is bidirectional attention straight over the packed `qkv` projection (see its
 header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds the
 per-token quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`), and
 `csrc/layer_norm.cpp` a one-read LayerNorm (layers/layernorm.py), `csrc/amx_linear.cpp` the bf16 projections of
-small batches on AMX (layers/linear.py), with the helpers they share in `csrc/cpu_common.h`. They are built once
-per machine with the compiler PyTorch's extension loader finds (g++/clang and ninja), for the vector width
-PyTorch itself uses here (AVX-512 or AVX2), and cached under `TORCH_EXTENSIONS_DIR` (default
-`~/.cache/torch_extensions`). Where they cannot be built (no compiler, another CPU architecture) or
-`POLYVEC_DISABLE_KERNELS=1`, attention falls back to PyTorch's SDPA over a padded grid, with a warning saying
-why, and `quantization="int8"` is refused.
+small batches on AMX (layers/linear.py), with the helpers they share in `csrc/cpu_common.h`.
+
+They are built with PyTorch's extension loader (a C++ compiler and ninja), for the vector width PyTorch itself
+uses here (AVX-512 or AVX2), into `$POLYVEC_CACHE/kernels/` (default `~/.cache/polyvec/kernels`). The
+library's name carries a key of everything that makes a build fit an environment: the sources, the torch
+version and build, the compiler flags, the Python ABI and the machine, so two environments on one machine
+never rebuild each other's. One process builds at a time, under an `fcntl.flock` that the kernel releases when
+its holder dies; each build runs in a fresh folder and the finished library is moved into place atomically,
+so a build killed at any point leaves nothing that a later start waits on or loads. Where they cannot be built
+(no compiler or ninja, another CPU architecture) or `POLYVEC_DISABLE_KERNELS=1`, attention falls back to
+PyTorch's SDPA over a padded grid, with a warning saying why, and `quantization="int8"` is refused.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
+import platform
+import shutil
+import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
+
+from ..cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +46,8 @@ _ISA_FLAGS = {
                "-mavx512dq", "-mfma"],
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
+_CFLAGS = ["-O3", "-fopenmp"]
+_LDFLAGS = ["-fopenmp"]
 # Floats per vector register in the build: head_dim must be a multiple of it.
 VECTOR_WIDTH = {"AVX512": 16, "AVX2": 8}
 
@@ -48,17 +63,73 @@ def _capability() -> str:
     return "AVX512" if cap.startswith("AVX512") else cap
 
 
-def _sources_hash() -> str:
-    """Of every file under csrc/, headers included: PyTorch's loader rebuilds when a listed source changes,
-    not when a header they include does, so the header's contents go into the extension's name."""
+def build_key(cap: str) -> str:
+    """Of every file under csrc/ (headers too: the loader tracks listed sources only) and of the environment
+    the library is built for."""
     digest = hashlib.sha256()
     for path in sorted(p for p in _CSRC.iterdir() if p.is_file()):
         digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:10]
+    env = (torch.__version__, torch.version.git_version, str(torch.version.cuda),
+           str(torch._C._GLIBCXX_USE_CXX11_ABI), sys.implementation.cache_tag, platform.machine(),
+           *_CFLAGS, *_ISA_FLAGS.get(cap, []), *_LDFLAGS)
+    digest.update("\0".join(env).encode())
+    return digest.hexdigest()[:16]
+
+
+def library_path(cap: str | None = None) -> Path:
+    """Where this environment's built kernels live (whether or not they are built yet)."""
+    cap = cap or _capability()
+    name = f"polyvec_kernels_{cap.lower()}_{build_key(cap)}"
+    return cache_dir() / "kernels" / name / f"{name}.so"
+
+
+def _missing_tool() -> str | None:
+    """The build tool that is not there (the compiler PyTorch's loader calls, or ninja), else None."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"C++ compiler {cxx!r} (install g++ or clang, or set CXX)"
+    try:  # the `ninja` wheel's binary, also when its venv's bin/ is not on PATH
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        pass
+    if shutil.which("ninja") is None:
+        return "ninja (pip install ninja)"
+    return None
+
+
+def _build(target: Path, cap: str) -> None:
+    """Compile into a fresh folder beside `target`, then move the library into place."""
+    from torch.utils.cpp_extension import load as load_extension
+
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("waiting for another process that is compiling polyvec's CPU kernels into %s", folder)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():  # built by the process we waited for
+            torch.ops.load_library(str(target))
+            return
+        for stale in folder.glob("build-*"):  # left by a build that was killed; its lock died with it
+            shutil.rmtree(stale, ignore_errors=True)
+        logger.warning("compiling polyvec's CPU kernels once for this environment (about a minute on 2 cores; "
+                       "cached in %s)", folder)
+        start = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
+        load_extension(target.stem, [str(p) for p in _SOURCES], extra_cflags=[*_CFLAGS, *_ISA_FLAGS[cap]],
+                       extra_ldflags=_LDFLAGS, build_directory=str(scratch), is_python_module=False, verbose=False)
+        os.replace(scratch / target.name, target)
+        shutil.rmtree(scratch, ignore_errors=True)
+        logger.warning("compiled polyvec's CPU kernels in %.0f s", time.monotonic() - start)
 
 
 def load() -> bool:
-    """Build (first time) and load the kernels; False, with the reason logged once, where they cannot be."""
+    """Load the kernels (building them the first time); False, with the reason logged once, where they cannot
+    be."""
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])
@@ -69,19 +140,23 @@ def load() -> bool:
         elif cap not in _ISA_FLAGS:
             why = f"no AVX2/AVX-512 on this CPU ({cap})"
         else:
+            target = library_path(cap)
             try:
-                from torch.utils.cpp_extension import load as load_extension
-
-                load_extension(f"polyvec_kernels_{cap.lower()}_{_sources_hash()}", [str(p) for p in _SOURCES],
-                               extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS[cap]], extra_ldflags=["-fopenmp"],
-                               is_python_module=False, verbose=False)
-                ok = all(hasattr(torch.ops.polyvec, op) for op in _OPS)
-                why = "" if ok else "the extension loaded without its operator"
-            except Exception as e:  # no compiler or ninja, a failed build: SDPA still works
+                if target.is_file():
+                    torch.ops.load_library(str(target))
+                elif (missing := _missing_tool()) is not None:
+                    why = f"no {missing} to compile them with"
+                else:
+                    _build(target, cap)
+                if not why:
+                    ok = all(hasattr(torch.ops.polyvec, op) for op in _OPS)
+                    why = "" if ok else "the library loaded without its operators"
+            except Exception as e:  # a failed build or load: SDPA still works
                 last = str(e).strip().splitlines()
                 why = f"{type(e).__name__}: {last[-1] if last else ''}"
         if not ok:
-            logger.warning("polyvec's native attention kernel is not used (%s); using PyTorch SDPA", why)
+            logger.warning("polyvec's native CPU kernels are not used (%s); attention runs on PyTorch SDPA, "
+                           "slower", why)
         _state["ok"] = ok
         return ok
 

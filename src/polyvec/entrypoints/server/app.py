@@ -207,9 +207,9 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if len(prompts) > config.max_inputs_per_request:
             raise APIError(400, f"'{field_name}' has {len(prompts)} items; the limit is "
                                 f"{config.max_inputs_per_request} per request", field_name)
-        for i, p in enumerate(prompts):
-            if (isinstance(p, str) and not p.strip()) or (isinstance(p, list) and not p):
-                raise APIError(400, f"'{field_name}' item {i} is empty", field_name)
+        for i, p in enumerate(prompts):  # an empty string is valid (its special tokens are embedded)
+            if isinstance(p, list) and not p:
+                raise APIError(400, f"'{field_name}' item {i} is an empty list of token ids", field_name)
         return prompts
 
     async def run_pooling(raw: Request, prompts: list, params: PoolingParams, task: str, **kwargs) -> list:

