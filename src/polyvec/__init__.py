@@ -7,15 +7,7 @@ loading torch.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
-
-# oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
-# sizes (engine/model_runner.py), and with four projection shapes per layer 512 entries hold every primitive a
-# model can run, so none is rebuilt while serving. oneDNN reads it when it first runs: it must be set before
-# the first matmul; a value set by the user wins.
-PRIMITIVE_CACHE_CAPACITY = 512
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 __version__ = "0.1.0"
 

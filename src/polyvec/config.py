@@ -14,15 +14,17 @@ from typing import Any, Literal
 
 import torch
 
-# Sequence pooling types produce one vector per request; token pooling types one per (selected) token.
-# CLS/LAST/MEAN/ALL/STEP are vLLM's names; MAX, MEAN_SQRT_LEN and WEIGHTED_MEAN cover the remaining
-# sentence-transformers Pooling modes.
-SEQ_POOLING_TYPES = ("CLS", "LAST", "MEAN", "MAX", "MEAN_SQRT_LEN", "WEIGHTED_MEAN")
-TOKEN_POOLING_TYPES = ("ALL", "STEP")
+from .layers.pooling_methods import SEQUENCE_METHODS, TOKEN_METHODS, PoolingTask
+from .platforms.base import KernelOptions, Platform
+
+# Sequence pooling types produce one vector per request; token pooling types one per (selected) token
+# (the registry of methods: layers/pooling_methods.py).
+SEQ_POOLING_TYPES = tuple(SEQUENCE_METHODS)
+TOKEN_POOLING_TYPES = tuple(TOKEN_METHODS)
 POOLING_TYPES = SEQ_POOLING_TYPES + TOKEN_POOLING_TYPES
 
-POOLING_TASKS = ("embed", "token_embed", "classify", "token_classify")
-EMBED_TASKS = ("embed", "token_embed")
+POOLING_TASKS = tuple(t.value for t in PoolingTask)
+EMBED_TASKS = (PoolingTask.EMBED.value, PoolingTask.TOKEN_EMBED.value)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -182,6 +184,9 @@ class EngineConfig:
     channel and activations quantized per token at run time, on oneDNN's int8 matmul (VNNI / AMX); attention
     and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: cosine ≥ 0.99 against
     float32."""
+    kernels: KernelOptions = field(default_factory=KernelOptions.from_env)
+    """Which of polyvec's native CPU paths may run (native kernels, oneDNN projections, AMX); default: all,
+    less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off."""
 
     def __post_init__(self) -> None:
         if self.long_input not in ("truncate", "window"):
@@ -214,53 +219,15 @@ class EngineConfig:
         return dev
 
 
-# glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh mmaps: every such tensor is
-# page-faulted and zeroed by the kernel on first touch, every layer of every batch.
-_MMAP_CEILING = 32 << 20
-
-
-def default_max_num_batched_tokens(model_config: "ModelConfig", device: torch.device,
-                                   quantization: str | None = None) -> int:
-    """The token budget when the user sets none.
-
-    On CPU: the largest power of two (1024..8192) whose widest activation (tokens x max(FFN width, 3 x hidden))
-    stays under glibc's 32 MiB mmap ceiling, so the per-layer tensors are reused from the heap instead of
-    faulted in anew (all-MiniLM-L6-v2 in float32: 4096 tokens, measured ~15% faster than 8192). Elsewhere 8192.
-    int8 projections write float32 before rescaling, whatever the activation dtype.
-    Encoders need at least max_model_len (a whole input per batch); causal models prefill in chunks.
-    """
-    tokens = 8192
-    if device.type == "cpu":
-        cfg = model_config.hf_config
-        width = max(int(cfg.get("intermediate_size", 0) or 0), 3 * model_config.hidden_size)
-        tokens = 1024
-        itemsize = 4 if quantization == "int8" else model_config.dtype.itemsize
-        while tokens < 8192 and 2 * tokens * width * itemsize <= _MMAP_CEILING:
-            tokens *= 2
-    return tokens if model_config.is_causal else max(tokens, model_config.max_model_len)
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bfloat16 matmuls run at ~2x float32 (oneDNN), so `auto` picks bfloat16."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
-    """`auto`: bfloat16 on CPUs with native bf16 matmuls (AVX512-BF16/AMX) and on CUDA (float16 when the
-    checkpoint is float16); float32 elsewhere. Pooling and heads always run in float32."""
+def resolve_dtype(dtype: str | torch.dtype, platform: Platform, checkpoint_dtype: str | None = None) -> torch.dtype:
+    """`auto`: the platform's default (bfloat16 on CUDA, float16 for float16 checkpoints there; on CPU bfloat16
+    where matmuls run it natively, else float32). Pooling and heads always run in float32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
         return dtype
     if dtype == "auto":
-        if device.type == "cuda":
-            return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return platform.default_dtype(checkpoint_dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

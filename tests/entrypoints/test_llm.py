@@ -139,10 +139,12 @@ def test_constructor_arguments(minilm_path):
 
 
 def test_auto_dtype_is_bfloat16_where_the_cpu_has_native_bf16(minilm_path):
-    from polyvec.config import cpu_has_native_bf16, resolve_dtype
+    from polyvec.config import resolve_dtype
+    from polyvec.platforms import get_platform
+    from polyvec.platforms.cpu import cpu_has_native_bf16
 
     expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    assert resolve_dtype("auto", torch.device("cpu"), None) == expected
+    assert resolve_dtype("auto", get_platform(torch.device("cpu"))) == expected
     assert LLM(str(minilm_path)).model_config.dtype == expected
 
 

@@ -139,15 +139,15 @@ def test_bf16_paths_agree(tmp_path):
         "import sys, torch\n"
         "from polyvec.layers import kernels\n"
         "assert kernels.load()\n"
+        "torch.ops.polyvec.set_amx_enabled(sys.argv[2] == 'amx')\n"
         "torch.manual_seed(4)\n"
         "lens = [70, 3, 128, 33]\n"
         "qkv = torch.randn(sum(lens), 3 * 12 * 32).bfloat16()\n"
         "cu = torch.tensor([0, 70, 73, 201, 234])\n"
         "torch.save((qkv, kernels.varlen_attention(qkv, cu, 12)), sys.argv[1])\n")
     here, child = tmp_path / "here.pt", tmp_path / "child.pt"
-    env = {**__import__("os").environ, "POLYVEC_DISABLE_AMX": "1"}
-    subprocess.run([sys.executable, "-c", script, str(child)], check=True, env=env)
-    subprocess.run([sys.executable, "-c", script, str(here)], check=True)
+    subprocess.run([sys.executable, "-c", script, str(child), "no-amx"], check=True)
+    subprocess.run([sys.executable, "-c", script, str(here), "amx"], check=True)
     qkv, a = torch.load(here)
     _, b = torch.load(child)
     ref = _reference(qkv, [70, 3, 128, 33], 12)

@@ -133,14 +133,16 @@ def test_int8_bfloat16_activations(minilm_path, minilm_llm, cranfield_texts):
     assert F.cosine_similarity(out, ref, dim=-1).min() >= 0.99
 
 
-def test_quantization_argument_is_validated(minilm_path, monkeypatch):
+def test_quantization_argument_is_validated(minilm_path):
     from polyvec import LLM
 
     with pytest.raises(ValueError, match="quantization"):
         LLM(str(minilm_path), dtype="float32", quantization="int4")
-    monkeypatch.setenv("POLYVEC_DISABLE_ONEDNN", "1")
-    with pytest.raises(ValueError, match="quantization='int8' needs"):
-        LLM(str(minilm_path), dtype="float32", quantization="int8")
+    from polyvec.platforms import KernelOptions
+
+    for off in (KernelOptions(onednn=False), KernelOptions(native=False)):
+        with pytest.raises(ValueError, match="quantization='int8' needs"):
+            LLM(str(minilm_path), dtype="float32", quantization="int8", kernels=off)
 
 
 def test_int8_decoder_chunked_prefill(tmp_path, minilm_path):

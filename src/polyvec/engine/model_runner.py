@@ -1,18 +1,16 @@
 """Runs one scheduled batch: packs it, runs the model on the device, pools every request.
 
 The packed batch is flat `input_ids` [T] plus the `AttentionMetadata` (`cu_seqlens`, positions); no token of
-padding enters attention between real tokens. On CPU the token count is rounded up to a bucket (at most 1/16
-more tokens, as dummy sequences): oneDNN JIT-compiles a matmul kernel for every new row count (with AMX bf16,
-a MiniLM forward of 2,048 tokens took 166 ms the first time its size came up, 108 ms after; 6-15 ms more at
-72-240 tokens; float32 within noise), and packed batches would have a new size almost every step; bucket
-sizes recur and stay in its cache. For causal models a batch entry may be one chunk of a long prompt: it starts
-at its context offset, reads/writes the request's KV cache, and its hidden states go into the request's
-`PoolingState` instead of the pooler, until its last chunk.
+padding enters attention between real tokens. Where the platform asks for it (CPU with oneDNN), the token
+count is rounded up to a bucket (at most 1/16 more tokens, as dummy sequences): oneDNN compiles a matmul
+kernel for every new row count, and packed batches would have a new size almost every step; bucket sizes
+recur and stay in its cache. For causal models a batch entry may be one chunk of a long prompt: it starts at
+its context offset, reads/writes the request's KV cache, and its hidden states go into the request's
+`PoolingState` instead of the pooler, until its last chunk. Device specifics live in `polyvec.platforms`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import logging
 
@@ -20,49 +18,29 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig, ModelConfig
-from ..layers import kernels
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
-from ..layers.layernorm import LayerNorm
-from ..layers.linear import int8_available, onednn_available
 from ..layers.pooler import Pooler, PoolingState
 from ..loader import read_state_dict
 from ..models.registry import EncoderForPooling, build_model
+from ..platforms import get_platform
 from .scheduler import ScheduledChunk
 
 logger = logging.getLogger(__name__)
 
-
-# The most memory the AMX copies of the projections may take (MiniLM-L6: 21 MiB, MPNet-base: 162 MiB).
-AMX_MAX_COPY_BYTES = 512 * 2**20
-
 # Bucket sizes per doubling of the token count: 1/16 steps pad ≤ 6.25% (~3% on average); 1/32 steps padded
-# half that but made 190 sizes, whose ~760 primitives did not fit in the cache (see polyvec/__init__.py).
+# half that but made 190 sizes, whose ~760 primitives did not fit in the cache (see platforms/cpu.py).
 BUCKETS_PER_DOUBLING = 16
 
 
 def bucket_padding(num_tokens: int, max_len: int) -> list[int]:
     """Lengths of the dummy sequences that round `num_tokens` up to its bucket: a multiple of 1/16 of the
     power of two below it (at least 8), so at most 16 bucket sizes per doubling and 112 up to 8,192, whose
-    projections all fit in the primitive cache polyvec sets (polyvec/__init__.py); each dummy sequence holds at
+    projections all fit in the primitive cache polyvec sets (platforms/cpu.py); each dummy sequence holds at
     most `max_len` tokens (the model's positions)."""
     step = max(8, (1 << (max(num_tokens, 1).bit_length() - 1)) // BUCKETS_PER_DOUBLING)
     pad = -num_tokens % step
     return [min(max_len, pad - start) for start in range(0, pad, max_len)]
-
-
-def _glibc_malloc_trim():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to do
-        return None
-
-
-_MALLOC_TRIM = _glibc_malloc_trim()
-# Batches between two returns of freed heap memory to the OS (see ModelRunner.execute).
-TRIM_EVERY = 16
 
 
 def _load_dense_stack(model_config: ModelConfig, device: torch.device, on_tokens: bool) -> nn.Module | None:
@@ -82,8 +60,8 @@ class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig):
         self.model_config = model_config
         self.device = engine_config.resolve_device()
-        if engine_config.num_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(engine_config.num_threads)
+        self.platform = get_platform(self.device, engine_config.kernels)
+        self.platform.configure_threads(engine_config.num_threads)
         # The trunk's weights sit beside its config.json (a subfolder in old sentence-transformers layouts).
         state = read_state_dict(model_config.transformer_dir)
         self.model: EncoderForPooling = build_model(model_config, state, self.device)
@@ -95,30 +73,12 @@ class ModelRunner:
             token_projection.weight.data.copy_(weight)
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
-        self._batches = 0
-        self.onednn = onednn_available(self.device, model_config.dtype)
         cfg = self.model.encoder.cfg
-        self.packed_attention = not self.causal and kernels.packed_attention_available(
-            self.device, model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"])
-        # Dummy sequences attend only to themselves, which needs the packed kernel (no grid to pad).
-        self.pad_to_bucket = self.onednn and self.packed_attention
+        self.packed_attention = not self.causal and self.platform.packed_attention(
+            model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"])
         self.int8 = engine_config.quantization == "int8"
-        if self.int8 and not (self.onednn and int8_available(self.device)):
-            raise ValueError("quantization='int8' needs a CPU device, dtype float32 or bfloat16, PyTorch with "
-                             "oneDNN and polyvec's native kernels (it found: device "
-                             f"{self.device}, dtype {model_config.dtype})")
-        if self.onednn:
-            # bf16 batches of a few rows (a query alone) run on AMX from a second copy of each projection's
-            # weight (layers/linear.py); models whose projections exceed AMX_MAX_COPY_BYTES keep one copy.
-            projections = sum(m.weight.numel() * m.weight.element_size() for m in self.model.encoder.layers.modules()
-                              if isinstance(m, nn.Linear))
-            amx = not self.int8 and projections <= AMX_MAX_COPY_BYTES
-            for layer in self.model.encoder.layers:
-                layer.prepack(int8=self.int8, amx=amx)
-        if self.device.type == "cpu" and kernels.load():
-            for module in self.model.modules():
-                if isinstance(module, LayerNorm):
-                    module.native = True
+        self.platform.prepare_model(self.model, model_config, engine_config.quantization)
+        self.pad_to_bucket = self.platform.pads_to_bucket(self.packed_attention)
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=token_projection,
@@ -185,10 +145,5 @@ class ModelRunner:
                     outputs[i] = self.pooler.finish(r.pool_state, r.keep)
         if self.device.type != "cpu":
             outputs = [o.cpu() if o is not None else None for o in outputs]
-        self._batches += 1
-        if _MALLOC_TRIM is not None and self._batches % TRIM_EVERY == 0:
-            # Batches allocate tensors of ever-different sizes; glibc keeps the freed ones in its heap, so a
-            # long offline run's RSS creeps up (+1 GB over 100k passages). Trimming every few batches keeps
-            # it flat for well under a millisecond per batch.
-            _MALLOC_TRIM(0)
+        self.platform.after_batch()
         return outputs, hidden

@@ -15,12 +15,7 @@ from typing import Any
 
 import torch
 
-from ..config import (
-    EngineConfig,
-    PoolerConfig,
-    default_max_num_batched_tokens,
-    resolve_dtype,
-)
+from ..config import EngineConfig, PoolerConfig, resolve_dtype
 from ..engine.engine import Engine, Prompt
 from ..loader import DEFAULT_MODEL, load_model_config
 from ..outputs import (
@@ -31,6 +26,7 @@ from ..outputs import (
     ScoringRequestOutput,
     as_task_output,
 )
+from ..platforms import KernelOptions, get_platform
 from ..pooling_params import PoolingParams
 from ..scoring import plan_scores
 
@@ -67,6 +63,8 @@ class LLM:
         enable_prefix_caching: causal models: reuse computed prompt prefixes (default on).
         quantization: None, or "int8" (CPU, opt-in): int8 projections with per-token dynamic activation
             scales; faster, cosine ≥ 0.99 against float32 instead of exact (see EngineConfig.quantization).
+        kernels: which of polyvec's native CPU paths may run (`KernelOptions(native=, onednn=, amx=)`; default
+            all, less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto", device: str = "auto",
@@ -75,7 +73,8 @@ class LLM:
                  hf_overrides: dict[str, Any] | None = None, revision: str | None = None,
                  download_dir: str | None = None, num_threads: int | None = None, convert: str | None = None,
                  long_input: str = "truncate", window_overlap: int = 0, kv_cache_memory_bytes: int | None = None,
-                 enable_prefix_caching: bool | None = None, quantization: str | None = None, **kwargs: Any):
+                 enable_prefix_caching: bool | None = None, quantization: str | None = None,
+                 kernels: KernelOptions | None = None, **kwargs: Any):
         unknown = set(kwargs) - _IGNORED_VLLM_ARGS
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
@@ -85,15 +84,16 @@ class LLM:
                                      device=device, truncation=truncation, num_threads=num_threads,
                                      long_input=long_input, window_overlap=window_overlap,
                                      kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                     enable_prefix_caching=enable_prefix_caching, quantization=quantization)
-        device_obj = engine_config.resolve_device()
+                                     enable_prefix_caching=enable_prefix_caching, quantization=quantization,
+                                     **({"kernels": kernels} if kernels is not None else {}))
+        platform = get_platform(engine_config.resolve_device(), engine_config.kernels)
         model_config = load_model_config(
-            model, dtype=resolve_dtype(dtype, device_obj, None), max_model_len=max_model_len,
+            model, dtype=resolve_dtype(dtype, platform), max_model_len=max_model_len,
             pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
             download_dir=download_dir, convert=convert)
         if max_num_batched_tokens is None:
-            engine_config.max_num_batched_tokens = default_max_num_batched_tokens(model_config, device_obj,
-                                                                                  quantization)
+            engine_config.max_num_batched_tokens = platform.default_max_num_batched_tokens(model_config,
+                                                                                           quantization)
         self.engine = Engine(model_config, engine_config)
         self.model_config = model_config
 

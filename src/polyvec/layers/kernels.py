@@ -13,8 +13,9 @@ version and build, the compiler flags, the Python ABI and the machine, so two en
 never rebuild each other's. One process builds at a time, under an `fcntl.flock` that the kernel releases when
 its holder dies; each build runs in a fresh folder and the finished library is moved into place atomically,
 so a build killed at any point leaves nothing that a later start waits on or loads. Where they cannot be built
-(no compiler or ninja, another CPU architecture) or `POLYVEC_DISABLE_KERNELS=1`, attention falls back to
-PyTorch's SDPA over a padded grid, with a warning saying why, and `quantization="int8"` is refused.
+(no compiler or ninja, another CPU architecture), attention falls back to PyTorch's SDPA over a padded grid,
+with a warning saying why, and `quantization="int8"` is refused. Whether they are used at all is the CPU
+platform's choice (`KernelOptions`, platforms/cpu.py).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _build(target: Path, cap: str) -> None:
             return
         for stale in folder.glob("build-*"):  # left by a build that was killed; its lock died with it
             shutil.rmtree(stale, ignore_errors=True)
-        logger.warning("compiling polyvec's CPU kernels once for this environment (about a minute on 2 cores; "
+        logger.warning("compiling polyvec's CPU kernels once for this environment (under a minute on 2 cores; "
                        "cached in %s)", folder)
         start = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
@@ -135,9 +136,7 @@ def load() -> bool:
             return bool(_state["ok"])
         ok, why = False, ""
         cap = _capability()
-        if os.environ.get("POLYVEC_DISABLE_KERNELS", "0") == "1":
-            why = "POLYVEC_DISABLE_KERNELS=1"
-        elif cap not in _ISA_FLAGS:
+        if cap not in _ISA_FLAGS:
             why = f"no AVX2/AVX-512 on this CPU ({cap})"
         else:
             target = library_path(cap)

@@ -10,14 +10,12 @@ In bfloat16 on CPUs with AMX, batches of at most `AMX_MAX_ROWS` rows (a short qu
 own kernel instead (csrc/amx_linear.cpp): at that size oneDNN's fixed per-call cost and the weight read are the
 whole time, and one pass over a weight kept in the tile layout is 1.1-1.75x faster. That second copy of each
 weight is why it is opt-in per layer (`amx=True`); the model runner enables it for models whose projections
-are small (see `AMX_MAX_COPY_BYTES` in engine/model_runner.py). Both paths compute the same float32 sums of
+are small (see `AMX_MAX_COPY_BYTES` in platforms/cpu.py). Both paths compute the same float32 sums of
 exact bf16 products (bit-identical outputs without GELU in the tests; the two GELU approximations may round
 to neighbouring bf16 values), so across batch sizes a row agrees to bf16 rounding.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
@@ -29,7 +27,6 @@ _FUSABLE = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_fast":
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and os.environ.get("POLYVEC_DISABLE_ONEDNN", "0") != "1"
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 

@@ -6,14 +6,14 @@ over tokens. Every output is a view into its group's result tensor.
 
 Head order (as vLLM and sentence-transformers do it): cast to float32 → projection (Dense / classifier) →
 Matryoshka truncation → activation (L2 normalize for embed tasks, softmax/sigmoid for classify tasks).
-Pooling modes follow sentence-transformers' `Pooling` module
-(https://github.com/UKPLab/sentence-transformers, `models/Pooling.py`); several modes are concatenated.
+Pooling modes are the methods of `pooling_methods.py` (sentence-transformers' `Pooling` module modes and
+vLLM's names); several sequence modes are concatenated.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ from torch import nn
 
 from .activation import classifier_activation
 from .attention import AttentionMetadata
+from .pooling_methods import TOKEN_METHODS, PoolingTask, sequence_method
 
 
 @dataclass(frozen=True)
@@ -33,33 +34,12 @@ class PoolingSpec:
     use_activation: bool = True
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
-    raw: bool = False  # return the pooled vector without the head (a long input's window; see Engine)
+    raw: bool = False  # return the pooled vector without the head (a long input's window; see engine/long_input.py)
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One vector per sequence from float32 packed `hidden` [T, H] → [B, H]."""
-    cu = meta.cu_seqlens
-    if mode == "CLS":
-        return hidden.index_select(0, cu[:-1])
-    if mode == "LAST":
-        return hidden.index_select(0, cu[1:] - 1)
-    batch, width = meta.num_seqs, hidden.shape[1]
-    lens = (cu[1:] - cu[:-1]).to(hidden.dtype).unsqueeze(1)
-    if mode == "MAX":
-        out = hidden.new_empty(batch, width)
-        index = meta.seq_ids.unsqueeze(1).expand_as(hidden)
-        return out.scatter_reduce_(0, index, hidden, reduce="amax", include_self=False)
-    if mode == "WEIGHTED_MEAN":
-        # Position weights 1..L inside each sequence (sentence-transformers' weightedmean).
-        weights = (meta.positions + 1).to(hidden.dtype).unsqueeze(1)
-        summed = hidden.new_zeros(batch, width).index_add_(0, meta.seq_ids, hidden * weights)
-        return summed / (lens * (lens + 1) / 2)
-    summed = hidden.new_zeros(batch, width).index_add_(0, meta.seq_ids, hidden)
-    if mode == "MEAN":
-        return summed / lens
-    if mode == "MEAN_SQRT_LEN":
-        return summed / lens.sqrt()
-    raise ValueError(f"unknown sequence pooling type {mode!r}")
+    return sequence_method(mode).pool(hidden, meta)
 
 
 class Pooler(nn.Module):
@@ -149,76 +129,38 @@ class Pooler(nn.Module):
             return self.apply_head(spec, parts[0] if len(parts) == 1 else torch.cat(parts))
         return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
 
-    @classmethod
-    def _select(cls, piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec,
-                keep: list[int] | None) -> torch.Tensor:
-        """A token task's rows to return: STEP's selection, then the ColBERT skiplist's `keep`."""
-        if spec.pooling == ("STEP",):
-            piece = cls._step_select(piece, ids, spec)
-        return piece[keep] if keep is not None else piece
-
     @staticmethod
-    def _step_select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec) -> torch.Tensor:
-        """STEP pooling (process reward models): keep the step-tag tokens and the asked-for columns."""
-        if spec.returned_token_ids is not None:
-            piece = piece[:, list(spec.returned_token_ids)]
-        if spec.step_tag_id is not None:
-            piece = piece[ids == spec.step_tag_id]
-        return piece
+    def _select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec,
+                keep: list[int] | None) -> torch.Tensor:
+        """A token task's rows to return: its token method's selection, then the ColBERT skiplist's `keep`."""
+        piece = TOKEN_METHODS[spec.pooling[0]].select(piece, ids, spec.returned_token_ids, spec.step_tag_id)
+        return piece[keep] if keep is not None else piece
 
 
 class PoolingState:
     """A request's pooling carried across the chunks of a chunked prefill (float32).
 
-    CLS keeps the first chunk's first row, LAST the final chunk's last row, MEAN / MEAN_SQRT_LEN a running
-    sum and count, WEIGHTED_MEAN a position-weighted sum, MAX a running maximum; token tasks (ALL, STEP)
-    keep every chunk's rows, and the head runs once on all of them at the end (`Pooler.finish`).
+    Sequence tasks keep one small state per pooling method (`SequencePooling.update`); token tasks (ALL,
+    STEP) keep every chunk's rows, and the head runs once on all of them at the end (`Pooler.finish`).
     """
 
     def __init__(self, spec: PoolingSpec):
         self.spec = spec
         self.count = 0
-        self.first: torch.Tensor | None = None
-        self.last: torch.Tensor | None = None
-        self.sum: torch.Tensor | None = None
-        self.weighted_sum: torch.Tensor | None = None
-        self.max: torch.Tensor | None = None
+        self.states: dict[str, Any] = {mode: sequence_method(mode).start() for mode in spec.pooling} \
+            if PoolingTask(spec.task).is_sequence else {}
         self.tokens: list[torch.Tensor] = []
         self.ids: list[torch.Tensor] = []
 
     def update(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
         """Add rows [start, start + len(hidden)) of the request (float32 hidden states)."""
-        if self.spec.task not in ("embed", "classify"):
+        if not PoolingTask(self.spec.task).is_sequence:
             self.tokens.append(hidden)
             self.ids.append(ids)
             return
-        modes = self.spec.pooling
-        if start == 0:
-            self.first = hidden[0]
-        self.last = hidden[-1]
+        for mode, state in self.states.items():
+            self.states[mode] = sequence_method(mode).update(state, hidden, start, self.count)
         self.count += hidden.shape[0]
-        if "MEAN" in modes or "MEAN_SQRT_LEN" in modes:
-            part = hidden.sum(0)
-            self.sum = part if self.sum is None else self.sum + part
-        if "WEIGHTED_MEAN" in modes:
-            weights = torch.arange(start + 1, start + 1 + hidden.shape[0], device=hidden.device, dtype=hidden.dtype)
-            part = (hidden * weights.unsqueeze(1)).sum(0)
-            self.weighted_sum = part if self.weighted_sum is None else self.weighted_sum + part
-        if "MAX" in modes:
-            part = hidden.amax(0)
-            self.max = part if self.max is None else torch.maximum(self.max, part)
 
     def pooled(self, mode: str) -> torch.Tensor:
-        if mode == "CLS":
-            return self.first
-        if mode == "LAST":
-            return self.last
-        if mode == "MEAN":
-            return self.sum / self.count
-        if mode == "MEAN_SQRT_LEN":
-            return self.sum / math.sqrt(self.count)
-        if mode == "WEIGHTED_MEAN":
-            return self.weighted_sum / (self.count * (self.count + 1) / 2)
-        if mode == "MAX":
-            return self.max
-        raise ValueError(f"unknown sequence pooling type {mode!r}")
+        return sequence_method(mode).finish(self.states[mode], self.count)

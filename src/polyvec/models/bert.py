@@ -15,7 +15,8 @@ from torch import nn
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
 from ..layers.layernorm import LayerNorm
-from ..layers.linear import can_fuse, linear_add, pack_linear
+from ..layers.linear import linear_add
+from .interface import ProjectionPacker
 from .weights import Rule
 
 
@@ -37,21 +38,19 @@ class EncoderLayer(nn.Module):
         self.act = get_act_fn(act)
         self.requantize_ffn = False
 
-    def prepack(self, int8: bool = False, amx: bool = False) -> None:
-        """Swap the projections for oneDNN-prepacked (or int8) ones (CPU), fusing the FFN activation when
-        possible; `amx`: small batches on AMX too (layers/linear.py)."""
-        self.qkv, self.attn_out, self.ffn_down = (pack_linear(m, int8=int8, amx=amx)
-                                                  for m in (self.qkv, self.attn_out, self.ffn_down))
-        if can_fuse(self.act_name, int8):
-            self.ffn_up, self.act = pack_linear(self.ffn_up, self.act_name, int8, amx), get_act_fn("identity")
-            self.requantize_ffn = int8
+    def replace_projections(self, pack: ProjectionPacker) -> None:
+        """Swap the projections for the platform's forms, fusing the FFN activation where `pack` can."""
+        self.qkv, self.attn_out, self.ffn_down = (pack(m) for m in (self.qkv, self.attn_out, self.ffn_down))
+        if pack.fuses(self.act_name):
+            self.ffn_up, self.act = pack(self.ffn_up, self.act_name), get_act_fn("identity")
+            # int8: the intermediate can go from the up projection's sums straight to the down projection's grid
+            self.requantize_ffn = hasattr(self.ffn_up, "forward_requantized")
         else:
-            self.ffn_up = pack_linear(self.ffn_up, int8=int8, amx=amx)
+            self.ffn_up = pack(self.ffn_up)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
         attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)
         x = self.attn_norm(linear_add(self.attn_out, attn, x))
-        # int8: the intermediate goes from the up projection's sums straight to the down projection's grid
         h = self.ffn_up.forward_requantized(x) if self.requantize_ffn else self.act(self.ffn_up(x))
         return self.ffn_norm(linear_add(self.ffn_down, h, x))
 

@@ -22,7 +22,8 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, causal_attention
-from ..layers.linear import linear_add, pack_linear
+from ..layers.linear import linear_add
+from .interface import ProjectionPacker
 from .weights import Rule
 
 
@@ -100,9 +101,10 @@ class DecoderLayer(nn.Module):
         self.act = get_act_fn(cfg.get("hidden_act", "silu"))
         self.sliding_window = _sliding_window(cfg, index)
 
-    def prepack(self, int8: bool = False, amx: bool = False) -> None:
+    def replace_projections(self, pack: ProjectionPacker) -> None:
+        """Swap the seven projections for the platform's forms (the activation stays separate)."""
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-            setattr(self, name, pack_linear(getattr(self, name), int8=int8, amx=amx))
+            setattr(self, name, pack(getattr(self, name)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         h = self.input_layernorm(x)

@@ -3,35 +3,31 @@
 Endpoints and their bodies follow vLLM's pooling server (`/pooling`, `/classify`, `/score`, `/rerank`,
 `/tokenize`, ...), the OpenAI embeddings API (`/v1/embeddings`) and Cohere's embed v2 (`/v2/embed`). Errors
 are `{"error": {"message", "type", "param", "code"}}` with a 4xx status for anything the client sent wrong;
-the engine keeps serving the other requests.
+the engine keeps serving the other requests. This module assembles the app (settings, lifespan, middleware,
+error handlers); the endpoints live in `routes/`, what they share in `serving.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ... import __version__
 from ...engine.engine import Engine
-from ...pooling_params import PoolingParams
-from ...scoring import plan_scores
-from . import protocol as P
-from .async_engine import AsyncEngine
-from .encoding import encode_bytes, encode_json
+from .errors import APIError, error_response, validation_message
 from .metrics import ServerMetrics
+from .routes import ROUTERS
+from .serving import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -48,39 +44,6 @@ class ServerConfig:
     """Inputs (texts, token lists, documents) in one request; more get 400."""
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
-                413: "RequestEntityTooLarge", 500: "InternalServerError", 503: "ServiceUnavailable"}
-
-
-def error_response(status: int, message: str, param: str | None = None, headers=None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    # Union members add their type names to the location; keep the field path only.
-    path = ".".join(x for x in loc if not x.startswith(("str", "list[", "function-", "constrained-")))
-    if first.get("type") == "extra_forbidden":
-        return f"unknown field '{path}'", path
-    if first.get("type") == "missing":
-        return f"field '{path}' is required", path
-    msg = first.get("msg", "invalid value")
-    return f"invalid value for field '{path or 'body'}': {msg}", path or None
-
-
 class ServerMiddleware:
     """Pure ASGI (so handlers still see client disconnects): API key, body limit, JSON bodies, metrics.
 
@@ -90,17 +53,17 @@ class ServerMiddleware:
     - requests are counted by route and status, and timed.
     """
 
-    def __init__(self, app, config: ServerConfig, metrics: ServerMetrics):
+    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: ServerMetrics):
         self.app, self.config, self.metrics = app, config, metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         headers = dict(scope.get("headers") or [])
         status = {"code": 500}
 
-        async def send_recording(message):
+        async def send_recording(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)
@@ -129,7 +92,7 @@ class ServerMiddleware:
                 (b"content-type", b"application/json")]
         seen = 0
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -145,293 +108,46 @@ class ServerMiddleware:
             record(getattr(route, "path", "unmatched"))
 
 
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = validation_message(exc)
+    return error_response(400, message, param)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}.get(
+        exc.status_code, str(exc.detail))
+    if exc.status_code == 400 and "parsing the body" in message:  # undecodable bytes
+        message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
+    return error_response(exc.status_code, message)
+
+
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.param)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error on %s", request.url.path)
+    return error_response(500, f"internal error: {exc.__class__.__name__}")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    engine = app.state.server.async_engine
+    engine.start()
+    yield
+    engine.stop()
+
+
 def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
-    async_engine = AsyncEngine(engine)
-    metrics = ServerMetrics(lambda: async_engine.queue_depth, lambda: async_engine.num_pending)
-    async_engine.on_batch = metrics.on_batch
-    async_engine.on_abort = metrics.aborted.inc
-    names = config.served_model_names or [engine.model_config.model]
-    model_config = engine.model_config
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        async_engine.start()
-        yield
-        async_engine.stop()
-
+    state = ServerState.create(engine, config)
     app = FastAPI(title="polyvec", version=__version__, lifespan=lifespan,
                   description="Pooling-model server: embeddings, multi-vector, classification, scoring.")
-    app.state.engine = async_engine
-    app.state.metrics = metrics
-
-    # --------------------------------------------------------------------------------- cross-cutting
-
-    @app.exception_handler(RequestValidationError)
-    async def _on_validation(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return error_response(400, message, param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _on_http(request: Request, exc: StarletteHTTPException):
-        message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}.get(
-            exc.status_code, str(exc.detail))
-        if exc.status_code == 400 and "parsing the body" in message:  # undecodable bytes
-            message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
-        return error_response(exc.status_code, message)
-
-    @app.exception_handler(APIError)
-    async def _on_api_error(request: Request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(Exception)
-    async def _on_unexpected(request: Request, exc: Exception):
-        logger.exception("unexpected error on %s", request.url.path)
-        return error_response(500, f"internal error: {exc.__class__.__name__}")
-
-    # --------------------------------------------------------------------------------- helpers
-
-    def check_model(name: str | None) -> str:
-        if name is not None and name not in names:
-            raise APIError(404, f"the model '{name}' does not exist; served: {', '.join(names)}", "model")
-        return names[0]
-
-    def prompts_of(value: Any, field_name: str = "input") -> list:
-        if isinstance(value, str):
-            prompts = [value]
-        elif value and all(isinstance(x, int) for x in value):
-            prompts = [list(value)]
-        else:
-            prompts = list(value)
-        if not prompts:
-            raise APIError(400, f"'{field_name}' must not be empty", field_name)
-        if len(prompts) > config.max_inputs_per_request:
-            raise APIError(400, f"'{field_name}' has {len(prompts)} items; the limit is "
-                                f"{config.max_inputs_per_request} per request", field_name)
-        for i, p in enumerate(prompts):  # an empty string is valid (its special tokens are embedded)
-            if isinstance(p, list) and not p:
-                raise APIError(400, f"'{field_name}' item {i} is an empty list of token ids", field_name)
-        return prompts
-
-    async def run_pooling(raw: Request, prompts: list, params: PoolingParams, task: str, **kwargs) -> list:
-        try:
-            requests = await async_engine.process(prompts, params, task, **kwargs)
-        except (ValueError, TypeError) as exc:
-            raise APIError(400, str(exc)) from None
-        outputs = await _until_disconnect(raw, async_engine.run(requests))
-        metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
-        return outputs
-
-    def encoded_response(req, outputs, prefix: str, obj: str, key: str, model: str, with_shape: bool):
-        tokens = sum(len(o.prompt_token_ids) for o in outputs)
-        tensors = [o.outputs.data for o in outputs]
-        if req.encoding_format in ("bytes", "bytes_only"):
-            body, items = encode_bytes(tensors, req.embed_dtype, req.endianness)
-            headers = None
-            if req.encoding_format == "bytes":
-                meta = P.envelope(prefix, model, items, tokens)
-                headers = {"metadata": json.dumps({k: meta[k] for k in ("id", "created", "model", "data", "usage")})}
-            return Response(body, media_type="application/octet-stream", headers=headers)
-        data = []
-        for i, t in enumerate(tensors):
-            item = {"index": i, "object": obj, key: encode_json(t, req.encoding_format, req.embed_dtype,
-                                                                 req.endianness)}
-            if with_shape:
-                item["shape"] = list(t.shape)
-            if outputs[i].input_type is not None:
-                item["input_type"] = outputs[i].input_type
-            data.append(item)
-        return JSONResponse(P.envelope(prefix, model, data, tokens))
-
-    def embed_params(req) -> PoolingParams:
-        return PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation, normalize=req.normalize,
-                             activation=getattr(req, "activation", None), input_type=req.input_type,
-                             truncate_prompt_tokens=req.truncate_prompt_tokens, long_input=req.long_input,
-                             window_overlap=req.window_overlap)
-
-    async def score_pairs(raw: Request, text_1, text_2, req) -> tuple[list[float], int]:
-        try:
-            plan = plan_scores(text_1, text_2, engine.supported_tasks, engine.is_cross_encoder,
-                               late_interaction=engine.colbert is not None)
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
-        for side, value in (("text_1", text_1), ("text_2", text_2)):
-            prompts_of(value, side)
-        params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
-                               use_activation=req.use_activation if plan.task == "classify" else None)
-        outputs = await run_pooling(raw, plan.prompts, plan.params(params), plan.task)
-        return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
-
-    # --------------------------------------------------------------------------------- endpoints
-
-    @app.post("/v1/embeddings", summary="OpenAI embeddings")
-    async def create_embeddings(req: P.EmbeddingRequest, raw: Request):
-        model = check_model(req.model)
-        # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
-        task = "token_embed" if engine.colbert is not None else "embed"
-        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req), task,
-                                    add_special_tokens=req.add_special_tokens)
-        return encoded_response(req, outputs, "embd", "embedding", "embedding", model,
-                                with_shape=engine.colbert is not None)
-
-    @app.post("/pooling", summary="vLLM pooling: any task")
-    async def create_pooling(req: P.PoolingRequest, raw: Request):
-        model = check_model(req.model)
-        task = req.task
-        if task is None:
-            task = next((t for t in ("token_embed", "token_classify") if t in engine.supported_tasks), None)
-            if task is None:
-                raise APIError(400, f"'task' is required for this model; it supports: "
-                                    f"{', '.join(engine.supported_tasks)}", "task")
-        outputs = await run_pooling(raw, prompts_of(req.input), embed_params(req), task,
-                                    add_special_tokens=req.add_special_tokens)
-        return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
-
-    @app.post("/classify", summary="vLLM classification")
-    async def create_classify(req: P.ClassificationRequest, raw: Request):
-        model = check_model(req.model)
-        params = PoolingParams(use_activation=req.use_activation, activation=req.activation,
-                               truncate_prompt_tokens=req.truncate_prompt_tokens)
-        outputs = await run_pooling(raw, prompts_of(req.input), params, "classify",
-                                    add_special_tokens=req.add_special_tokens)
-        data = []
-        for i, o in enumerate(outputs):
-            probs = o.outputs.data
-            data.append({"index": i, "label": model_config.id2label.get(int(probs.argmax()), str(int(probs.argmax()))),
-                         "probs": probs.tolist(), "num_classes": int(probs.shape[-1])})
-        return JSONResponse(P.envelope("classify", model, data, sum(len(o.prompt_token_ids) for o in outputs)))
-
-    async def _score(req: P.ScoreRequest, raw: Request):
-        model = check_model(req.model)
-        try:
-            text_1, text_2 = req.sides()
-        except ValueError as exc:
-            raise APIError(400, str(exc), "text_1") from None
-        scores, tokens = await score_pairs(raw, text_1, text_2, req)
-        data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
-        return JSONResponse(P.envelope("score", model, data, tokens))
-
-    app.post("/score", summary="vLLM score (1:1, 1:N, N:N)")(_score)
-    app.post("/v1/score", summary="vLLM score (1:1, 1:N, N:N)")(_score)
-
-    async def _rerank(req: P.RerankRequest, raw: Request):
-        model = check_model(req.model)
-        prompts_of(req.documents, "documents")
-        scores, tokens = await score_pairs(raw, req.query, req.documents, req)
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])
-        if req.top_n:
-            order = order[: req.top_n]
-        results = []
-        for i in order:
-            item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-            if req.return_documents:
-                item["document"] = {"text": req.documents[i]}
-            results.append(item)
-        return JSONResponse({"id": P.random_id("rerank"), "model": model, "results": results,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.post(path, summary="Jina / Cohere rerank")(_rerank)
-
-    @app.post("/v2/embed", summary="Cohere embed v2")
-    async def cohere_embed(req: P.CohereEmbedRequest, raw: Request):
-        check_model(req.model)
-        if req.truncate == "START":
-            raise APIError(400, "truncate='START' is not supported; use END or NONE", "truncate")
-        params = PoolingParams(dimensions=req.output_dimension, truncate_prompt_tokens=req.max_tokens,
-                               input_type=req.input_type)
-        multi = engine.colbert is not None
-        if multi and set(req.embedding_types or ["float"]) - {"float", "base64"}:
-            raise APIError(400, "a late-interaction model returns float or base64 token matrices only",
-                           "embedding_types")
-        outputs = await run_pooling(raw, prompts_of(req.texts, "texts"), params, "token_embed" if multi else "embed",
-                                    truncation="error" if req.truncate == "NONE" else "auto")
-        if multi:
-            embeddings = {kind: [encode_json(o.outputs.data, kind, "float32", "little") for o in outputs]
-                          for kind in req.embedding_types or ["float"]}
-            tokens = sum(len(o.prompt_token_ids) for o in outputs)
-            return JSONResponse({"id": P.random_id("embd"), "embeddings": embeddings, "texts": req.texts,
-                                 "shapes": [list(o.outputs.data.shape) for o in outputs],
-                                 "input_type": outputs[0].input_type,
-                                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
-                                 "response_type": "embeddings_by_type"})
-        vecs = np.stack([o.outputs.data.numpy() for o in outputs])
-        embeddings: dict[str, Any] = {}
-        for kind in req.embedding_types or ["float"]:
-            if kind == "float":
-                embeddings["float"] = vecs.tolist()
-            elif kind == "base64":
-                embeddings["base64"] = [encode_json(o.outputs.data, "base64", "float32", "little") for o in outputs]
-            else:
-                if vecs.shape[1] % 8:
-                    raise APIError(400, f"embedding_types '{kind}' needs a dimension divisible by 8, "
-                                        f"not {vecs.shape[1]}", "embedding_types")
-                packed = np.packbits(vecs >= 0, axis=-1).astype(np.int16)
-                embeddings[kind] = (packed - 128 if kind == "binary" else packed).tolist()
-        tokens = sum(len(o.prompt_token_ids) for o in outputs)
-        return JSONResponse({"id": P.random_id("embd"), "embeddings": embeddings, "texts": req.texts,
-                             "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
-                             "response_type": "embeddings_by_type"})
-
-    @app.post("/tokenize", summary="Tokenize text")
-    async def tokenize(req: P.TokenizeRequest):
-        check_model(req.model)
-        ids, strs = engine.tokenizer.tokenize(req.prompt, req.add_special_tokens)
-        return {"count": len(ids), "max_model_len": model_config.max_model_len, "tokens": ids,
-                "token_strs": strs if req.return_token_strs else None}
-
-    @app.post("/detokenize", summary="Detokenize token ids")
-    async def detokenize(req: P.DetokenizeRequest):
-        check_model(req.model)
-        vocab = engine.tokenizer.vocab_size
-        bad = [t for t in req.tokens if t >= vocab]
-        if bad:
-            raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary (size {vocab})", "tokens")
-        return {"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
-
-    @app.get("/v1/models", summary="Served models")
-    async def models():
-        created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "polyvec", "root": str(model_config.path),
-             "parent": None, "max_model_len": model_config.max_model_len, "permission": []} for n in names]}
-
-    @app.get("/health", summary="Liveness")
-    async def health():
-        return Response(status_code=200)
-
-    @app.get("/version", summary="polyvec version")
-    async def version():
-        return {"version": __version__}
-
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    app.add_middleware(ServerMiddleware, config=config, metrics=metrics)
+    app.state.server = state
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_middleware(ServerMiddleware, config=config, metrics=state.metrics)
     return app
-
-
-async def _until_disconnect(raw: Request, work):
-    """Await `work`, cancelling it (which aborts its queued requests) if the client disconnects first.
-
-    Once the body has been read, the next ASGI `receive()` only returns when the client disconnects, so one
-    waiting call per request watches for it without polling.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(raw))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    raise APIError(499, "client disconnected")
-
-
-async def _disconnected(raw: Request) -> None:
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass

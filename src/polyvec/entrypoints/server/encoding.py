@@ -1,9 +1,10 @@
-"""Output encodings of vLLM's pooling endpoints: float lists, base64 and raw bytes.
+"""Output encodings of the embedding endpoints: float lists, base64, raw bytes and Cohere's packed bits.
 
 base64 and bytes carry the raw elements of `embed_dtype` (bfloat16 as its 16-bit pattern) in the asked-for
 byte order, flattened; multi-vector outputs add their `shape` so clients can rebuild them. The bytes formats
 answer with `application/octet-stream`; `bytes` adds a `metadata` header (JSON: id, created, model, usage and
-per item index, embed_dtype, endianness, start, end, shape), `bytes_only` sends the body alone.
+per item index, embed_dtype, endianness, start, end, shape), `bytes_only` sends the body alone. Cohere's embed
+v2 types (float, base64, binary, ubinary) are built by `encode_by_type`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import sys
 import numpy as np
 import torch
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from ...config import DTYPES
+
+
+def _wire_dtype(embed_dtype: str) -> torch.dtype:
+    """The element type on the wire: numpy has no bfloat16, so it travels as its int16 bit pattern."""
+    dtype = DTYPES[embed_dtype]
+    return torch.int16 if dtype == torch.bfloat16 else dtype
 
 
 def to_bytes(tensor: torch.Tensor, embed_dtype: str, endianness: str) -> bytes:
-    t = tensor.detach().to(TORCH_DTYPES[embed_dtype]).contiguous().flatten()
-    if embed_dtype == "bfloat16":
-        t = t.view(torch.int16)  # numpy has no bfloat16; ship the bit pattern
+    t = tensor.detach().to(DTYPES[embed_dtype]).contiguous().flatten().view(_wire_dtype(embed_dtype))
     array = t.numpy()
     if endianness != "native" and endianness != sys.byteorder:
         array = array.byteswap()
@@ -29,13 +34,10 @@ def to_bytes(tensor: torch.Tensor, embed_dtype: str, endianness: str) -> bytes:
 
 def from_bytes(data: bytes, shape: list[int] | tuple[int, ...], embed_dtype: str, endianness: str) -> torch.Tensor:
     """Inverse of `to_bytes` (used by the tests and usable by clients)."""
-    np_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}[embed_dtype]
-    array = np.frombuffer(data, dtype=np_dtype)
+    array = np.frombuffer(data, dtype=torch.empty(0, dtype=_wire_dtype(embed_dtype)).numpy().dtype)
     if endianness != "native" and endianness != sys.byteorder:
         array = array.byteswap()
-    t = torch.from_numpy(array.copy())
-    if embed_dtype == "bfloat16":
-        t = t.view(torch.bfloat16)
+    t = torch.from_numpy(array.copy()).view(DTYPES[embed_dtype])
     return t.reshape(tuple(shape)).float()
 
 
@@ -55,3 +57,24 @@ def encode_bytes(tensors: list[torch.Tensor], embed_dtype: str, endianness: str)
         chunks.append(raw)
         offset += len(raw)
     return b"".join(chunks), items
+
+
+def pack_bits(vectors: np.ndarray, kind: str) -> list[list[int]]:
+    """Cohere's binary / ubinary: one bit per dimension (set where the value is >= 0), 8 to a byte, most
+    significant first; ubinary is the byte (0..255), binary the byte minus 128 (-128..127)."""
+    if vectors.shape[1] % 8:
+        raise ValueError(f"embedding_types '{kind}' needs a dimension divisible by 8, not {vectors.shape[1]}")
+    packed = np.packbits(vectors >= 0, axis=-1).astype(np.int16)
+    return (packed - 128 if kind == "binary" else packed).tolist()
+
+
+def encode_by_type(tensors: list[torch.Tensor], kinds: list[str]) -> dict[str, list]:
+    """Cohere embed v2 `embeddings`: for each requested type, one entry per input. float and base64 (of
+    little-endian float32) take any shape; binary and ubinary need one vector per input."""
+    embeddings: dict[str, list] = {}
+    for kind in kinds:
+        if kind in ("float", "base64"):
+            embeddings[kind] = [encode_json(t, kind, "float32", "little") for t in tensors]
+        else:
+            embeddings[kind] = pack_bits(np.stack([t.numpy() for t in tensors]), kind)
+    return embeddings

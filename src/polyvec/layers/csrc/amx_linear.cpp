@@ -170,9 +170,12 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, const std::
   return out;
 }
 
+void set_amx_enabled(bool enabled) { amx_enabled.store(enabled, std::memory_order_relaxed); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(polyvec, m) {
+  m.def("set_amx_enabled(bool enabled) -> ()", &set_amx_enabled);
   m.def("amx_linear_available() -> bool", &amx_linear_available);
   m.def("amx_linear(Tensor x, Tensor packed, Tensor? bias, Tensor? residual, int act) -> Tensor");
   m.impl("amx_linear", c10::DispatchKey::CPU, TORCH_FN(amx_linear));

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #endif
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -154,10 +155,12 @@ alignas(64) inline const TileConfig kTileConfig = make_tile_config();
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_begin() { _tile_loadconfig(&kTileConfig); }
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_end() { _tile_release(); }
 
+// Whether AMX may be used at all: the CPU platform's `amx` switch (EngineConfig.kernels), set through
+// torch.ops.polyvec.set_amx_enabled; one flag for every kernel of the library (an inline variable).
+inline std::atomic<bool> amx_enabled{true};
+
 inline bool amx_ready() {
-  static const bool ok = [] {
-    const char* off = std::getenv("POLYVEC_DISABLE_AMX");
-    if (off && off[0] == '1') return false;
+  static const bool hardware = [] {
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     if (!((edx >> 22) & 1) || !((edx >> 24) & 1)) return false;  // AMX-BF16, AMX-TILE
@@ -165,9 +168,10 @@ inline bool amx_ready() {
     // Linux hands out the tile state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   }();
-  return ok;
+  return hardware && amx_enabled.load(std::memory_order_relaxed);
 }
 #else
+inline std::atomic<bool> amx_enabled{true};
 inline bool amx_ready() { return false; }
 #endif
 

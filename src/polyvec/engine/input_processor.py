@@ -1,0 +1,223 @@
+"""Prompts in, verified `Request`s out: tokenization, truncation, parameter checks, instruction prompts, the
+ColBERT recipe, and the split of over-long encoder inputs into window requests.
+
+Thread-safe and free of engine stepping state, so a server can run `process` off its event loop: everything
+here is fixed at construction except the request-id counter, which a lock guards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
+from ..layers.pooler import PoolingSpec
+from ..pooling_params import PoolingParams, token_pooling_type
+from ..tokenizer import PolyTokenizer, PromptTooLongError
+from .late_interaction import LateInteractionRecipe
+from .long_input import split_windows
+from .prefix_cache import block_hashes
+from .sequence import Request
+
+if TYPE_CHECKING:
+    from ..models.registry import EncoderForPooling
+
+# A prompt is text, a (text, text) pair, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
+Prompt = Union[str, tuple[str, str], Sequence[int], dict[str, Any]]
+
+
+class InputProcessor:
+    """Turns prompts into `Request`s for one model; `causal`, `kv_cache_tokens` and `prefix_caching` describe
+    the engine's caches, which bound and annotate causal requests."""
+
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, tokenizer: PolyTokenizer,
+                 model: EncoderForPooling, *, causal: bool, kv_cache_tokens: int, prefix_caching: bool):
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.tokenizer = tokenizer
+        self.model = model
+        self.causal = causal
+        self.kv_cache_tokens = kv_cache_tokens
+        self.prefix_caching = prefix_caching
+        self.supported_tasks: tuple[str, ...] = model.supported_tasks
+        self.colbert = LateInteractionRecipe.resolve(model_config, tokenizer)
+        if self.colbert is not None:
+            # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
+            # it was trained to produce.
+            self.supported_tasks = ("token_embed",)
+        self.special_ids = frozenset(i for i, tok in tokenizer._base.get_added_tokens_decoder().items() if tok.special)
+        self._ids = itertools.count()
+        self._id_lock = threading.Lock()
+
+    def default_pooling(self, task: str) -> tuple[str, ...]:
+        """Sequence pooling of a task: the user's PoolerConfig, else the ST Pooling module, else the model's."""
+        override = self.model_config.pooler_config.pooling_type
+        if override in SEQ_POOLING_TYPES:
+            return (override,)
+        if task == "embed" and self.model_config.st_pooling:
+            return self.model_config.st_pooling
+        return (self.model.default_pooling,)
+
+    def output_width(self, task: str) -> int:
+        if task == "embed":
+            return self.model_config.embed_dim
+        if task == "token_embed":
+            return self.model_config.token_dim
+        if self.model.head_kind == "ForMaskedLM":
+            return int(self.model_config.hf_config["vocab_size"])
+        return self.model_config.num_labels
+
+    def verify_params(self, params: PoolingParams | None, task: str | None) -> PoolingParams:
+        return (params or PoolingParams()).verify(task, self.model_config, self.supported_tasks)
+
+    def process(self, prompts: Sequence[Prompt], params: PoolingParams | Sequence[PoolingParams] | None,
+                task: str | None, request_ids: Sequence[str] | None = None, *, add_special_tokens: bool = True,
+                truncation: str | None = None) -> list[Request]:
+        """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
+
+        `truncation` ("auto" / "error") overrides the engine's setting for these prompts.
+        """
+        n = len(prompts)
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
+        if len(per_prompt) != n:
+            raise ValueError(f"got {len(per_prompt)} pooling_params for {n} prompts")
+        cache: dict[int, tuple[PoolingParams, PoolingSpec]] = {}  # verify and plan once per distinct params
+        verified, specs = [], []
+        for p in per_prompt:
+            if id(p) not in cache:
+                v = self.verify_params(p, task)
+                cache[id(p)] = (v, self._spec(v))
+            verified.append(cache[id(p)][0])
+            specs.append(cache[id(p)][1])
+        if request_ids is None:
+            with self._id_lock:
+                request_ids = [str(next(self._ids)) for _ in range(n)]
+
+        limit = self.model_config.max_model_len
+        error_mode = (truncation or self.engine_config.truncation) == "error"
+        tokenized: list[Any] = [None] * n
+        text_groups: dict[tuple[int, bool], list[int]] = {}
+        windowed = [self._long_input(p) == "window" for p in verified]
+        for i, (prompt, p) in enumerate(zip(prompts, verified)):
+            max_len = p.truncate_prompt_tokens or limit
+            if windowed[i] and p.truncate_prompt_tokens is None:
+                max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
+            if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
+                max_len = min(max_len, self.colbert.length(p.input_type)) - 1
+            # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
+            # a ColBERT recipe always truncates to its query/document length, as its reference does.
+            truncate = not error_mode or p.truncate_prompt_tokens is not None or self.colbert is not None
+            if isinstance(prompt, dict):
+                if "prompt_token_ids" in prompt:
+                    prompt = prompt["prompt_token_ids"]
+                elif "prompt" in prompt:
+                    prompt = prompt["prompt"]
+                else:
+                    raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids'")
+            if isinstance(prompt, str) or _is_text_pair(prompt):
+                # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
+                text_groups.setdefault((max_len, truncate), []).append(i)
+                tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
+            else:
+                tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
+        for (max_len, truncate), members in text_groups.items():
+            try:
+                encoded = self.tokenizer.encode([tokenized[i] for i in members], max_len, truncate,
+                                                add_special_tokens=add_special_tokens)
+            except PromptTooLongError as exc:
+                raise ValueError(_too_long(members[exc.index], exc.num_tokens, max_len)) from None
+            for i, enc in zip(members, encoded):
+                tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
+
+        requests = []
+        for i in range(n):
+            ids, types, num_input = tokenized[i]
+            if not ids:  # text the tokenizer drops entirely, without special tokens around it
+                raise ValueError(f"input {i} has no tokens after tokenization (add_special_tokens is off and the "
+                                 f"tokenizer keeps nothing of the text)")
+            request = Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
+                              params=verified[i], spec=specs[i], num_input_tokens=num_input)
+            if self.colbert is not None:
+                self.colbert.apply(request)
+            if self.causal:
+                request.chunkable = True
+                if request.num_tokens > self.kv_cache_tokens:
+                    raise ValueError(f"prompt {i} has {request.num_tokens} tokens, more than the KV cache holds "
+                                     f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes")
+                if self.prefix_caching:
+                    request.block_hashes = block_hashes(request.prompt_token_ids)
+            elif windowed[i] and request.num_tokens > limit:
+                overlap = verified[i].window_overlap
+                split_windows(request, limit, overlap if overlap is not None else self.engine_config.window_overlap,
+                              self.special_ids)
+            requests.append(request)
+        return requests
+
+    def _spec(self, params: PoolingParams) -> PoolingSpec:
+        task = params.task
+        if task in ("embed", "classify"):
+            pooling = self.default_pooling(task)
+        else:
+            pooling = (token_pooling_type(params, self.model_config.pooler_config.pooling_type or "ALL"),)
+        if params.returned_token_ids is not None:
+            width = self.output_width(task)
+            bad = [i for i in params.returned_token_ids if i >= width]
+            if bad:
+                raise ValueError(f"returned_token_ids {bad} are out of range; this output has {width} columns")
+        return PoolingSpec(task=task, pooling=pooling, dimensions=params.dimensions,
+                           use_activation=bool(params.use_activation), step_tag_id=params.step_tag_id,
+                           returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None)
+
+    def _long_input(self, params: PoolingParams) -> str:
+        mode = params.long_input or self.engine_config.long_input
+        if mode == "window" and (self.causal or self.colbert is not None):
+            if params.long_input == "window":
+                raise ValueError("long_input='window' applies to encoder models without a ColBERT recipe; "
+                                 + ("causal models prefill long inputs in chunks" if self.causal else
+                                    "a ColBERT model truncates documents to its document_length"))
+            return "truncate"
+        if mode == "window" and params.is_step:
+            if params.long_input == "window":
+                raise ValueError("long_input='window' does not apply to STEP pooling (step_tag_id / "
+                                 "returned_token_ids)")
+            return "truncate"
+        if mode == "window" and params.task == "classify":
+            return "truncate"  # the server-wide default applies to the tasks windows support
+        return mode
+
+    def _with_prompt(self, text: str, params: PoolingParams) -> str:
+        """Prepend the model's instruction prompt named by input_type (or its default prompt)."""
+        prompts = self.model_config.prompts
+        if not prompts or self.colbert is not None:
+            return text
+        name = params.input_type or self.model_config.default_prompt_name
+        return prompts.get(name, "") + text if name else text
+
+    def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int,
+                      truncate: bool) -> tuple[list[int], None, int]:
+        ids = list(prompt)
+        if not ids:
+            raise ValueError(f"prompt {i} has no tokens")
+        vocab = self.tokenizer.vocab_size
+        vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt {i}: token ids must be integers in 0..{vocab - 1}")
+        num_input = len(ids)
+        if num_input > max_len:
+            if not truncate:
+                raise ValueError(_too_long(i, num_input, max_len))
+            # Keep a closing special token ([SEP], </s>) as tokenizer truncation would.
+            ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self.special_ids and max_len > 1 else ids[:max_len]
+        return ids, None, num_input
+
+
+def _too_long(index: int, num_tokens: int, max_len: int) -> str:
+    return (f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
+            f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
+            f"run with truncation='auto', or (encoder models) split it with long_input='window'")
+
+
+def _is_text_pair(prompt: Any) -> bool:
+    return isinstance(prompt, tuple) and len(prompt) == 2 and all(isinstance(p, str) for p in prompt)

@@ -1,0 +1,7 @@
+"""The endpoints, one APIRouter per API family; `ROUTERS` is the order build_app includes them in."""
+
+from __future__ import annotations
+
+from . import cohere, embeddings, score, utility
+
+ROUTERS = (embeddings.router, score.router, cohere.router, utility.router)

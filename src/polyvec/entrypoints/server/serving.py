@@ -1,0 +1,163 @@
+"""What the route modules share: the server's state and the steps every pooling request goes through.
+
+`ServerState` (engine, AsyncEngine, ServerConfig, metrics, served names) is built once by `build_app` and kept
+on `app.state.server`; handlers receive it through the `State` dependency. The functions below check the model
+name and inputs, build PoolingParams from a body, run the request (aborting it if the client leaves) and
+shape the embedding / pooling responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from ...config import ModelConfig
+from ...engine.engine import Engine
+from ...pooling_params import PoolingParams
+from . import protocol as P
+from .async_engine import AsyncEngine
+from .encoding import encode_bytes, encode_json
+from .errors import APIError
+from .metrics import ServerMetrics
+
+if TYPE_CHECKING:  # app.py imports the routes, which import this module
+    from .app import ServerConfig
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerState:
+    """Everything the routes share; one per app."""
+
+    engine: Engine
+    async_engine: AsyncEngine
+    config: ServerConfig
+    metrics: ServerMetrics
+    names: list[str]
+    """Served model names; the first is the one responses report."""
+
+    @classmethod
+    def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
+        async_engine = AsyncEngine(engine)
+        metrics = ServerMetrics(lambda: async_engine.queue_depth, lambda: async_engine.num_pending)
+        async_engine.on_batch = metrics.on_batch
+        async_engine.on_abort = metrics.aborted.inc
+        return cls(engine, async_engine, config, metrics, config.served_model_names or [engine.model_config.model])
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.engine.model_config
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+State = Annotated[ServerState, Depends(server_state)]
+
+
+def check_model(state: ServerState, name: str | None) -> str:
+    """The model name responses report; 404 if the request names a model this server does not serve."""
+    if name is not None and name not in state.names:
+        raise APIError(404, f"the model '{name}' does not exist; served: {', '.join(state.names)}", "model")
+    return state.names[0]
+
+
+def prompts_of(state: ServerState, value: Any, field_name: str = "input") -> list:
+    """A body's input as a list of prompts (texts or token-id lists), within the per-request limit."""
+    limit = state.config.max_inputs_per_request
+    if isinstance(value, str):
+        prompts = [value]
+    elif value and all(isinstance(x, int) for x in value):
+        prompts = [list(value)]
+    else:
+        prompts = list(value)
+    if not prompts:
+        raise APIError(400, f"'{field_name}' must not be empty", field_name)
+    if len(prompts) > limit:
+        raise APIError(400, f"'{field_name}' has {len(prompts)} items; the limit is {limit} per request", field_name)
+    for i, p in enumerate(prompts):  # an empty string is valid (its special tokens are embedded)
+        if isinstance(p, list) and not p:
+            raise APIError(400, f"'{field_name}' item {i} is an empty list of token ids", field_name)
+    return prompts
+
+
+# The route chooses the task; every other PoolingParams field is copied from a body field of the same name.
+_BODY_PARAMS = frozenset(f.name for f in dataclasses.fields(PoolingParams)) - {"task"}
+
+
+def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
+    """PoolingParams from a request body: each body field named like a PoolingParams field, then `renamed`
+    (values the body spells differently, e.g. Cohere's output_dimension, or a field a route overrides)."""
+    values = {name: getattr(req, name) for name in type(req).model_fields if name in _BODY_PARAMS}
+    return PoolingParams(**{**values, **renamed})
+
+
+async def run_pooling(state: ServerState, raw: Request, prompts: list, params: PoolingParams | list[PoolingParams],
+                      task: str, **kwargs: Any) -> list:
+    """Run one request's prompts through the engine; a rejected parameter or input is a 400."""
+    try:
+        requests = await state.async_engine.process(prompts, params, task, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise APIError(400, str(exc)) from None
+    outputs = await until_disconnect(raw, state.async_engine.run(requests))
+    state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
+    return outputs
+
+
+def encoded_response(req: P.EncodingFields, outputs: list, prefix: str, obj: str, key: str, model: str,
+                     with_shape: bool) -> Response:
+    """The `/v1/embeddings` and `/pooling` response in the body's encoding_format (JSON or raw bytes)."""
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    tensors = [o.outputs.data for o in outputs]
+    if req.encoding_format in ("bytes", "bytes_only"):
+        body, items = encode_bytes(tensors, req.embed_dtype, req.endianness)
+        headers = None
+        if req.encoding_format == "bytes":
+            meta = P.envelope(prefix, model, items, tokens)
+            headers = {"metadata": json.dumps({k: meta[k] for k in ("id", "created", "model", "data", "usage")})}
+        return Response(body, media_type="application/octet-stream", headers=headers)
+    data = []
+    for i, t in enumerate(tensors):
+        item = {"index": i, "object": obj, key: encode_json(t, req.encoding_format, req.embed_dtype, req.endianness)}
+        if with_shape:
+            item["shape"] = list(t.shape)
+        if outputs[i].input_type is not None:
+            item["input_type"] = outputs[i].input_type
+        data.append(item)
+    return JSONResponse(P.envelope(prefix, model, data, tokens))
+
+
+async def until_disconnect(raw: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (which aborts its queued requests) if the client disconnects first.
+
+    Once the body has been read, the next ASGI `receive()` only returns when the client disconnects, so one
+    waiting call per request watches for it without polling.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(raw))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    raise APIError(499, "client disconnected")
+
+
+async def _disconnected(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass

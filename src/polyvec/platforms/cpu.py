@@ -1,0 +1,143 @@
+"""CPU: oneDNN-prepacked projections, polyvec's native kernels (attention on the packed batch, LayerNorm,
+int8, AMX small batches), bf16 where the CPU multiplies it natively, and heap upkeep between batches.
+
+Each native path has a switch (`KernelOptions`) and a plain PyTorch fallback; the test suite runs the
+fallbacks too (tests/platforms).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..layers import kernels
+from ..layers.layernorm import LayerNorm
+from ..layers.linear import can_fuse, int8_available, onednn_available, pack_linear
+from .base import KernelOptions, Platform
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from ..models.registry import EncoderForPooling
+
+# oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
+# sizes (engine/model_runner.py), and with four projection shapes per layer 512 entries hold every primitive a
+# model can run, so none is rebuilt while serving. oneDNN reads it when it first runs, so it is set when this
+# module is imported (with the model runner, before polyvec's first matmul); a value set by the user wins.
+PRIMITIVE_CACHE_CAPACITY = 512
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
+
+# The most memory the AMX copies of the projections may take (MiniLM-L6: 21 MiB, MPNet-base: 162 MiB).
+AMX_MAX_COPY_BYTES = 512 * 2**20
+
+# glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh mmaps: every such tensor is
+# page-faulted and zeroed by the kernel on first touch, every layer of every batch.
+_MMAP_CEILING = 32 << 20
+
+# Batches between two returns of freed heap memory to the OS.
+TRIM_EVERY = 16
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 matmuls run at about twice float32 (oneDNN), so `auto` picks bfloat16."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to do
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+class Projections:
+    """How a model's layers swap their `nn.Linear`s for the CPU forms (the `replace_projections` hook)."""
+
+    def __init__(self, int8: bool, amx: bool):
+        self.int8, self.amx = int8, amx
+
+    def fuses(self, activation: str) -> bool:
+        return can_fuse(activation, self.int8)
+
+    def __call__(self, linear: nn.Linear, activation: str | None = None) -> nn.Module:
+        return pack_linear(linear, activation, int8=self.int8, amx=self.amx)
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+
+    def __init__(self, device: torch.device, options: KernelOptions | None = None):
+        super().__init__(device)
+        self.options = options or KernelOptions.from_env()
+        self.onednn = False
+        self._batches = 0
+
+    def native_kernels(self) -> bool:
+        return self.options.native and kernels.load()
+
+    def default_dtype(self, checkpoint_dtype: str | None) -> torch.dtype:
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+    def default_max_num_batched_tokens(self, model_config: ModelConfig, quantization: str | None) -> int:
+        """The largest power of two (1024..8192) whose widest activation (tokens x max(FFN width, 3 x hidden))
+        stays under glibc's mmap ceiling, so per-layer tensors are reused from the heap instead of faulted in
+        anew. int8 projections write float32 before rescaling, whatever the activation dtype."""
+        cfg = model_config.hf_config
+        width = max(int(cfg.get("intermediate_size", 0) or 0), 3 * model_config.hidden_size)
+        tokens = 1024
+        itemsize = 4 if quantization == "int8" else model_config.dtype.itemsize
+        while tokens < 8192 and 2 * tokens * width * itemsize <= _MMAP_CEILING:
+            tokens *= 2
+        return tokens if model_config.is_causal else max(tokens, model_config.max_model_len)
+
+    def packed_attention(self, dtype: torch.dtype, head_dim: int) -> bool:
+        return self.options.native and kernels.packed_attention_available(self.device, dtype, head_dim)
+
+    def prepare_model(self, model: EncoderForPooling, model_config: ModelConfig, quantization: str | None) -> None:
+        int8 = quantization == "int8"
+        self.onednn = self.options.onednn and onednn_available(self.device, model_config.dtype)
+        native = self.native_kernels()
+        if int8 and not (self.onednn and native and int8_available(self.device)):
+            raise ValueError("quantization='int8' needs a CPU device, dtype float32 or bfloat16, PyTorch with "
+                             "oneDNN and polyvec's native kernels (it found: device "
+                             f"{self.device}, dtype {model_config.dtype})")
+        if native:
+            torch.ops.polyvec.set_amx_enabled(self.options.amx)
+        if self.onednn:
+            # bf16 batches of a few rows (a query alone) run on AMX from a second copy of each projection's
+            # weight (layers/linear.py); models whose projections exceed AMX_MAX_COPY_BYTES keep one copy.
+            layers = model.encoder.layers
+            size = sum(m.weight.numel() * m.weight.element_size() for m in layers.modules() if isinstance(m, nn.Linear))
+            amx = native and self.options.amx and not int8 and size <= AMX_MAX_COPY_BYTES
+            projections = Projections(int8, amx)
+            for layer in layers:
+                layer.replace_projections(projections)
+        if native:
+            for module in model.modules():
+                if isinstance(module, LayerNorm):
+                    module.native = True
+
+    def pads_to_bucket(self, packed_attention: bool) -> bool:
+        # Dummy sequences attend only to themselves, which needs the packed kernel (no grid to pad).
+        return self.onednn and packed_attention
+
+    def after_batch(self) -> None:
+        self._batches += 1
+        if _MALLOC_TRIM is not None and self._batches % TRIM_EVERY == 0:
+            # Batches allocate tensors of ever-different sizes; glibc keeps the freed ones in its heap, so a
+            # long offline run's RSS would creep up. Trimming every few batches keeps it flat.
+            _MALLOC_TRIM(0)

@@ -1,0 +1,47 @@
+"""The CPU platform's fallbacks: with polyvec's native kernels off, oneDNN off, or both, results still match
+sentence-transformers, and the paths really are the fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from polyvec import LLM
+from polyvec.layers.layernorm import LayerNorm
+from polyvec.layers.linear import PackedLinear
+from polyvec.platforms import KernelOptions
+from tests.helpers import cosine_rows
+
+TEXTS = ["", "a short query", "Hello, World!"]
+
+
+@pytest.mark.parametrize("options", [KernelOptions(native=False), KernelOptions(onednn=False),
+                                     KernelOptions(native=False, onednn=False)], ids=str)
+def test_fallbacks_match_sentence_transformers(minilm_path, st_minilm, cranfield_texts, options):
+    llm = LLM(str(minilm_path), dtype="float32", kernels=options)
+    runner = llm.engine.runner
+    assert runner.packed_attention is False if not options.native else runner.packed_attention is not None
+    assert not runner.pad_to_bucket or (options.native and options.onednn)
+    layers = llm.engine.runner.model.encoder.layers
+    packed = [m for m in layers.modules() if isinstance(m, PackedLinear)]
+    assert bool(packed) is options.onednn
+    if not options.onednn:
+        assert all(type(m) is nn.Linear for m in (layers[0].qkv, layers[0].ffn_up))
+    assert not any(m.native for m in llm.engine.runner.model.modules() if isinstance(m, LayerNorm)) \
+        or options.native
+    texts = cranfield_texts[:16] + TEXTS
+    got = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
+    ref = torch.from_numpy(st_minilm.encode(texts, normalize_embeddings=True))
+    assert cosine_rows(got, ref).min() >= 0.9999
+    tokens = llm.token_embed(texts[:4], use_tqdm=False)
+    ref_tokens = st_minilm.encode(texts[:4], output_value="token_embeddings")
+    for out, r in zip(tokens, ref_tokens):
+        assert out.outputs.data.shape == r.shape and cosine_rows(out.outputs.data, r).min() >= 0.9999
+
+
+def test_kernel_options_from_the_environment(monkeypatch):
+    monkeypatch.setenv("POLYVEC_DISABLE_ONEDNN", "1")
+    monkeypatch.setenv("POLYVEC_DISABLE_AMX", "1")
+    monkeypatch.delenv("POLYVEC_DISABLE_KERNELS", raising=False)
+    assert KernelOptions.from_env() == KernelOptions(native=True, onednn=False, amx=False)
