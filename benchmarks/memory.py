@@ -49,9 +49,11 @@ def main() -> None:
     corpus = load_passages()
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads)
     llm.embed(corpus[:8], use_tqdm=False)
-    print(f"# memory — {hardware()}; {args.threads} threads; {args.model}, dtype {llm.model_config.dtype}; "
-          f"{args.passages:,} passages (the {len(corpus):,} Cranfield + Vaswani documents, cycled); "
-          f"max_in_flight {args.max_in_flight}; {time.strftime('%Y-%m-%d')}")
+    print(
+        f"# memory — {hardware()}; {args.threads} threads; {args.model}, dtype {llm.model_config.dtype}; "
+        f"{args.passages:,} passages (the {len(corpus):,} Cranfield + Vaswani documents, cycled); "
+        f"max_in_flight {args.max_in_flight}; {time.strftime('%Y-%m-%d')}"
+    )
     print(f"RSS after loading the model: {rss_mib():,.0f} MiB\n")
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-mem-"))
     for task in args.tasks.split(","):
@@ -59,8 +61,11 @@ def main() -> None:
         marks = {int(args.passages * k / 10) for k in range(1, 11)}
         rows = []
         dim = llm.model_config.embed_dim if task == "embed" else llm.model_config.token_dim
-        matrix = np.lib.format.open_memmap(tmp / "embed.npy", mode="w+", dtype=np.float32,
-                                           shape=(args.passages, dim)) if task == "embed" else None
+        matrix = (
+            np.lib.format.open_memmap(tmp / "embed.npy", mode="w+", dtype=np.float32, shape=(args.passages, dim))
+            if task == "embed"
+            else None
+        )
         sink = open(tmp / "tokens.f16", "wb") if task == "token_embed" else None
         tokens, start = 0, time.perf_counter()
         for i, out in enumerate(llm.iter_encode(texts, pooling_task=task, max_in_flight=args.max_in_flight), 1):

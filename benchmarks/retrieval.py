@@ -27,8 +27,9 @@ def bm25(data):
     retriever.index(bm25s.tokenize(data.docs, stopwords="en", show_progress=False), show_progress=False)
     index_s = time.perf_counter() - start
     start = time.perf_counter()
-    idx, scores = retriever.retrieve(bm25s.tokenize(data.queries, stopwords="en", show_progress=False), k=100,
-                                     show_progress=False)
+    idx, scores = retriever.retrieve(
+        bm25s.tokenize(data.queries, stopwords="en", show_progress=False), k=100, show_progress=False
+    )
     return torch.tensor(scores), torch.tensor(idx), index_s, time.perf_counter() - start
 
 
@@ -56,8 +57,10 @@ def main() -> int:
     print("| collection | system | nDCG@10 | R@100 | MRR@10 | index/encode s | search s |")
     print("|---|---|---|---|---|---|---|")
     for name, label, m, enc, search in rows:
-        print(f"| {name} | {label} | {m['nDCG@10']:.4f} | {m['R@100']:.4f} | {m['MRR@10']:.4f} | {enc:.1f} | "
-              f"{search:.2f} |")
+        print(
+            f"| {name} | {label} | {m['nDCG@10']:.4f} | {m['R@100']:.4f} | {m['MRR@10']:.4f} | {enc:.1f} | "
+            f"{search:.2f} |"
+        )
     return 0
 
 

@@ -36,13 +36,44 @@ def free_port() -> int:
 def start(system: str, model_path: str, threads: int, dtype: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if system == "polyvec":
-        cmd = [sys.executable, "-m", "polyvec", "serve", model_path, "--served-model-name", "m", "--port", str(port),
-               "--threads", str(threads), "--dtype", dtype, "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "polyvec",
+            "serve",
+            model_path,
+            "--served-model-name",
+            "m",
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--dtype",
+            dtype,
+            "--log-level",
+            "warning",
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     else:
-        cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--runner",
-               "pooling", "--served-model-name", "m", "--port", str(port), "--dtype", dtype,
-               "--gpu-memory-utilization", "0.3", "--uvicorn-log-level", "warning"]
+        cmd = [
+            str(vllm_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            "--runner",
+            "pooling",
+            "--served-model-name",
+            "m",
+            "--port",
+            str(port),
+            "--dtype",
+            dtype,
+            "--gpu-memory-utilization",
+            "0.3",
+            "--uvicorn-log-level",
+            "warning",
+        ]
         env = vllm_env(threads)
     log = open(f"/tmp/bench-serve-{system}.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -77,13 +108,18 @@ async def run_level(url: str, texts: list[str], concurrency: int) -> dict:
             r.raise_for_status()
             tokens += r.json()["usage"]["prompt_tokens"]
 
-    async with httpx.AsyncClient(base_url=url, timeout=600,
-                                 limits=httpx.Limits(max_connections=concurrency)) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=concurrency)) as client:
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-    return {"rps": len(texts) / elapsed, "tps": tokens / elapsed, "p50": percentile(latencies, 50) * 1e3,
-            "p95": percentile(latencies, 95) * 1e3, "p99": percentile(latencies, 99) * 1e3, "tokens": tokens}
+    return {
+        "rps": len(texts) / elapsed,
+        "tps": tokens / elapsed,
+        "p50": percentile(latencies, 50) * 1e3,
+        "p95": percentile(latencies, 95) * 1e3,
+        "p99": percentile(latencies, 99) * 1e3,
+        "tokens": tokens,
+    }
 
 
 def main() -> int:
@@ -111,27 +147,33 @@ def main() -> int:
             asyncio.run(run_level(servers[system][1], texts[:32], 8))  # warm-up
         for rnd in range(args.rounds):
             for c in args.concurrency:
-                for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+                for system in args.systems if rnd % 2 == 0 else args.systems[::-1]:
                     r = asyncio.run(run_level(servers[system][1], texts, c))
                     results.setdefault((system, c), []).append(r)
-                    print(f"round {rnd + 1} {system:8s} c={c:<3d} {r['rps']:8.1f} req/s {r['tps']:9.0f} tok/s  "
-                          f"p50 {r['p50']:7.1f} ms  p95 {r['p95']:7.1f} ms  p99 {r['p99']:7.1f} ms",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"round {rnd + 1} {system:8s} c={c:<3d} {r['rps']:8.1f} req/s {r['tps']:9.0f} tok/s  "
+                        f"p50 {r['p50']:7.1f} ms  p95 {r['p95']:7.1f} ms  p99 {r['p99']:7.1f} ms",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=60)
 
     tokens = next(iter(results.values()))[0]["tokens"]
-    print(f"\n## Serving: {args.model}, {args.dtype}, {args.requests} requests of one passage each "
-          f"(mean {tokens / args.requests:.0f} tokens), {args.threads} threads, {args.rounds} interleaved rounds")
+    print(
+        f"\n## Serving: {args.model}, {args.dtype}, {args.requests} requests of one passage each "
+        f"(mean {tokens / args.requests:.0f} tokens), {args.threads} threads, {args.rounds} interleaved rounds"
+    )
     print(f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}\n")
     print("| system | concurrency | req/s (median) | tokens/s | p50 ms | p95 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|")
     for (system, c), runs in results.items():
         m = {k: statistics.median([r[k] for r in runs]) for k in ("rps", "tps", "p50", "p95", "p99")}
-        print(f"| {system} | {c} | {m['rps']:.1f} | {m['tps']:.0f} | {m['p50']:.1f} | {m['p95']:.1f} "
-              f"| {m['p99']:.1f} |")
+        print(
+            f"| {system} | {c} | {m['rps']:.1f} | {m['tps']:.0f} | {m['p50']:.1f} | {m['p95']:.1f} | {m['p99']:.1f} |"
+        )
     if len(args.systems) == 2:
         print("\n| concurrency | polyvec / vLLM throughput, per round (median) | vLLM / polyvec p50 latency (median) |")
         print("|---|---|---|")

@@ -46,8 +46,9 @@ def first_200(cmd: list[str], env: dict[str, str], port: int, model: str, limit:
             if proc.poll() is not None:
                 raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "hello", "model": model},
-                               timeout=5)
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "hello", "model": model}, timeout=5
+                )
                 if r.status_code == 200:
                     return time.perf_counter() - start
             except httpx.HTTPError:
@@ -78,15 +79,32 @@ def main() -> None:
         "polyvec serve --help": lambda env: run_command([*polyvec, "serve", "--help"], env),
         "LLM(...).embed, first embedding": lambda env: run_command([sys.executable, "-c", OFFLINE, model_path], env),
         "polyvec serve, first 200": lambda env: first_200(
-            [*polyvec, "serve", model_path, "--port", str(args.port), "--log-level", "warning"], env, args.port,
-            model_path),
+            [*polyvec, "serve", model_path, "--port", str(args.port), "--log-level", "warning"],
+            env,
+            args.port,
+            model_path,
+        ),
     }
     if args.vllm:
         vllm = str(vllm_python())
         cases["vllm serve, first 200"] = lambda env: first_200(
-            [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--runner", "pooling",
-             "--port", str(args.port), "--gpu-memory-utilization", "0.3"], {**env, **vllm_env(2)}, args.port,
-            model_path)
+            [
+                vllm,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model_path,
+                "--runner",
+                "pooling",
+                "--port",
+                str(args.port),
+                "--gpu-memory-utilization",
+                "0.3",
+            ],
+            {**env, **vllm_env(2)},
+            args.port,
+            model_path,
+        )
     run_command([sys.executable, "-c", OFFLINE, model_path], base)  # the warm cache exists before timing
     results: dict[tuple[str, str], list[float]] = {}
     for rep in range(args.repeats):

@@ -40,6 +40,7 @@ PARITY_N = 64
 
 # ------------------------------------------------------------------------------------------------ workers
 
+
 def _peak_rss_mb() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -81,11 +82,13 @@ def worker(system: str, dtype: str, model: str, texts_file: str, out_file: str, 
             batch = min(probe, key=probe.get)
         result["batch_size"] = batch
         st.encode(texts[:32], batch_size=batch)
-        vecs, result["embed_s"] = _timed(lambda: st.encode(texts, batch_size=batch, normalize_embeddings=True,
-                                                           convert_to_tensor=True))
+        vecs, result["embed_s"] = _timed(
+            lambda: st.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_tensor=True)
+        )
         emb = vecs[:PARITY_N].float()
-        touts, result["token_embed_s"] = _timed(lambda: st.encode(texts, batch_size=batch,
-                                                                  output_value="token_embeddings"))
+        touts, result["token_embed_s"] = _timed(
+            lambda: st.encode(texts, batch_size=batch, output_value="token_embeddings")
+        )
         tok = [torch.nn.functional.normalize(t.float(), dim=-1) for t in touts[:8]]
     else:  # vllm, in its own venv
         from vllm import LLM
@@ -102,11 +105,18 @@ def worker(system: str, dtype: str, model: str, texts_file: str, out_file: str, 
         from vllm.config import PoolerConfig
 
         gc.collect()
-        llm = LLM(model=model, runner="pooling", dtype=dtype, gpu_memory_utilization=0.3, max_model_len=MAX_LEN,
-                  pooler_config=PoolerConfig(task="token_embed"))
+        llm = LLM(
+            model=model,
+            runner="pooling",
+            dtype=dtype,
+            gpu_memory_utilization=0.3,
+            max_model_len=MAX_LEN,
+            pooler_config=PoolerConfig(task="token_embed"),
+        )
         llm.encode(texts[:32], pooling_task="token_embed", tokenization_kwargs=cut, use_tqdm=False)
-        touts, result["token_embed_s"] = _timed(lambda: llm.encode(
-            texts, pooling_task="token_embed", tokenization_kwargs=cut, use_tqdm=False))
+        touts, result["token_embed_s"] = _timed(
+            lambda: llm.encode(texts, pooling_task="token_embed", tokenization_kwargs=cut, use_tqdm=False)
+        )
         tok = [o.outputs.data.float() for o in touts[:8]]
     result["peak_rss_mb"] = _peak_rss_mb()
     torch.save({"embed": emb.float(), "tokens": [t.float() for t in tok]}, out_file + ".pt")
@@ -143,8 +153,17 @@ def matmul_ceiling(threads: int) -> dict[str, float]:
         xq = torch.randint(0, 255, (m, k), dtype=torch.uint8)
         wq = torch.ops.onednn.qlinear_prepack(torch.randint(-127, 127, (n, k), dtype=torch.int8), None)
         scale, zp = torch.ones(n), torch.zeros(n, dtype=torch.long)
-        out["int8"] = max(out["int8"], _gflops(lambda: torch.ops.onednn.qlinear_pointwise(
-            xq, 1.0, 0, wq, scale, zp, None, 1.0, 0, torch.float32, "none", [], ""), m, k, n))
+        out["int8"] = max(
+            out["int8"],
+            _gflops(
+                lambda: torch.ops.onednn.qlinear_pointwise(
+                    xq, 1.0, 0, wq, scale, zp, None, 1.0, 0, torch.float32, "none", [], ""
+                ),
+                m,
+                k,
+                n,
+            ),
+        )
     return out
 
 
@@ -188,8 +207,12 @@ def main() -> int:
     base_src = None
     if "polyvec-base" in args.systems:
         worktree = tmp / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=REPO, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), args.baseline],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         base_src = str(worktree / "src")
     runs: dict[tuple[str, str], dict] = {}
     per_rep: dict[tuple[str, str, int], dict] = {}  # every repeat's times, for paired ratios
@@ -201,8 +224,19 @@ def main() -> int:
                 env = vllm_env(args.threads) if system == "vllm" else {**os.environ, "HF_HUB_OFFLINE": "1"}
                 if system == "polyvec-base":
                     env["PYTHONPATH"] = base_src
-                cmd = [py, str(HERE / "throughput.py"), "--threads", str(args.threads), "--model", model_path,
-                       "--worker", system, dtype, str(texts_file), out]
+                cmd = [
+                    py,
+                    str(HERE / "throughput.py"),
+                    "--threads",
+                    str(args.threads),
+                    "--model",
+                    model_path,
+                    "--worker",
+                    system,
+                    dtype,
+                    str(texts_file),
+                    out,
+                ]
                 print(f"[{rep + 1}/{args.repeats}] {system} {dtype} ...", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -225,15 +259,21 @@ def main() -> int:
     ceiling = matmul_ceiling(args.threads)
     fpt = flops_per_token(model_path, tokens / len(texts))
     ref = torch.load(runs["st", "float32"]["pt"]) if ("st", "float32") in runs else None
-    print(f"\n## Offline throughput: {args.model}, {len(texts)} passages, {tokens} tokens "
-          f"(mean {tokens / len(texts):.0f}, truncated to {MAX_LEN}), {args.threads} threads, best of "
-          f"{args.repeats}")
-    print(f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}. Measured matmul ceiling: "
-          f"{ceiling['float32']:.0f} GFLOP/s fp32, {ceiling['bfloat16']:.0f} bf16, {ceiling['int8']:.0f} int8; "
-          f"{fpt / 1e6:.1f} MFLOP per token → {ceiling['float32'] * 1e9 / fpt:,.0f} tokens/s fp32, "
-          f"{ceiling['bfloat16'] * 1e9 / fpt:,.0f} bf16, {ceiling['int8'] * 1e9 / fpt:,.0f} int8\n")
-    print("| system | dtype | task | tokens/s | passages/s | × ST default fp32 | × vLLM same dtype | % of ceiling "
-          "| peak RSS MB | min cosine vs ST fp32 |")
+    print(
+        f"\n## Offline throughput: {args.model}, {len(texts)} passages, {tokens} tokens "
+        f"(mean {tokens / len(texts):.0f}, truncated to {MAX_LEN}), {args.threads} threads, best of "
+        f"{args.repeats}"
+    )
+    print(
+        f"Hardware: {hardware()}; date {time.strftime('%Y-%m-%d')}. Measured matmul ceiling: "
+        f"{ceiling['float32']:.0f} GFLOP/s fp32, {ceiling['bfloat16']:.0f} bf16, {ceiling['int8']:.0f} int8; "
+        f"{fpt / 1e6:.1f} MFLOP per token → {ceiling['float32'] * 1e9 / fpt:,.0f} tokens/s fp32, "
+        f"{ceiling['bfloat16'] * 1e9 / fpt:,.0f} bf16, {ceiling['int8'] * 1e9 / fpt:,.0f} int8\n"
+    )
+    print(
+        "| system | dtype | task | tokens/s | passages/s | × ST default fp32 | × vLLM same dtype | % of ceiling "
+        "| peak RSS MB | min cosine vs ST fp32 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = runs.get(("st", "float32"))
     for (system, dtype), r in runs.items():
@@ -249,11 +289,16 @@ def main() -> int:
             elif task == "embed":
                 cos = torch.nn.functional.cosine_similarity(vecs["embed"], ref["embed"], dim=-1).min().item()
             else:
-                cos = min(torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
-                          for a, b in zip(vecs["tokens"], ref["tokens"]) if a.shape == b.shape)
+                cos = min(
+                    torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
+                    for a, b in zip(vecs["tokens"], ref["tokens"])
+                    if a.shape == b.shape
+                )
             label = system + (f" (batch {r['batch_size']})" if "batch_size" in r else "")
-            print(f"| {label} | {dtype} | {task} | {tps:,.0f} | {len(texts) / r[f'{task}_s']:.1f} | {vs_st} | "
-                  f"{vs_vllm} | {100 * tps / ceil:.0f}% | {r['peak_rss_mb']:.0f} | {cos:.5f} |")
+            print(
+                f"| {label} | {dtype} | {task} | {tps:,.0f} | {len(texts) / r[f'{task}_s']:.1f} | {vs_st} | "
+                f"{vs_vllm} | {100 * tps / ceil:.0f}% | {r['peak_rss_mb']:.0f} | {cos:.5f} |"
+            )
     # The machine's speed drifts between repeats; a ratio of two systems run back to back in the same repeat
     # is steadier than a ratio of bests taken at different moments.
     pairs = [("polyvec", "vllm"), ("polyvec", "st"), ("polyvec-int8", "polyvec"), ("polyvec", "polyvec-base")]
@@ -263,12 +308,16 @@ def main() -> int:
         for dtype in args.dtypes:
             base_dtype = "float32" if other == "st" else dtype
             for task in ("embed", "token_embed"):
-                ratios = [per_rep[other, base_dtype, k][f"{task}_s"] / per_rep[ours, dtype, k][f"{task}_s"]
-                          for k in range(args.repeats)
-                          if (ours, dtype, k) in per_rep and (other, base_dtype, k) in per_rep]
+                ratios = [
+                    per_rep[other, base_dtype, k][f"{task}_s"] / per_rep[ours, dtype, k][f"{task}_s"]
+                    for k in range(args.repeats)
+                    if (ours, dtype, k) in per_rep and (other, base_dtype, k) in per_rep
+                ]
                 if ratios:
-                    print(f"{ours} {dtype} / {other} {base_dtype}, {task}, per repeat: "
-                          f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}")
+                    print(
+                        f"{ours} {dtype} / {other} {base_dtype}, {task}, per repeat: "
+                        f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}"
+                    )
     if base_src is not None:
         subprocess.run(["git", "worktree", "remove", "--force", str(Path(base_src).parent)], cwd=REPO, check=False)
     return 0

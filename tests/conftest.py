@@ -42,8 +42,9 @@ def cranfield_texts() -> list[str]:
     path = DATA / "cranfield" / "corpus.jsonl"
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
     # Every 28th document of the 1,400: 50 spread over the collection.
-    return [" ".join(x for x in (r.get("title", ""), r.get("text", "")) if x)
-            for r in rows if (int(r["_id"]) - 1) % 28 == 0]
+    return [
+        " ".join(x for x in (r.get("title", ""), r.get("text", "")) if x) for r in rows if (int(r["_id"]) - 1) % 28 == 0
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +71,14 @@ def pylate_model(tmp_path_factory, minilm_path):
     dense_mod = importlib.import_module("pylate.models.Dense")
     models.ColBERT._text_length = lambda self, t: len(t) if isinstance(t, str) else sum(map(len, t))
     bare = tmp_path_factory.mktemp("bare")
-    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-              "special_tokens_map.json"):
+    for f in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
         shutil.copy(minilm_path / f, bare)
     torch.manual_seed(0)
     transformer = Transformer(str(bare))
@@ -81,15 +88,35 @@ def pylate_model(tmp_path_factory, minilm_path):
     transformer.save(str(out))
     (out / "1_Dense").mkdir()
     save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, out / "1_Dense" / "model.safetensors")
-    (out / "1_Dense" / "config.json").write_text(json.dumps(
-        {"in_features": 384, "out_features": 96, "bias": False,
-         "activation_function": "torch.nn.modules.linear.Identity"}))
-    (out / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
-    (out / "config_sentence_transformers.json").write_text(json.dumps({
-        "query_prefix": model.query_prefix, "document_prefix": model.document_prefix,
-        "query_length": model.query_length, "document_length": model.document_length,
-        "attend_to_expansion_tokens": model.attend_to_expansion_tokens, "skiplist_words": model.skiplist_words,
-        "do_query_expansion": model.do_query_expansion}))
+    (out / "1_Dense" / "config.json").write_text(
+        json.dumps(
+            {
+                "in_features": 384,
+                "out_features": 96,
+                "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity",
+            }
+        )
+    )
+    (out / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+            ]
+        )
+    )
+    (out / "config_sentence_transformers.json").write_text(
+        json.dumps(
+            {
+                "query_prefix": model.query_prefix,
+                "document_prefix": model.document_prefix,
+                "query_length": model.query_length,
+                "document_length": model.document_length,
+                "attend_to_expansion_tokens": model.attend_to_expansion_tokens,
+                "skiplist_words": model.skiplist_words,
+                "do_query_expansion": model.do_query_expansion,
+            }
+        )
+    )
     return model, out

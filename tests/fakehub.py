@@ -80,8 +80,11 @@ class FakeHub:
 
     def _files(self, repo_id: str) -> list[str]:
         root = self.repos[repo_id]
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                      if p.is_file() and ".git" not in p.relative_to(root).parts)
+        return sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file() and ".git" not in p.relative_to(root).parts
+        )
 
     def _check(self, repo_id: str, rev: str | None, auth: str | None) -> str:
         """Repo, access and revision checks in the hub's order; returns the commit sha."""
@@ -89,18 +92,32 @@ class FakeHub:
             raise _HubError(404, "RepoNotFound", "Repository not found")
         if repo_id in self.gated and (self.token is None or auth != f"Bearer {self.token}"):
             status = 401 if auth is None else 403
-            raise _HubError(status, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to "
-                                                 "it and be authenticated to access it. Please log in.")
+            raise _HubError(
+                status,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to "
+                "it and be authenticated to access it. Please log in.",
+            )
         sha = self.sha(repo_id)
         if rev not in (None, "main", sha):
             raise _HubError(404, "RevisionNotFound", "Invalid rev id: " + str(rev))
         return sha
 
     def _info(self, repo_id: str, sha: str) -> dict:
-        return {"_id": sha[:24], "id": repo_id, "modelId": repo_id, "author": repo_id.partition("/")[0], "sha": sha,
-                "private": False, "gated": "manual" if repo_id in self.gated else False, "disabled": False,
-                "lastModified": "2024-01-01T00:00:00.000Z", "createdAt": "2024-01-01T00:00:00.000Z", "tags": [],
-                "siblings": [{"rfilename": f} for f in self._files(repo_id)]}
+        return {
+            "_id": sha[:24],
+            "id": repo_id,
+            "modelId": repo_id,
+            "author": repo_id.partition("/")[0],
+            "sha": sha,
+            "private": False,
+            "gated": "manual" if repo_id in self.gated else False,
+            "disabled": False,
+            "lastModified": "2024-01-01T00:00:00.000Z",
+            "createdAt": "2024-01-01T00:00:00.000Z",
+            "tags": [],
+            "siblings": [{"rfilename": f} for f in self._files(repo_id)],
+        }
 
     def _tree(self, repo_id: str, sub: str, recursive: bool) -> list[dict]:
         root, entries = self.repos[repo_id], []
@@ -111,14 +128,15 @@ class FakeHub:
         for f in self._files(repo_id):
             if not f.startswith(prefix):
                 continue
-            parts = f[len(prefix):].split("/")
+            parts = f[len(prefix) :].split("/")
             for depth in range(1, len(parts) if recursive else min(2, len(parts))):
                 dirs.add(prefix + "/".join(parts[:depth]))
             if recursive or len(parts) == 1:
                 data = (root / f).read_bytes()
                 entries.append({"type": "file", "oid": _blob_oid(data), "size": len(data), "path": f})
-        entries += [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
-                    for d in dirs]
+        entries += [
+            {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in dirs
+        ]
         return sorted(entries, key=lambda e: e["path"])
 
     def _file(self, repo_id: str, path: str, sha: str) -> bytes:
@@ -187,11 +205,15 @@ class FakeHub:
                             return self._json(hub._info(repo_id, sha), body=body)
                     elif "resolve" in segs and len(segs) > segs.index("resolve") + 1:
                         i = segs.index("resolve")
-                        repo_id, rev, path = "/".join(segs[:i]), segs[i + 1], "/".join(segs[i + 2:])
+                        repo_id, rev, path = "/".join(segs[:i]), segs[i + 1], "/".join(segs[i + 2 :])
                         sha = hub._check(repo_id, rev, auth)
                         data = hub._file(repo_id, path, sha)
-                        headers = {"X-Repo-Commit": sha, "ETag": f'"{_blob_oid(data)}"', "Accept-Ranges": "bytes",
-                                   "Content-Type": "application/octet-stream"}
+                        headers = {
+                            "X-Repo-Commit": sha,
+                            "ETag": f'"{_blob_oid(data)}"',
+                            "Accept-Ranges": "bytes",
+                            "Content-Type": "application/octet-stream",
+                        }
                         rng = self.headers.get("Range", "")
                         if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
                             start = int(rng[6:-1])

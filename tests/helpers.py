@@ -12,8 +12,9 @@ def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)
 
 
-def save_tiny_model(model_cls_name: str, config_cls_name: str, folder: Path, tokenizer_from: Path,
-                    seed: int = 0, **config_kwargs) -> Path:
+def save_tiny_model(
+    model_cls_name: str, config_cls_name: str, folder: Path, tokenizer_from: Path, seed: int = 0, **config_kwargs
+) -> Path:
     """A randomly initialised transformers model (fixed seed), saved with MiniLM's tokenizer."""
     import transformers
 
@@ -33,5 +34,11 @@ def save_tiny_model(model_cls_name: str, config_cls_name: str, folder: Path, tok
     return folder
 
 
-TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=128)
+TINY = dict(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)

@@ -17,7 +17,9 @@ def test_st_pooling_mode_formats():
     assert _st_pooling_modes({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}) == ("CLS", "MEAN")
     assert _st_pooling_modes({"pooling_mode": "lasttoken"}) == ("LAST",)
     assert _st_pooling_modes({"pooling_mode": ["weightedmean", "mean_sqrt_len_tokens"]}) == (
-        "WEIGHTED_MEAN", "MEAN_SQRT_LEN")
+        "WEIGHTED_MEAN",
+        "MEAN_SQRT_LEN",
+    )
     with pytest.raises(ValueError, match="unknown sentence-transformers pooling mode"):
         _st_pooling_modes({"pooling_mode": "median"})
     with pytest.raises(ValueError, match="selects no pooling mode"):
@@ -36,8 +38,13 @@ def test_minilm_config(minilm_path):
 
 
 def test_position_limit_of_fairseq_models(tmp_path, minilm_path):
-    folder = save_tiny_model("XLMRobertaModel", "XLMRobertaConfig", tmp_path, minilm_path,
-                             **dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130))
+    folder = save_tiny_model(
+        "XLMRobertaModel",
+        "XLMRobertaConfig",
+        tmp_path,
+        minilm_path,
+        **dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130),
+    )
     cfg = load_model_config(folder, dtype=torch.float32)
     assert cfg.max_model_len == 128 and cfg.sources["max_model_len"].startswith("config.json")
 
@@ -60,9 +67,14 @@ def test_legacy_sentence_transformers_subfolder_layout(tmp_path, minilm_path, mi
     root = tmp_path / "legacy"
     shutil.copytree(minilm_path, root / "0_Transformer", ignore=shutil.ignore_patterns("1_Pooling", "modules.json"))
     shutil.copytree(minilm_path / "1_Pooling", root / "1_Pooling")
-    (root / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (root / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
     llm = LLM(str(root), dtype="float32")
     assert llm.model_config.transformer_dir == root / "0_Transformer"
     a = llm.embed("legacy layout", use_tqdm=False)[0].outputs.data

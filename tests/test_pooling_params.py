@@ -32,8 +32,11 @@ def test_unsupported_task_lists_supported(cfg):
 
 
 def test_unknown_task(cfg):
-    with pytest.raises(ValueError, match=r"task='encode' is not a pooling task; allowed: embed, token_embed, "
-                                         r"classify, token_classify"):
+    with pytest.raises(
+        ValueError,
+        match=r"task='encode' is not a pooling task; allowed: embed, token_embed, "
+        r"classify, token_classify",
+    ):
         verify(PoolingParams(), "encode", cfg)
 
 
@@ -79,8 +82,11 @@ def test_dimensions_rejected_on_classify(cfg):
 
 
 def test_dimensions_need_matryoshka(cfg):
-    with pytest.raises(ValueError, match=r"dimensions=128 is not allowed: this model was not trained for "
-                                         r"Matryoshka .* full size 384"):
+    with pytest.raises(
+        ValueError,
+        match=r"dimensions=128 is not allowed: this model was not trained for "
+        r"Matryoshka .* full size 384",
+    ):
         verify(PoolingParams(dimensions=128), "embed", cfg)
     assert verify(PoolingParams(dimensions=384), "embed", cfg).dimensions == 384
 
@@ -98,15 +104,20 @@ def test_dimensions_range_when_matryoshka(cfg):
 def test_dimensions_must_be_in_matryoshka_list(cfg):
     mcfg = replace(cfg, is_matryoshka=True, matryoshka_dimensions=(64, 128, 384))
     assert verify(PoolingParams(dimensions=128), "embed", mcfg).dimensions == 128
-    with pytest.raises(ValueError, match="dimensions=100 is not one of this model's Matryoshka dimensions: 64, 128, 384"):
+    with pytest.raises(
+        ValueError, match="dimensions=100 is not one of this model's Matryoshka dimensions: 64, 128, 384"
+    ):
         verify(PoolingParams(dimensions=100), "embed", mcfg)
 
 
 def test_truncate_prompt_tokens_rules(cfg):
     assert verify(PoolingParams(truncate_prompt_tokens=-1), "embed", cfg).truncate_prompt_tokens == 256
     assert verify(PoolingParams(truncate_prompt_tokens=10), "embed", cfg).truncate_prompt_tokens == 10
-    with pytest.raises(ValueError, match=r"truncate_prompt_tokens=300 is larger than the model's maximum input "
-                                         r"length max_model_len=256; allowed: -1 or 1..256"):
+    with pytest.raises(
+        ValueError,
+        match=r"truncate_prompt_tokens=300 is larger than the model's maximum input "
+        r"length max_model_len=256; allowed: -1 or 1..256",
+    ):
         verify(PoolingParams(truncate_prompt_tokens=300), "embed", cfg)
     for bad in (0, -2):
         with pytest.raises(ValueError, match=r"truncate_prompt_tokens must be -1 .* or between 1 and 256"):

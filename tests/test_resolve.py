@@ -68,21 +68,55 @@ def test_folders_that_are_not_checkpoints(tmp_path):
 
 
 def test_files_to_download_keeps_what_the_loader_reads():
-    repo = ["config.json", "modules.json", "tokenizer.json", "vocab.txt", "README.md", "model.safetensors",
-            "pytorch_model.bin", "tf_model.h5", "onnx/model.onnx", "onnx/config.json", "openvino/x.xml",
-            "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/pytorch_model.bin",
-            "sharded/model-00001-of-00002.safetensors", "sharded/model-00002-of-00002.safetensors",
-            "sharded/model.safetensors.index.json", "artifact.metadata", "merges.txt"]
-    assert files_to_download(repo) == sorted([
-        "config.json", "modules.json", "tokenizer.json", "vocab.txt", "model.safetensors", "1_Pooling/config.json",
-        "2_Dense/config.json", "2_Dense/pytorch_model.bin", "sharded/model-00001-of-00002.safetensors",
-        "sharded/model-00002-of-00002.safetensors", "sharded/model.safetensors.index.json", "artifact.metadata"])
+    repo = [
+        "config.json",
+        "modules.json",
+        "tokenizer.json",
+        "vocab.txt",
+        "README.md",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "tf_model.h5",
+        "onnx/model.onnx",
+        "onnx/config.json",
+        "openvino/x.xml",
+        "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/pytorch_model.bin",
+        "sharded/model-00001-of-00002.safetensors",
+        "sharded/model-00002-of-00002.safetensors",
+        "sharded/model.safetensors.index.json",
+        "artifact.metadata",
+        "merges.txt",
+    ]
+    assert files_to_download(repo) == sorted(
+        [
+            "config.json",
+            "modules.json",
+            "tokenizer.json",
+            "vocab.txt",
+            "model.safetensors",
+            "1_Pooling/config.json",
+            "2_Dense/config.json",
+            "2_Dense/pytorch_model.bin",
+            "sharded/model-00001-of-00002.safetensors",
+            "sharded/model-00002-of-00002.safetensors",
+            "sharded/model.safetensors.index.json",
+            "artifact.metadata",
+        ]
+    )
 
 
 def _hub_env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    return {**env, "HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
+    return {
+        **env,
+        "HF_ENDPOINT": url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -98,24 +132,58 @@ def hub_repo(tmp_path_factory, minilm_path) -> Path:
 
 
 def test_cli_downloads_a_hub_id_then_runs_from_the_cache(tmp_path, hub_repo):
-    cmd = [sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "acme/minilm", "--limit", "4", "--quiet",
-           "--dtype", "float32"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "polyvec",
+        "embed",
+        CORPUS,
+        "--model",
+        "acme/minilm",
+        "--limit",
+        "4",
+        "--quiet",
+        "--dtype",
+        "float32",
+    ]
     with FakeHub({"acme/minilm": hub_repo}) as hub:
-        out = subprocess.run(cmd, env=_hub_env(tmp_path, hub.url), cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
-        fetched = sorted(r.split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests
-                         if r.startswith("GET ") and "/resolve/" in r)
+        out = subprocess.run(
+            cmd, env=_hub_env(tmp_path, hub.url), cwd=REPO, capture_output=True, text=True, timeout=300
+        )
+        fetched = sorted(
+            r.split("/resolve/", 1)[1].split("/", 1)[1]
+            for r in hub.requests
+            if r.startswith("GET ") and "/resolve/" in r
+        )
     assert out.returncode == 0, out.stderr
     assert "embedded 4 texts" in out.stdout
     assert "downloading acme/minilm from the Hugging Face hub" in out.stderr
-    assert fetched == sorted(["1_Pooling/config.json", "config.json", "config_sentence_transformers.json",
-                              "data_config.json", "model.safetensors", "modules.json", "sentence_bert_config.json",
-                              "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"])
+    assert fetched == sorted(
+        [
+            "1_Pooling/config.json",
+            "config.json",
+            "config_sentence_transformers.json",
+            "data_config.json",
+            "model.safetensors",
+            "modules.json",
+            "sentence_bert_config.json",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+        ]
+    )
     snapshot = next((tmp_path / "hf" / "hub" / "models--acme--minilm" / "snapshots").iterdir())
     assert (snapshot / "model.safetensors").read_bytes() == (hub_repo / "model.safetensors").read_bytes()
     # The hub is gone and downloads are off: the cached copy is used.
-    again = subprocess.run(cmd, env=_hub_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1"), cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        cmd,
+        env=_hub_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     assert "embedded 4 texts" in again.stdout and "downloading" not in again.stderr
 
@@ -139,16 +207,27 @@ for name, model, revision in json.loads(sys.argv[1]):
         out[name] = str(exc)
 print(json.dumps(out))
 """
-    cases = [("typo", "acme/minilmm", None), ("gated", "acme/gated", None), ("revision", "acme/minilm", "v9"),
-             ("invalid", "acme/bad name!", None), ("unreachable", "acme/minilm", None)]
+    cases = [
+        ("typo", "acme/minilmm", None),
+        ("gated", "acme/gated", None),
+        ("revision", "acme/minilm", "v9"),
+        ("invalid", "acme/bad name!", None),
+        ("unreachable", "acme/minilm", None),
+    ]
     with FakeHub({"acme/minilm": hub_repo, "acme/gated": hub_repo}, gated={"acme/gated"}, token="hf_sekret") as hub:
         env = _hub_env(tmp_path, hub.url, DEAD_URL=dead_url)
-        out = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stderr
         msgs = json.loads(out.stdout)
-        with_token = subprocess.run([sys.executable, "-c", script, json.dumps(cases[1:2])],
-                                    env={**env, "HF_TOKEN": "hf_sekret"}, capture_output=True, text=True, timeout=300)
+        with_token = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(cases[1:2])],
+            env={**env, "HF_TOKEN": "hf_sekret"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     closed.close()
     assert json.loads(with_token.stdout) == {"gated": "resolved"}, with_token.stderr
     assert all("\n" not in m for m in msgs.values())
@@ -160,9 +239,14 @@ print(json.dumps(out))
 
 
 def test_cli_failure_is_one_line_without_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "no-such-org/no-such-model"],
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}, cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "no-such-org/no-such-model"],
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr

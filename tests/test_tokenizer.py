@@ -16,8 +16,9 @@ def test_truncation_and_input_length_match_transformers(model, max_length, add_s
     path = resolve_model_path(model)
     ref = AutoTokenizer.from_pretrained(str(path))
     texts = cranfield_texts + ["", "one", "x " * 5000]
-    ours = PolyTokenizer(path / "tokenizer.json").encode(texts, max_length, truncate=True,
-                                                         add_special_tokens=add_special_tokens)
+    ours = PolyTokenizer(path / "tokenizer.json").encode(
+        texts, max_length, truncate=True, add_special_tokens=add_special_tokens
+    )
     cut = ref(texts, truncation=True, max_length=max_length, add_special_tokens=add_special_tokens)["input_ids"]
     full = ref(texts, add_special_tokens=add_special_tokens)["input_ids"]
     assert any(len(f) > max_length for f in full) and any(len(f) <= max_length for f in full)

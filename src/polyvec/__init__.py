@@ -12,24 +12,51 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "LLM": ".entrypoints.llm", "PoolingParams": ".pooling_params", "PoolerConfig": ".config",
-    "EngineConfig": ".config", "ModelConfig": ".config", "PoolingOutput": ".outputs",
-    "PoolingRequestOutput": ".outputs", "EmbeddingOutput": ".outputs", "EmbeddingRequestOutput": ".outputs",
-    "ClassificationOutput": ".outputs", "ClassificationRequestOutput": ".outputs", "ScoringOutput": ".outputs",
+    "LLM": ".entrypoints.llm",
+    "PoolingParams": ".pooling_params",
+    "PoolerConfig": ".config",
+    "EngineConfig": ".config",
+    "ModelConfig": ".config",
+    "PoolingOutput": ".outputs",
+    "PoolingRequestOutput": ".outputs",
+    "EmbeddingOutput": ".outputs",
+    "EmbeddingRequestOutput": ".outputs",
+    "ClassificationOutput": ".outputs",
+    "ClassificationRequestOutput": ".outputs",
+    "ScoringOutput": ".outputs",
     "ScoringRequestOutput": ".outputs",
 }
 
 __all__ = [
-    "LLM", "PoolingParams", "PoolerConfig", "EngineConfig", "ModelConfig", "PoolingOutput", "PoolingRequestOutput",
-    "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-    "ScoringOutput", "ScoringRequestOutput", "__version__",
+    "LLM",
+    "PoolingParams",
+    "PoolerConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "PoolingOutput",
+    "PoolingRequestOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
+    "ScoringOutput",
+    "ScoringRequestOutput",
+    "__version__",
 ]
 
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig, PoolerConfig
     from .entrypoints.llm import LLM
-    from .outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
-                          PoolingOutput, PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
+    from .outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
+    )
     from .pooling_params import PoolingParams
 
 

@@ -1,5 +1,5 @@
-from .entrypoints.cli import main
-
 import sys
+
+from .entrypoints.cli import main
 
 sys.exit(main())

@@ -52,7 +52,8 @@ class PoolerConfig:
             self.pooling_type = str(self.pooling_type).upper()
             if self.pooling_type not in POOLING_TYPES:
                 raise ValueError(
-                    f"pooling_type={self.pooling_type!r} is not valid; allowed: {', '.join(POOLING_TYPES)}")
+                    f"pooling_type={self.pooling_type!r} is not valid; allowed: {', '.join(POOLING_TYPES)}"
+                )
         if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
 

@@ -20,23 +20,40 @@ import torch
 from .config import ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
-__all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "ModelNotFoundError", "load_model_config", "read_state_dict",
-           "resolve_model_path"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "PACKAGED_MODELS",
+    "ModelNotFoundError",
+    "load_model_config",
+    "read_state_dict",
+    "resolve_model_path",
+]
 
 logger = logging.getLogger(__name__)
 
 # sentence-transformers Pooling modes → polyvec pooling types (ST concatenates them in this order).
 ST_POOLING_MODES = {
-    "cls": "CLS", "max": "MAX", "mean": "MEAN", "mean_sqrt_len_tokens": "MEAN_SQRT_LEN",
-    "weightedmean": "WEIGHTED_MEAN", "lasttoken": "LAST",
+    "cls": "CLS",
+    "max": "MAX",
+    "mean": "MEAN",
+    "mean_sqrt_len_tokens": "MEAN_SQRT_LEN",
+    "weightedmean": "WEIGHTED_MEAN",
+    "lasttoken": "LAST",
 }
 _ST_LEGACY_KEYS = {
-    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
 }
 _ACTIVATIONS = {
-    "identity": "identity", "tanh": "tanh", "relu": "relu", "gelu": "gelu", "sigmoid": "sigmoid",
+    "identity": "identity",
+    "tanh": "tanh",
+    "relu": "relu",
+    "gelu": "gelu",
+    "sigmoid": "sigmoid",
     "softmax": "softmax",
 }
 # Encoders whose positions start after the padding index (fairseq convention).
@@ -46,6 +63,7 @@ _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "mpnet", "camembert")
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------------------
+
 
 def _read_json(path: Path) -> Any:
     with open(path, encoding="utf-8") as f:
@@ -91,12 +109,18 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
             out["pooling"] = _st_pooling_modes(_read_json(folder / "config.json"))
         elif kind == "Dense":
             cfg = _read_json(folder / "config.json")
-            out["dense"].append(DenseSpec(
-                path=folder, in_features=int(cfg["in_features"]), out_features=int(cfg["out_features"]),
-                bias=bool(cfg.get("bias", True)), activation=_activation_name(cfg.get("activation_function")),
-                use_residual=bool(cfg.get("use_residual", False)),
-                on_tokens=module.get("type", "").startswith("pylate")
-                or cfg.get("module_input_name") == "token_embeddings"))
+            out["dense"].append(
+                DenseSpec(
+                    path=folder,
+                    in_features=int(cfg["in_features"]),
+                    out_features=int(cfg["out_features"]),
+                    bias=bool(cfg.get("bias", True)),
+                    activation=_activation_name(cfg.get("activation_function")),
+                    use_residual=bool(cfg.get("use_residual", False)),
+                    on_tokens=module.get("type", "").startswith("pylate")
+                    or cfg.get("module_input_name") == "token_embeddings",
+                )
+            )
         elif kind == "Normalize":
             out["normalize"] = True
     return out
@@ -119,11 +143,16 @@ def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[st
         meta = _read_json(meta_path) if meta_path else {}
         punctuation = tuple(string.punctuation) if meta.get("mask_punctuation", True) else ()
         return ColBERTConfig(
-            layout="stanford", query_prefix=meta.get("query_token_id", "[unused0]"),
-            document_prefix=meta.get("doc_token_id", "[unused1]"), query_length=int(meta.get("query_maxlen", 32)),
-            document_length=int(meta.get("doc_maxlen", 180)), do_query_expansion=True,
+            layout="stanford",
+            query_prefix=meta.get("query_token_id", "[unused0]"),
+            document_prefix=meta.get("doc_token_id", "[unused1]"),
+            query_length=int(meta.get("query_maxlen", 32)),
+            document_length=int(meta.get("doc_maxlen", 180)),
+            do_query_expansion=True,
             attend_to_expansion_tokens=bool(meta.get("attend_to_mask_tokens", False)),
-            skiplist_words=punctuation, dim=int(meta.get("dim", 128)))
+            skiplist_words=punctuation,
+            dim=int(meta.get("dim", 128)),
+        )
     st_file = root / "config_sentence_transformers.json"
     if not any(d.on_tokens for d in st["dense"]) or not st_file.is_file():
         return None
@@ -132,11 +161,15 @@ def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[st
         return None
     expansion = bool(cfg.get("do_query_expansion", True))
     return ColBERTConfig(
-        layout="pylate", query_prefix=cfg.get("query_prefix", "[Q] "), document_prefix=cfg.get("document_prefix", "[D] "),
-        query_length=int(cfg.get("query_length") or 32), document_length=int(cfg.get("document_length") or 180),
+        layout="pylate",
+        query_prefix=cfg.get("query_prefix", "[Q] "),
+        document_prefix=cfg.get("document_prefix", "[D] "),
+        query_length=int(cfg.get("query_length") or 32),
+        document_length=int(cfg.get("document_length") or 180),
         do_query_expansion=expansion,
         attend_to_expansion_tokens=expansion and bool(cfg.get("attend_to_expansion_tokens", False)),
-        skiplist_words=tuple(cfg.get("skiplist_words", string.punctuation)))
+        skiplist_words=tuple(cfg.get("skiplist_words", string.punctuation)),
+    )
 
 
 def _token_ids(tokenizer_path: Path, tokens: list[str]) -> list[int]:
@@ -211,13 +244,20 @@ def load_model_config(
         architecture = "BertModel"
         sources["architecture"] = "config.json HF_ColBERT (Stanford ColBERT: BERT + linear projection)"
     if colbert is not None:
-        sources["colbert"] = "artifact.metadata" if colbert.layout == "stanford" else "config_sentence_transformers.json"
+        sources["colbert"] = (
+            "artifact.metadata" if colbert.layout == "stanford" else "config_sentence_transformers.json"
+        )
     if st["pooling"] is not None or colbert is not None:
         # A sentence-transformers model with a Pooling module is an embedding model: its config.json often
         # names the pre-training head (all-mpnet-base-v2 says MPNetForMaskedLM; Qwen3-Embedding says
         # Qwen3ForCausalLM) whose weights it lacks.
-        for suffix in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForPreTraining",
-                       "ForCausalLM"):
+        for suffix in (
+            "ForMaskedLM",
+            "ForSequenceClassification",
+            "ForTokenClassification",
+            "ForPreTraining",
+            "ForCausalLM",
+        ):
             if architecture.endswith(suffix) and convert != "classify":
                 sources["architecture"] = f"modules.json (embedding model; config.json says {architecture})"
                 architecture = architecture[: -len(suffix)] + "Model"
@@ -259,8 +299,11 @@ def load_model_config(
     do_lower_case = bool(st_cfg.get("do_lower_case", False))
 
     id2label = {int(k): v for k, v in (hf_config.get("id2label") or {}).items()}
-    num_labels = int(hf_config.get("num_labels", len(id2label) or 0)) if architecture.endswith(
-        ("ForSequenceClassification", "ForTokenClassification")) else 0
+    num_labels = (
+        int(hf_config.get("num_labels", len(id2label) or 0))
+        if architecture.endswith(("ForSequenceClassification", "ForTokenClassification"))
+        else 0
+    )
     if num_labels and len(id2label) != num_labels:
         id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
 
@@ -283,20 +326,36 @@ def load_model_config(
     from .models.registry import CAUSAL_FAMILIES
 
     return ModelConfig(
-        model=str(model), is_causal=architecture.startswith(CAUSAL_FAMILIES), prompts=prompts,
-        default_prompt_name=default_prompt, path=root, hf_config=hf_config, architecture=architecture, dtype=dtype,
-        max_model_len=max_model_len, max_position_len=limit, tokenizer_path=tokenizer_path, transformer_dir=tdir,
-        do_lower_case=do_lower_case, st_pooling=st["pooling"], dense=tuple(st["dense"]),
+        model=str(model),
+        is_causal=architecture.startswith(CAUSAL_FAMILIES),
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+        path=root,
+        hf_config=hf_config,
+        architecture=architecture,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_position_len=limit,
+        tokenizer_path=tokenizer_path,
+        transformer_dir=tdir,
+        do_lower_case=do_lower_case,
+        st_pooling=st["pooling"],
+        dense=tuple(st["dense"]),
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         is_matryoshka=bool(hf_config.get("is_matryoshka", False) or matryoshka),
-        num_labels=num_labels, id2label=id2label,
+        num_labels=num_labels,
+        id2label=id2label,
         classifier_activation=_classifier_activation(hf_config, num_labels),
-        pooler_config=pooler_config, colbert=colbert, sources=sources)
+        pooler_config=pooler_config,
+        colbert=colbert,
+        sources=sources,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Weights
 # ----------------------------------------------------------------------------------------------------------
+
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint folder (safetensors, sharded safetensors, or a pickled .bin)."""

@@ -49,13 +49,13 @@ class ScoringOutput:
     score: float
 
 
-O = TypeVar("O")
+OutputT = TypeVar("OutputT")
 
 
 @dataclass
-class PoolingRequestOutput(Generic[O]):
+class PoolingRequestOutput(Generic[OutputT]):
     request_id: str
-    outputs: O
+    outputs: OutputT
     prompt_token_ids: list[int]
     num_input_tokens: int = 0
     """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
@@ -83,9 +83,14 @@ class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
 
 def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
     """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
-    fields = dict(request_id=out.request_id, prompt_token_ids=out.prompt_token_ids,
-                  num_input_tokens=out.num_input_tokens, finished=out.finished, task=out.task,
-                  input_type=out.input_type)
+    fields = dict(
+        request_id=out.request_id,
+        prompt_token_ids=out.prompt_token_ids,
+        num_input_tokens=out.num_input_tokens,
+        finished=out.finished,
+        task=out.task,
+        input_type=out.input_type,
+    )
     if out.task == "embed":
         return EmbeddingRequestOutput(outputs=EmbeddingOutput(out.outputs.data), **fields)
     if out.task == "classify":

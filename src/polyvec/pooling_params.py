@@ -12,8 +12,14 @@ from dataclasses import dataclass
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 
 LONG_INPUT_MODES = ("truncate", "window")
-INPUT_TYPES = {"query": "query", "document": "document", "search_query": "query",
-               "search_document": "document", "classification": None, "clustering": None}
+INPUT_TYPES = {
+    "query": "query",
+    "document": "document",
+    "search_query": "query",
+    "search_document": "document",
+    "classification": None,
+    "clustering": None,
+}
 
 
 @dataclass
@@ -55,8 +61,7 @@ class PoolingParams:
     def clone(self) -> PoolingParams:
         return dataclasses.replace(self)
 
-    def verify(self, task: str | None, model_config: ModelConfig,
-               supported_tasks: tuple[str, ...]) -> PoolingParams:
+    def verify(self, task: str | None, model_config: ModelConfig, supported_tasks: tuple[str, ...]) -> PoolingParams:
         """Check against the task and model; return a copy with `task` and `use_activation` resolved."""
         task = task or self.task
         if task is None:
@@ -68,7 +73,8 @@ class PoolingParams:
         if task not in supported_tasks:
             raise ValueError(
                 f"task={task!r} is not supported by this model ({model_config.architecture}); "
-                f"it supports: {', '.join(supported_tasks)}")
+                f"it supports: {', '.join(supported_tasks)}"
+            )
         if self.softmax is not None:
             raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
 
@@ -80,8 +86,9 @@ class PoolingParams:
                 continue
             if not valid:
                 allowed = "embed, token_embed" if alias == "normalize" else "classify, token_classify"
-                raise ValueError(f"{alias} is only valid for the {allowed} tasks, not {task!r}; "
-                                 f"use use_activation instead")
+                raise ValueError(
+                    f"{alias} is only valid for the {allowed} tasks, not {task!r}; use use_activation instead"
+                )
             if use_activation is not None and use_activation != value:
                 raise ValueError(f"{alias}={value} conflicts with use_activation={use_activation}")
             use_activation = value
@@ -105,17 +112,22 @@ class PoolingParams:
             if truncate == -1:
                 truncate = limit
             elif truncate < 1:
-                raise ValueError(f"truncate_prompt_tokens must be -1 (the model's maximum) or between 1 and "
-                                 f"{limit}, got {truncate}")
+                raise ValueError(
+                    f"truncate_prompt_tokens must be -1 (the model's maximum) or between 1 and {limit}, got {truncate}"
+                )
             elif truncate > limit:
-                raise ValueError(f"truncate_prompt_tokens={truncate} is larger than the model's maximum "
-                                 f"input length max_model_len={limit}; allowed: -1 or 1..{limit}")
+                raise ValueError(
+                    f"truncate_prompt_tokens={truncate} is larger than the model's maximum "
+                    f"input length max_model_len={limit}; allowed: -1 or 1..{limit}"
+                )
 
         step_tag_id = self.step_tag_id if self.step_tag_id is not None else pooler.step_tag_id
         returned = self.returned_token_ids if self.returned_token_ids is not None else pooler.returned_token_ids
         if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in ("embed", "classify"):
-            raise ValueError(f"step_tag_id and returned_token_ids apply to STEP pooling of token tasks "
-                             f"({', '.join(t for t in POOLING_TASKS if t.startswith('token'))}), not {task!r}")
+            raise ValueError(
+                f"step_tag_id and returned_token_ids apply to STEP pooling of token tasks "
+                f"({', '.join(t for t in POOLING_TASKS if t.startswith('token'))}), not {task!r}"
+            )
         if returned is not None and (not returned or any(not isinstance(i, int) or i < 0 for i in returned)):
             raise ValueError(f"returned_token_ids must be a non-empty list of non-negative integers, got {returned!r}")
 
@@ -128,19 +140,29 @@ class PoolingParams:
         if self.long_input is not None and self.long_input not in LONG_INPUT_MODES:
             raise ValueError(f"long_input={self.long_input!r} is not valid; allowed: {', '.join(LONG_INPUT_MODES)}")
         if self.long_input == "window" and task == "classify":
-            raise ValueError("long_input='window' applies to the embed, token_embed and token_classify tasks, "
-                             "not classify")
+            raise ValueError(
+                "long_input='window' applies to the embed, token_embed and token_classify tasks, not classify"
+            )
         overlap = self.window_overlap
         if overlap is not None and (isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0):
             raise ValueError(f"window_overlap must be a non-negative integer, got {overlap!r}")
         if overlap is not None and overlap >= model_config.max_model_len // 2:
-            raise ValueError(f"window_overlap={overlap} must be less than half of max_model_len="
-                             f"{model_config.max_model_len}")
+            raise ValueError(
+                f"window_overlap={overlap} must be less than half of max_model_len={model_config.max_model_len}"
+            )
 
         return dataclasses.replace(
-            self, task=task, input_type=input_type, use_activation=use_activation, normalize=None, activation=None,
-            dimensions=dimensions, truncate_prompt_tokens=truncate, step_tag_id=step_tag_id,
-            returned_token_ids=returned)
+            self,
+            task=task,
+            input_type=input_type,
+            use_activation=use_activation,
+            normalize=None,
+            activation=None,
+            dimensions=dimensions,
+            truncate_prompt_tokens=truncate,
+            step_tag_id=step_tag_id,
+            returned_token_ids=returned,
+        )
 
     @property
     def is_step(self) -> bool:
@@ -154,15 +176,19 @@ def _check_dimensions(dimensions: int, task: str, model_config: ModelConfig) -> 
     if model_config.matryoshka_dimensions:
         allowed = model_config.matryoshka_dimensions
         if dimensions not in allowed:
-            raise ValueError(f"dimensions={dimensions} is not one of this model's Matryoshka dimensions: "
-                             f"{', '.join(map(str, allowed))}")
+            raise ValueError(
+                f"dimensions={dimensions} is not one of this model's Matryoshka dimensions: "
+                f"{', '.join(map(str, allowed))}"
+            )
         return dimensions
     if not model_config.is_matryoshka:
         if dimensions == full:
             return dimensions
-        raise ValueError(f"dimensions={dimensions} is not allowed: this model was not trained for Matryoshka "
-                         f"representations, so only its full size {full} is valid (set is_matryoshka or "
-                         f"matryoshka_dimensions through hf_overrides to opt in)")
+        raise ValueError(
+            f"dimensions={dimensions} is not allowed: this model was not trained for Matryoshka "
+            f"representations, so only its full size {full} is valid (set is_matryoshka or "
+            f"matryoshka_dimensions through hf_overrides to opt in)"
+        )
     if not 1 <= dimensions <= full:
         raise ValueError(f"dimensions={dimensions} is out of range; allowed: 1..{full}")
     return dimensions

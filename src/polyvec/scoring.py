@@ -39,7 +39,7 @@ class ScorePlan:
             return [float(o.outputs.data[0]) for o in outputs]
         if self.task == "token_embed":
             queries = [outputs[i].outputs.data for i in range(self.n1)]
-            docs = [o.outputs.data for o in outputs[self.n1:]]
+            docs = [o.outputs.data for o in outputs[self.n1 :]]
             return maxsim_pairs(queries, docs, self.pairs)
         vecs = torch.stack([o.outputs.data for o in outputs])
         left = vecs[[i for i, _ in self.pairs]]
@@ -76,15 +76,17 @@ def iter_maxsim(queries: list[torch.Tensor], docs: list[torch.Tensor], chunk: in
     owner = torch.repeat_interleave(torch.arange(len(queries)), torch.tensor([x.shape[0] for x in queries]))
     order = sorted(range(len(docs)), key=lambda i: docs[i].shape[0])
     for start in range(0, len(order), chunk):
-        ids = order[start:start + chunk]
+        ids = order[start : start + chunk]
         width = max(docs[i].shape[0] for i in ids)
-        padded = torch.stack([torch.cat([docs[i], docs[i][:1].expand(width - docs[i].shape[0], -1)]).float()
-                              for i in ids])  # [n, Ld, d]
+        padded = torch.stack(
+            [torch.cat([docs[i], docs[i][:1].expand(width - docs[i].shape[0], -1)]).float() for i in ids]
+        )  # [n, Ld, d]
         n = len(ids)
         flat = padded.reshape(n * width, -1).T  # [d, n*Ld]
         block = max(1, budget // (n * width))
-        per_token = torch.cat([(q_flat[t:t + block] @ flat).view(-1, n, width).amax(dim=2)
-                               for t in range(0, q_flat.shape[0], block)])  # [Tq, n]
+        per_token = torch.cat(
+            [(q_flat[t : t + block] @ flat).view(-1, n, width).amax(dim=2) for t in range(0, q_flat.shape[0], block)]
+        )  # [Tq, n]
         yield torch.tensor(ids), q_flat.new_zeros(len(queries), n).index_add_(0, owner, per_token)
 
 
@@ -96,8 +98,9 @@ def maxsim_pairs(queries: list[torch.Tensor], docs: list[torch.Tensor], pairs: l
     return [float(matrix[i, j]) for i, j in pairs]
 
 
-def plan_scores(text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder: bool,
-                late_interaction: bool = False) -> ScorePlan:
+def plan_scores(
+    text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder: bool, late_interaction: bool = False
+) -> ScorePlan:
     texts_1 = [text_1] if isinstance(text_1, str) else list(text_1)
     texts_2 = [text_2] if isinstance(text_2, str) else list(text_2)
     if not texts_1 or not texts_2:
@@ -108,6 +111,8 @@ def plan_scores(text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder:
     if late_interaction:
         return ScorePlan(texts_1 + texts_2, "token_embed", pairs, len(texts_1))
     if "embed" not in supported_tasks:
-        raise ValueError(f"score needs an embedding model or a cross-encoder (one-label classifier); this "
-                         f"model supports: {', '.join(supported_tasks)}")
+        raise ValueError(
+            f"score needs an embedding model or a cross-encoder (one-label classifier); this "
+            f"model supports: {', '.join(supported_tasks)}"
+        )
     return ScorePlan(texts_1 + texts_2, "embed", pairs, len(texts_1))

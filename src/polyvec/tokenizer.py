@@ -90,15 +90,20 @@ class PolyTokenizer:
         if too_long and not truncate:
             i = too_long[0]
             raise PromptTooLongError(i, len(full[i].ids), max_length)
-        cut = dict(zip(too_long, self._truncating_copy(max_length).encode_batch(
-            [texts[i] for i in too_long], add_special_tokens=add_special_tokens)))
+        cut = dict(
+            zip(
+                too_long,
+                self._truncating_copy(max_length).encode_batch(
+                    [texts[i] for i in too_long], add_special_tokens=add_special_tokens
+                ),
+            )
+        )
         for i, enc in enumerate(full):
             used = cut.get(i, enc)
             out.append(_prompt(used, len(enc.ids)))
         return out
 
-    def _encode_truncating(self, texts: list[str], max_length: int,
-                           add_special_tokens: bool) -> list[TokenizedPrompt]:
+    def _encode_truncating(self, texts: list[str], max_length: int, add_special_tokens: bool) -> list[TokenizedPrompt]:
         """Single texts, cut to max_length in one pass (a full pass, then the long texts again, took 1.2-1.5x
         as long on Cranfield plus Vaswani): the length before truncation is the kept part plus the
         `overflowing` pieces the truncating tokenizer returns, each less the special tokens it also gets."""

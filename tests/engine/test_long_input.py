@@ -26,7 +26,7 @@ def windows_of(ids: list[int], limit: int, overlap: int) -> tuple[list[list[int]
     starts = [0]
     while starts[-1] + width < len(body):
         starts.append(starts[-1] + stride)
-    return [ids[:1] + body[s:s + width] + ids[-1:] for s in starts], starts
+    return [ids[:1] + body[s : s + width] + ids[-1:] for s in starts], starts
 
 
 def test_default_truncates_and_reports_tokens_used(minilm_llm, long_doc):
@@ -48,10 +48,13 @@ def test_embed_windows_are_the_token_weighted_mean(minilm_llm, long_doc):
     assert len(ids) > 2900
     (out,) = minilm_llm.embed([long_doc, "a short text"], PoolingParams(long_input="window"), use_tqdm=False)[:1]
     windows, _ = windows_of(ids, 256, 0)
-    raw = minilm_llm.embed([{"prompt_token_ids": w} for w in windows], PoolingParams(use_activation=False),
-                           use_tqdm=False)
+    raw = minilm_llm.embed(
+        [{"prompt_token_ids": w} for w in windows], PoolingParams(use_activation=False), use_tqdm=False
+    )
     weights = torch.tensor([float(len(w)) for w in windows])
-    expected = F.normalize((torch.stack([r.outputs.data for r in raw]) * weights[:, None]).sum(0) / weights.sum(), dim=0)
+    expected = F.normalize(
+        (torch.stack([r.outputs.data for r in raw]) * weights[:, None]).sum(0) / weights.sum(), dim=0
+    )
     assert out.outputs.data.shape == (384,)
     assert abs(out.outputs.data.norm().item() - 1) < 1e-5
     assert torch.allclose(out.outputs.data, expected, atol=1e-6)
@@ -61,18 +64,20 @@ def test_embed_windows_are_the_token_weighted_mean(minilm_llm, long_doc):
 @pytest.mark.parametrize("overlap", [0, 32])
 def test_token_embed_windows_return_one_vector_per_token(minilm_llm, long_doc, overlap):
     ids = minilm_llm.get_tokenizer().tokenize(long_doc)[0]
-    (out,) = minilm_llm.token_embed([long_doc], PoolingParams(long_input="window", window_overlap=overlap),
-                                    use_tqdm=False)
+    (out,) = minilm_llm.token_embed(
+        [long_doc], PoolingParams(long_input="window", window_overlap=overlap), use_tqdm=False
+    )
     assert out.outputs.data.shape == (len(ids), 384)
     windows, starts = windows_of(ids, 256, overlap)
-    per_window = [o.outputs.data for o in minilm_llm.token_embed([{"prompt_token_ids": w} for w in windows],
-                                                                   use_tqdm=False)]
+    per_window = [
+        o.outputs.data for o in minilm_llm.token_embed([{"prompt_token_ids": w} for w in windows], use_tqdm=False)
+    ]
     # Content token t comes from the window where it is farthest from an edge.
     keep_from = [0] + [s + overlap // 2 for s in starts[1:]]
     keep_to = keep_from[1:] + [len(ids) - 2]
     expected = [per_window[0][:1]]
     for k, s in enumerate(starts):
-        expected.append(per_window[k][1 + keep_from[k] - s:1 + keep_to[k] - s])
+        expected.append(per_window[k][1 + keep_from[k] - s : 1 + keep_to[k] - s])
     expected.append(per_window[-1][-1:])
     assert torch.allclose(out.outputs.data, torch.cat(expected), atol=1e-6)
     # The first tokens equal those of the truncated input (the first window is the truncated input).

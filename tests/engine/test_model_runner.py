@@ -36,8 +36,7 @@ def test_padded_batches_change_no_output(minilm_llm, cranfield_texts):
     runner = minilm_llm.engine.runner
     assert runner.pad_to_bucket, "oneDNN and the packed kernel are there on CPU"
     texts = cranfield_texts[:13]  # a token count that is not a bucket size
-    assert sum(bucket_padding(sum(len(o.prompt_token_ids) for o in minilm_llm.embed(texts, use_tqdm=False)),
-                              256)) > 0
+    assert sum(bucket_padding(sum(len(o.prompt_token_ids) for o in minilm_llm.embed(texts, use_tqdm=False)), 256)) > 0
     padded_e = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
     padded_t = [o.outputs.data for o in minilm_llm.token_embed(texts, use_tqdm=False)]
     runner.pad_to_bucket = False

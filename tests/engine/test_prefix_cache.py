@@ -39,8 +39,13 @@ def test_results_unchanged_and_prefix_computed_once(qwen3_folder, pooling, budge
     task = "token_embed" if pooling == "ALL" else "embed"
     outs = {}
     for caching in (False, True):
-        llm = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=caching, max_num_batched_tokens=budget,
-                  pooler_config=PoolerConfig(pooling_type=pooling))
+        llm = LLM(
+            str(qwen3_folder),
+            dtype="float32",
+            enable_prefix_caching=caching,
+            max_num_batched_tokens=budget,
+            pooler_config=PoolerConfig(pooling_type=pooling),
+        )
         got = llm.encode([{"prompt_token_ids": p} for p in ps], pooling_task=task, use_tqdm=False)
         outs[caching] = ([o.outputs.data for o in got], llm.engine)
     for plain, cached in zip(outs[False][0], outs[True][0]):

@@ -111,7 +111,9 @@ def test_long_causal_prompt_is_chunked_and_interleaved_with_short_requests():
     assert all(sum(c.num_tokens for c in b) <= 16 for b in batches)
     long_chunks = [c for b in batches for c in b if c.request.request_id == "long"]
     # Contiguous chunks covering the prompt exactly once, in order.
-    assert [c.start for c in long_chunks] == [sum(x.num_tokens for x in long_chunks[:k]) for k in range(len(long_chunks))]
+    assert [c.start for c in long_chunks] == [
+        sum(x.num_tokens for x in long_chunks[:k]) for k in range(len(long_chunks))
+    ]
     assert sum(c.num_tokens for c in long_chunks) == 55 and long_chunks[-1].is_last
     assert len(long_chunks) >= 4
     # Short requests ran whole, and before the long prompt was done.
@@ -150,8 +152,13 @@ def test_requests_wait_for_kv_cache_instead_of_failing():
 
 
 def test_prefix_hits_skip_cached_tokens_and_shared_prefixes_start_one_at_a_time():
-    s = Scheduler(max_num_batched_tokens=1000, max_num_seqs=8, kv_cache_tokens=10_000, cache_every_causal=True,
-                  prefix_probe=lambda r: r.prefix)
+    s = Scheduler(
+        max_num_batched_tokens=1000,
+        max_num_seqs=8,
+        kv_cache_tokens=10_000,
+        cache_every_causal=True,
+        prefix_probe=lambda r: r.prefix,
+    )
     s.add(Req("a", 40, chunkable=True, prefix=(0, "block0")))
     s.add(Req("b", 40, chunkable=True, prefix=(0, "block0")))  # same first block, not cached yet
     s.add(Req("c", 40, chunkable=True, prefix=(0, "other")))

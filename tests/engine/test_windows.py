@@ -17,8 +17,14 @@ CLS, SEP = 101, 102
 def long_request(n_body: int, task: str) -> Request:
     ids = [CLS] + list(range(1000, 1000 + n_body)) + [SEP]
     spec = PoolingSpec(task=task, pooling=("ALL",) if task == "token_embed" else ("MEAN",), use_activation=False)
-    return Request(request_id="r", prompt_token_ids=ids, token_type_ids=[0] * len(ids), params=PoolingParams(),
-                   spec=spec, num_input_tokens=len(ids))
+    return Request(
+        request_id="r",
+        prompt_token_ids=ids,
+        token_type_ids=[0] * len(ids),
+        params=PoolingParams(),
+        spec=spec,
+        num_input_tokens=len(ids),
+    )
 
 
 @pytest.mark.parametrize("overlap", [0, 1, 2, 3])

@@ -14,8 +14,11 @@ from tests.conftest import DATA, REPO
 from tests.helpers import cosine_rows
 
 QUERY = "how do wings behave in a slipstream"
-DOCS = ["experimental investigation of the aerodynamics of a wing in a slipstream",
-        "heat transfer to a blunt body in hypersonic flow", "the wing was tested in a wind tunnel"]
+DOCS = [
+    "experimental investigation of the aerodynamics of a wing in a slipstream",
+    "heat transfer to a blunt body in hypersonic flow",
+    "the wing was tested in a wind tunnel",
+]
 
 
 def test_embed_output_fields(minilm_llm):
@@ -71,8 +74,9 @@ def test_per_prompt_params_and_activation_off(minilm_llm):
 def test_pooler_config_overrides_pooling_and_activation(minilm_path, minilm_llm):
     raw_tokens = minilm_llm.token_embed(QUERY, PoolingParams(normalize=False), use_tqdm=False)[0].outputs.data
     cls = LLM(str(minilm_path), dtype="float32", pooler_config=PoolerConfig(pooling_type="CLS"))
-    assert torch.allclose(cls.embed(QUERY, use_tqdm=False)[0].outputs.data, F.normalize(raw_tokens[0], dim=-1),
-                          atol=1e-6)
+    assert torch.allclose(
+        cls.embed(QUERY, use_tqdm=False)[0].outputs.data, F.normalize(raw_tokens[0], dim=-1), atol=1e-6
+    )
     assert cls.model_config.sources["pooling_type"] == "pooler_config"
     mx = LLM(str(minilm_path), dtype="float32", pooler_config=PoolerConfig(pooling_type="MAX", use_activation=False))
     assert torch.allclose(mx.embed(QUERY, use_tqdm=False)[0].outputs.data, raw_tokens.amax(0), atol=1e-6)
@@ -95,9 +99,13 @@ def test_sentence_transformers_dense_and_concatenated_pooling(tmp_path, minilm_p
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
     torch.manual_seed(3)
-    modules = [Transformer(str(minilm_path), max_seq_length=128), Pooling(384, pooling_mode=("cls", "mean")),
-               Dense(768, 96, activation_function=torch.nn.Tanh()),
-               Dense(96, 48, activation_function=torch.nn.Identity(), use_residual=True), Normalize()]
+    modules = [
+        Transformer(str(minilm_path), max_seq_length=128),
+        Pooling(384, pooling_mode=("cls", "mean")),
+        Dense(768, 96, activation_function=torch.nn.Tanh()),
+        Dense(96, 48, activation_function=torch.nn.Identity(), use_residual=True),
+        Normalize(),
+    ]
     st = SentenceTransformer(modules=modules, device="cpu").eval()
     st.save(str(tmp_path / "st"))
     texts = cranfield_texts[:12]
@@ -153,8 +161,10 @@ def test_bfloat16_stays_within_0999_of_float32(minilm_path, minilm_llm, cranfiel
     a = torch.stack([o.outputs.data for o in bf16.embed(cranfield_texts, use_tqdm=False)])
     b = torch.stack([o.outputs.data for o in minilm_llm.embed(cranfield_texts, use_tqdm=False)])
     assert cosine_rows(a, b).min() >= 0.999
-    for x, y in zip(bf16.token_embed(cranfield_texts[:10], use_tqdm=False),
-                    minilm_llm.token_embed(cranfield_texts[:10], use_tqdm=False)):
+    for x, y in zip(
+        bf16.token_embed(cranfield_texts[:10], use_tqdm=False),
+        minilm_llm.token_embed(cranfield_texts[:10], use_tqdm=False),
+    ):
         assert cosine_rows(x.outputs.data, y.outputs.data).min() >= 0.999
 
 
@@ -177,8 +187,13 @@ def test_progress_bar_callable(minilm_llm):
 
 def test_cli_embed_main_job(tmp_path):
     corpus = DATA / "cranfield" / "corpus.jsonl"  # the README's offline example
-    result = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(corpus), "--limit", "40", "--quiet"],
-                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "polyvec", "embed", str(corpus), "--limit", "40", "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "embedded 40 texts" in result.stdout and "tokens/s" in result.stdout
     assert "nearest neighbour of text 0" in result.stdout
@@ -230,7 +245,12 @@ def test_cli_embed_keeps_blank_lines_as_rows(tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("first line\n\nthird line\n")
     out = tmp_path / "vectors.npy"
-    result = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(texts), "--quiet", "--output", str(out),
-                             "--dtype", "float32"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "polyvec", "embed", str(texts), "--quiet", "--output", str(out), "--dtype", "float32"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "embedded 3 texts" in result.stdout and np.load(out).shape == (3, 384)

@@ -34,8 +34,9 @@ def test_dense_search_is_exact():
 
 
 def test_metrics_match_hand_computation():
-    data = BeirData(doc_ids=["a", "b", "c"], docs=["", "", ""], query_ids=["q"], queries=[""],
-                    qrels={"q": {"b": 2, "c": 1}})
+    data = BeirData(
+        doc_ids=["a", "b", "c"], docs=["", "", ""], query_ids=["q"], queries=[""], qrels={"q": {"b": 2, "c": 1}}
+    )
     # Ranking: a (irrelevant), b (gain 2), c (gain 1).
     m = evaluate(data, torch.tensor([[3.0, 2.0, 1.0]]), torch.tensor([[0, 1, 2]]))
     dcg = 2 / math.log2(3) + 1 / math.log2(4)
@@ -55,8 +56,13 @@ def test_load_beir_reads_the_test_slices():
 def test_cli_on_a_small_collection(name):
     data = load_beir(DATA / name)
     for mode in ("dense", "multivector"):
-        out = subprocess.run([sys.executable, "-m", "polyvec", "eval-retrieval", "--data", str(DATA / name),
-                              "--mode", mode, "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "polyvec", "eval-retrieval", "--data", str(DATA / name), "--mode", mode, "--quiet"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         ndcg = float(out.stdout.split("nDCG@10 ")[1].split()[0])
         assert 0.3 < ndcg <= 1.0, out.stdout  # far above random on ~100 documents

@@ -12,15 +12,17 @@ from polyvec.layers import kernels, linear
 from polyvec.layers.linear import AMX_MAX_ROWS, PackedLinear, pack_amx_weight
 from tests.helpers import cosine_rows
 
-needs_amx = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and kernels.amx_linear_available()),
-                               reason="needs a CPU with AMX-BF16 (Sapphire Rapids on) and the native kernels")
+needs_amx = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and kernels.amx_linear_available()),
+    reason="needs a CPU with AMX-BF16 (Sapphire Rapids on) and the native kernels",
+)
 SHAPES = [(384, 1152, None), (384, 1536, "gelu"), (1536, 384, None), (768, 3072, "gelu_new"), (64, 96, None)]
 
 
 def _layer(k: int, n: int, seed: int = 0) -> nn.Linear:
     torch.manual_seed(seed)
     lin = nn.Linear(k, n)
-    nn.init.normal_(lin.weight, std=k ** -0.5)
+    nn.init.normal_(lin.weight, std=k**-0.5)
     nn.init.normal_(lin.bias, std=0.5)
     return lin.bfloat16()
 
@@ -48,13 +50,13 @@ def test_matches_onednn_and_float32(k, n, act, rows):
     if act:
         exact = torch.nn.functional.gelu(exact, approximate="none" if act == "gelu" else "tanh")
     # Products of bf16 values are exact and summed in float32: one rounding to bf16 from float32's result.
-    assert ((y.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+    assert ((y.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4).all()
     # oneDNN's AMX kernel does the same sums: the same bits nearly everywhere (its own K-split for some shapes
     # may move a last bit); the two GELU approximations round to neighbouring bf16 values at most.
     other = onednn(x)
     if act is None:
         assert (y == other).float().mean() >= 0.999
-    assert ((y.float() - other.float()).abs() <= other.float().abs() * 2 ** -7 + 1e-4).all()
+    assert ((y.float() - other.float()).abs() <= other.float().abs() * 2**-7 + 1e-4).all()
 
 
 @needs_amx
@@ -65,7 +67,7 @@ def test_residual_add(k, n):
     x, res = torch.randn(10, k).bfloat16(), torch.randn(10, n).bfloat16()
     y = amx.forward_add(x, res)
     exact = x.float() @ lin.weight.float().T + lin.bias.float() + res.float()
-    assert ((y.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+    assert ((y.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-4).all()
     assert (y == onednn.forward_add(x, res)).float().mean() >= 0.999
 
 
@@ -76,7 +78,7 @@ def test_a_row_does_not_depend_on_the_others():
     x = torch.randn(AMX_MAX_ROWS, 384).bfloat16()
     whole = amx(x)
     for i in (0, 15, 16, 31, 40, AMX_MAX_ROWS - 1):
-        assert torch.equal(amx(x[i:i + 1]), whole[i:i + 1])
+        assert torch.equal(amx(x[i : i + 1]), whole[i : i + 1])
 
 
 @needs_amx
@@ -107,8 +109,9 @@ def test_rejects_bad_inputs():
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.polyvec.amx_linear(torch.randn(4, 352).bfloat16(), amx.amx_weight, amx.amx_bias, None, 0)
     with pytest.raises(RuntimeError, match="residual"):
-        torch.ops.polyvec.amx_linear(torch.randn(4, 384).bfloat16(), amx.amx_weight, amx.amx_bias,
-                                     torch.randn(3, 384).bfloat16(), 0)
+        torch.ops.polyvec.amx_linear(
+            torch.randn(4, 384).bfloat16(), amx.amx_weight, amx.amx_bias, torch.randn(3, 384).bfloat16(), 0
+        )
 
 
 def test_ineligible_layers_keep_one_copy():
@@ -129,8 +132,9 @@ def test_bf16_engine_enables_it_where_there_is_amx(minilm_bf16, minilm_llm):
     layers = [m for m in minilm_bf16.engine.runner.model.modules() if isinstance(m, PackedLinear)]
     assert len(layers) == 24
     assert all((m.amx_weight is not None) is kernels.amx_linear_available() for m in layers)
-    assert not any(m.amx_weight is not None for m in minilm_llm.engine.runner.model.modules()
-                   if isinstance(m, PackedLinear))  # float32
+    assert not any(
+        m.amx_weight is not None for m in minilm_llm.engine.runner.model.modules() if isinstance(m, PackedLinear)
+    )  # float32
 
 
 def test_short_queries_alone_and_in_a_batch(minilm_bf16, minilm_llm, cranfield_texts, monkeypatch):

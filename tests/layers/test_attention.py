@@ -20,9 +20,9 @@ def test_varlen_equals_per_sequence(lens, with_bias):
     out = varlen_attention(qkv, meta, heads, meta.attn_mask(bias))
     start = 0
     for n in lens:
-        q, k, v = qkv[start:start + n].view(1, n, 3, heads, dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[start : start + n].view(1, n, 3, heads, dim).permute(2, 0, 3, 1, 4)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias[..., :n, :n])
-        assert torch.allclose(out[start:start + n], ref.transpose(1, 2).reshape(n, heads * dim), atol=1e-5)
+        assert torch.allclose(out[start : start + n], ref.transpose(1, 2).reshape(n, heads * dim), atol=1e-5)
         start += n
 
 
@@ -38,6 +38,7 @@ def test_metadata_positions_and_offsets():
 
 
 # ------------------------------------------------------------------------------------------ causal + KV cache
+
 
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
@@ -57,8 +58,11 @@ def test_causal_attention_in_chunks_equals_one_pass(window, heads, kv_heads):
         i, j = torch.arange(n).unsqueeze(1), torch.arange(n).unsqueeze(0)
         mask = (j <= i) if window is None else (j <= i) & (j > i - window)
         ref = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(heads // kv_heads, 0),
-            v.transpose(0, 1).repeat_interleave(heads // kv_heads, 0), attn_mask=mask)
+            q.transpose(0, 1),
+            k.transpose(0, 1).repeat_interleave(heads // kv_heads, 0),
+            v.transpose(0, 1).repeat_interleave(heads // kv_heads, 0),
+            attn_mask=mask,
+        )
         expected.append(ref.transpose(0, 1))
     caches = [KVCache(1, n, kv_heads, dim, torch.float32, torch.device("cpu")) for n in lens]
     got = [[] for _ in lens]
@@ -66,9 +70,13 @@ def test_causal_attention_in_chunks_equals_one_pass(window, heads, kv_heads):
     while any(d < n for d, n in zip(done, lens)):
         active = [s for s in range(len(lens)) if done[s] < lens[s]]
         sizes = [min(16, lens[s] - done[s]) for s in active]
-        meta = AttentionMetadata.build_causal(sizes, [done[s] for s in active], [caches[s] for s in active],
-                                              torch.device("cpu"))
-        cat = lambda xs: torch.cat([xs[s][done[s]:done[s] + m] for s, m in zip(active, sizes)])
+        meta = AttentionMetadata.build_causal(
+            sizes, [done[s] for s in active], [caches[s] for s in active], torch.device("cpu")
+        )
+
+        def cat(xs, active=active, sizes=sizes):
+            return torch.cat([xs[s][done[s] : done[s] + m] for s, m in zip(active, sizes)])
+
         out = causal_attention(cat(qs), cat(ks), cat(vs), meta, layer=0, sliding_window=window)
         for s, piece in zip(active, out.split(sizes)):
             got[s].append(piece)

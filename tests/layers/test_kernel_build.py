@@ -16,15 +16,17 @@ import pytest
 from polyvec.layers import kernels
 from tests.conftest import DATA, REPO
 
-needs_build = pytest.mark.skipif(kernels._capability() not in kernels.VECTOR_WIDTH,
-                                 reason="the kernels are built for AVX2/AVX-512 CPUs only")
+needs_build = pytest.mark.skipif(
+    kernels._capability() not in kernels.VECTOR_WIDTH, reason="the kernels are built for AVX2/AVX-512 CPUs only"
+)
 LOAD = "from polyvec.layers import kernels; import sys; sys.exit(0 if kernels.load() else 3)"
 
 
 def _library(env: dict[str, str]) -> str:
     code = "from polyvec.layers import kernels; print(kernels.library_path())"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @needs_build
@@ -33,8 +35,9 @@ def test_build_killed_midway_then_started_again(tmp_path):
     env.pop("POLYVEC_DISABLE_KERNELS", None)
     target = _library(env)
     # Its own session, so the compiler processes it starts can be stopped with it (as Ctrl-C stops a group).
-    first = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", LOAD], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert first.stderr is not None
     line = first.stderr.readline()
     assert "compiling polyvec's CPU kernels once" in line, line
@@ -70,9 +73,25 @@ def test_library_key_depends_on_the_environment(monkeypatch):
 def test_no_compiler_is_one_warning_and_the_fallback_runs(tmp_path):
     env = {**os.environ, "POLYVEC_CACHE": str(tmp_path), "CXX": "no-such-c++", "HF_HUB_OFFLINE": "1"}
     env.pop("POLYVEC_DISABLE_KERNELS", None)
-    out = subprocess.run([sys.executable, "-m", "polyvec", "embed", str(DATA / "cranfield" / "corpus.jsonl"),
-                          "--limit", "8", "--quiet", "--dtype", "float32"],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyvec",
+            "embed",
+            str(DATA / "cranfield" / "corpus.jsonl"),
+            "--limit",
+            "8",
+            "--quiet",
+            "--dtype",
+            "float32",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "embedded 8 texts" in out.stdout
     if kernels._capability() in kernels.VECTOR_WIDTH:

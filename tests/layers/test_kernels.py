@@ -16,8 +16,9 @@ from polyvec.layers import kernels
 from polyvec.layers.attention import AttentionMetadata, varlen_attention
 
 HAVE_COMPILER = shutil.which("c++") is not None and shutil.which("ninja") is not None
-needs_kernel = pytest.mark.skipif(kernels._capability() not in kernels.VECTOR_WIDTH,
-                                  reason="the kernel is built for AVX2/AVX-512 CPUs only")
+needs_kernel = pytest.mark.skipif(
+    kernels._capability() not in kernels.VECTOR_WIDTH, reason="the kernel is built for AVX2/AVX-512 CPUs only"
+)
 
 
 def _reference(qkv, lens, heads, key_lens=None, bias=None):
@@ -26,7 +27,7 @@ def _reference(qkv, lens, heads, key_lens=None, bias=None):
     outs, start = [], 0
     for i, n in enumerate(lens):
         k_n = n if key_lens is None else key_lens[i]
-        q, k, v = qkv[start:start + n].float().view(n, 3, heads, dim).permute(1, 2, 0, 3)
+        q, k, v = qkv[start : start + n].float().view(n, 3, heads, dim).permute(1, 2, 0, 3)
         mask = None if bias is None else bias.reshape(heads, -1, bias.shape[-1])[:, :n, :k_n].float()
         o = F.scaled_dot_product_attention(q, k[:, :k_n], v[:, :k_n], attn_mask=mask)
         outs.append(o.transpose(0, 1).reshape(n, heads * dim))
@@ -74,11 +75,14 @@ def test_kernel_key_lengths_and_bias():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,dim,lens,key_lens,with_bias", [
-    (12, 32, [70, 3, 128, 1, 33], None, False),
-    (4, 64, [20, 7, 45], [12, 7, 1], True),  # key lengths (odd ones too) and a bias
-    (2, 16, [9, 40], None, False),  # head_dim 16: the float32 path even where bf16 dot products exist
-])
+@pytest.mark.parametrize(
+    "heads,dim,lens,key_lens,with_bias",
+    [
+        (12, 32, [70, 3, 128, 1, 33], None, False),
+        (4, 64, [20, 7, 45], [12, 7, 1], True),  # key lengths (odd ones too) and a bias
+        (2, 16, [9, 40], None, False),  # head_dim 16: the float32 path even where bf16 dot products exist
+    ],
+)
 def test_kernel_half_precision_storage(dtype, heads, dim, lens, key_lens, with_bias):
     """bf16/fp16 in and out: as close to float32 attention on the same inputs as the output's rounding allows
     (bf16 with AVX512-BF16 and head_dim % 32 == 0 uses bf16 dot products, float32 elsewhere)."""
@@ -103,12 +107,13 @@ def test_kernel_output_of_a_sequence_does_not_depend_on_the_batch(dtype):
     heads, dim = 12, 32
     lens = [int(x) for x in torch.randint(1, 120, (40,))]
     qkv = torch.randn(sum(lens), 3 * heads * dim).to(dtype)
-    out = kernels.varlen_attention(qkv, AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens,
-                                   heads)
+    out = kernels.varlen_attention(
+        qkv, AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens, heads
+    )
     start = 0
     for n in lens[:5]:
-        alone = kernels.varlen_attention(qkv[start:start + n].contiguous(), torch.tensor([0, n]), heads)
-        assert torch.equal(alone, out[start:start + n])
+        alone = kernels.varlen_attention(qkv[start : start + n].contiguous(), torch.tensor([0, n]), heads)
+        assert torch.equal(alone, out[start : start + n])
         start += n
 
 
@@ -144,7 +149,8 @@ def test_bf16_paths_agree(tmp_path):
         "lens = [70, 3, 128, 33]\n"
         "qkv = torch.randn(sum(lens), 3 * 12 * 32).bfloat16()\n"
         "cu = torch.tensor([0, 70, 73, 201, 234])\n"
-        "torch.save((qkv, kernels.varlen_attention(qkv, cu, 12)), sys.argv[1])\n")
+        "torch.save((qkv, kernels.varlen_attention(qkv, cu, 12)), sys.argv[1])\n"
+    )
     here, child = tmp_path / "here.pt", tmp_path / "child.pt"
     subprocess.run([sys.executable, "-c", script, str(child), "no-amx"], check=True)
     subprocess.run([sys.executable, "-c", script, str(here), "amx"], check=True)
@@ -182,11 +188,11 @@ def test_kernel_any_scale_sign(dtype):
     lens = [70, 3, 33]
     qkv = torch.randn(sum(lens), 3 * 12 * 32).to(dtype)
     cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
-    for scale in (32 ** -0.5, -(32 ** -0.5)):
+    for scale in (32**-0.5, -(32**-0.5)):
         out = torch.ops.polyvec.varlen_attention(qkv, cu, None, None, 12, scale).float()
         ref, start = [], 0
         for n in lens:
-            q, k, v = qkv[start:start + n].float().view(n, 3, 12, 32).permute(1, 2, 0, 3)
+            q, k, v = qkv[start : start + n].float().view(n, 3, 12, 32).permute(1, 2, 0, 3)
             o = F.scaled_dot_product_attention(q, k, v, scale=scale)
             ref.append(o.transpose(0, 1).reshape(n, 12 * 32))
             start += n

@@ -30,7 +30,7 @@ def test_bfloat16_is_float32_rounded_once(hidden):
     out = torch.ops.polyvec.layer_norm(x, w, b, 1e-12)
     assert out.dtype == torch.bfloat16
     exact = F.layer_norm(x.float(), (hidden,), w.float(), b.float(), 1e-12)
-    assert ((out.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+    assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
     torch.testing.assert_close(out.float(), F.layer_norm(x, (hidden,), w, b, 1e-12).float(), atol=0.02, rtol=0.01)
 
 
@@ -42,8 +42,8 @@ def test_a_row_does_not_depend_on_the_others(dtype):
     x, w, b = (torch.randn(100, 384) * 3).to(dtype), torch.randn(384).to(dtype), torch.randn(384).to(dtype)
     whole = torch.ops.polyvec.layer_norm(x, w, b, 1e-5)
     for i in (0, 40, 47, 99):
-        assert torch.equal(whole[i:i + 1], torch.ops.polyvec.layer_norm(x[i:i + 1], w, b, 1e-5))
-        assert torch.equal(whole[i:i + 3], torch.ops.polyvec.layer_norm(x[i:i + 3], w, b, 1e-5))
+        assert torch.equal(whole[i : i + 1], torch.ops.polyvec.layer_norm(x[i : i + 1], w, b, 1e-5))
+        assert torch.equal(whole[i : i + 3], torch.ops.polyvec.layer_norm(x[i : i + 3], w, b, 1e-5))
 
 
 def test_module_uses_the_kernel_only_when_told():

@@ -21,7 +21,7 @@ def packed():
     mask = torch.zeros(len(LENS), max(LENS), dtype=torch.long)
     start = 0
     for i, n in enumerate(LENS):
-        padded[i, :n] = flat[start:start + n]
+        padded[i, :n] = flat[start : start + n]
         mask[i, :n] = 1
         start += n
     return flat, padded, mask, AttentionMetadata.build(LENS, torch.device("cpu"))
@@ -54,8 +54,12 @@ def test_concatenated_modes(packed):
 
 def test_mixed_tasks_in_one_batch_are_views_of_group_tensors(packed):
     flat, _, _, meta = packed
-    specs = [PoolingSpec("embed", ("MEAN",)), PoolingSpec("token_embed", ("ALL",)),
-             PoolingSpec("embed", ("MEAN",)), PoolingSpec("token_embed", ("ALL",), dimensions=4)]
+    specs = [
+        PoolingSpec("embed", ("MEAN",)),
+        PoolingSpec("token_embed", ("ALL",)),
+        PoolingSpec("embed", ("MEAN",)),
+        PoolingSpec("token_embed", ("ALL",), dimensions=4),
+    ]
     out = Pooler()(flat, meta, torch.zeros(sum(LENS), dtype=torch.long), specs)
     assert out[0].shape == (HIDDEN,) and out[2].shape == (HIDDEN,)
     assert out[1].shape == (1, HIDDEN) and out[3].shape == (3, 4)
@@ -73,6 +77,6 @@ def test_step_pooling(packed):
     out = Pooler()(flat, meta, ids, [spec] * len(LENS))
     start = 0
     for n, o in zip(LENS, out):
-        sel = ids[start:start + n] == 2
-        assert torch.equal(o, flat[start:start + n][sel][:, [1, 5]])
+        sel = ids[start : start + n] == 2
+        assert torch.equal(o, flat[start : start + n][sel][:, [1, 5]])
         start += n

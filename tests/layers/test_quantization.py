@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from polyvec.layers import kernels
 from polyvec.layers.linear import Int8Linear, int8_available
 
-pytestmark = pytest.mark.skipif(not int8_available(torch.device("cpu")),
-                                reason="needs PyTorch with oneDNN and a C++ compiler for polyvec's kernels")
+pytestmark = pytest.mark.skipif(
+    not int8_available(torch.device("cpu")), reason="needs PyTorch with oneDNN and a C++ compiler for polyvec's kernels"
+)
 
 
 def _dequantize(q, scale, offset):
@@ -44,8 +45,7 @@ def test_quantize_rows_is_per_row_and_handles_constant_rows():
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("act,ref_act", [(0, lambda v: v), (1, F.gelu),
-                                         (2, lambda v: F.gelu(v, approximate="tanh"))])
+@pytest.mark.parametrize("act,ref_act", [(0, lambda v: v), (1, F.gelu), (2, lambda v: F.gelu(v, approximate="tanh"))])
 @pytest.mark.parametrize("n", [384, 24])
 def test_dequantize_rows_matches_the_formula(out_dtype, act, ref_act, n):
     torch.manual_seed(1)
@@ -90,14 +90,18 @@ def test_int8_linear_close_to_float_and_batch_invariant(dtype, activation):
     assert F.cosine_similarity(out.float(), ref, dim=-1).min() > 0.999
     # integer products are exact and every scale is per row: a row's output is bit-identical alone
     for i in (0, 137, 299):
-        assert torch.equal(layer(x[i:i + 1].contiguous())[0], out[i])
+        assert torch.equal(layer(x[i : i + 1].contiguous())[0], out[i])
     if activation and dtype == torch.float32:  # straight to the next int8 layer's grid: as quantizing the output
         for got, want in zip(layer.forward_requantized(x), torch.ops.polyvec.quantize_rows(out)):
             assert torch.equal(got, want)
     residual = torch.randn(300, 1536).to(dtype)
     plain = Int8Linear(linear)
-    torch.testing.assert_close(plain.forward_add(x, residual).float(), (plain(x) + residual).float(),
-                               atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
+    torch.testing.assert_close(
+        plain.forward_add(x, residual).float(),
+        (plain(x) + residual).float(),
+        atol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+        rtol=1e-2,
+    )
 
 
 def test_int8_model_cosine_against_float32(minilm_path, minilm_llm, cranfield_texts):
@@ -155,8 +159,13 @@ def test_int8_decoder_chunked_prefill(tmp_path, minilm_path):
     ref = LLM(str(tmp_path), dtype="float32", enable_prefix_caching=False)
     ref_out = torch.stack([o.outputs.data for o in ref.embed(token_prompts, use_tqdm=False)])
     for budget in (None, 16):
-        llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False,
-                  quantization="int8")
+        llm = LLM(
+            str(tmp_path),
+            dtype="float32",
+            max_num_batched_tokens=budget,
+            enable_prefix_caching=False,
+            quantization="int8",
+        )
         out = torch.stack([o.outputs.data for o in llm.embed(token_prompts, use_tqdm=False)])
         assert F.cosine_similarity(out, ref_out, dim=-1).min() >= 0.99
         assert not torch.equal(out, ref_out)

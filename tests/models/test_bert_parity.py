@@ -38,8 +38,9 @@ def test_token_embed_matches_sentence_transformers(minilm_llm, st_minilm, cranfi
 
 def test_token_embed_is_per_token_normalized_and_unnormalized_on_request(minilm_llm):
     normed = minilm_llm.token_embed(["late interaction retrieval"], use_tqdm=False)[0].outputs.data
-    raw = minilm_llm.token_embed(["late interaction retrieval"], PoolingParams(use_activation=False),
-                                 use_tqdm=False)[0].outputs.data
+    raw = minilm_llm.token_embed(["late interaction retrieval"], PoolingParams(use_activation=False), use_tqdm=False)[
+        0
+    ].outputs.data
     assert torch.allclose(normed.norm(dim=-1), torch.ones(normed.shape[0]), atol=1e-5)
     assert not torch.allclose(raw.norm(dim=-1), torch.ones(raw.shape[0]), atol=1e-2)
     assert torch.allclose(torch.nn.functional.normalize(raw, dim=-1), normed, atol=1e-6)

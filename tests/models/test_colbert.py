@@ -23,8 +23,12 @@ from polyvec import LLM, PoolingParams
 from tests.helpers import cosine_rows
 
 QUERIES = ["what is the slipstream effect on a wing?", "flutter"]
-DOCS = ["experimental investigation of the aerodynamics of a wing in a slipstream. an experimental study, "
-        "of a wing (in a propeller slipstream) was made!", "heat transfer " * 40, "wings."]
+DOCS = [
+    "experimental investigation of the aerodynamics of a wing in a slipstream. an experimental study, "
+    "of a wing (in a propeller slipstream) was made!",
+    "heat transfer " * 40,
+    "wings.",
+]
 
 
 def reference_encode(bert, proj: torch.Tensor, ids: list[int], n_attended: int) -> torch.Tensor:
@@ -113,9 +117,19 @@ def test_stanford_layout(pylate_model, tmp_path, minilm_path):
     cfg["architectures"] = ["HF_ColBERT"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     shutil.copy(minilm_path / "tokenizer.json", tmp_path)
-    (tmp_path / "artifact.metadata").write_text(json.dumps({
-        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 16, "doc_maxlen": 40,
-        "mask_punctuation": True, "dim": 64, "attend_to_mask_tokens": False}))
+    (tmp_path / "artifact.metadata").write_text(
+        json.dumps(
+            {
+                "query_token_id": "[unused0]",
+                "doc_token_id": "[unused1]",
+                "query_maxlen": 16,
+                "doc_maxlen": 40,
+                "mask_punctuation": True,
+                "dim": 64,
+                "attend_to_mask_tokens": False,
+            }
+        )
+    )
     llm = LLM(str(tmp_path), dtype="float32")
     cb = llm.model_config.colbert
     assert cb.layout == "stanford" and llm.model_config.token_dim == 64 and llm.model_config.architecture == "BertModel"

@@ -17,14 +17,32 @@ import torch.nn.functional as F
 from polyvec import LLM, PoolerConfig, PoolingParams
 from tests.helpers import cosine_rows
 
-DECODER = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=128, max_position_embeddings=512)
+DECODER = dict(
+    vocab_size=30522,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=512,
+)
 FAMILIES = {
     "qwen3": ("Qwen3", "Qwen3Config", dict(DECODER, head_dim=16)),
     "qwen2": ("Qwen2", "Qwen2Config", dict(DECODER)),
-    "llama": ("Llama", "LlamaConfig", dict(DECODER, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+    "llama": (
+        "Llama",
+        "LlamaConfig",
+        dict(
+            DECODER,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
     "mistral": ("Mistral", "MistralConfig", dict(DECODER, sliding_window=24)),
 }
 LENGTHS = (55, 3, 60, 7, 50, 12, 58)
@@ -85,8 +103,13 @@ def test_embed_last_token_embed_all_and_mean(causal_lm, budget):
         assert cosine_rows(t.outputs.data, F.normalize(ref, dim=-1)).min().item() >= 0.9999
     if budget == 16:
         assert llm.engine.stats.num_batches >= 4 * 3  # the long prompts really went in chunks
-    mean_llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False,
-                   pooler_config=PoolerConfig(pooling_type="MEAN"))
+    mean_llm = LLM(
+        str(folder),
+        dtype="float32",
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=False,
+        pooler_config=PoolerConfig(pooling_type="MEAN"),
+    )
     means = mean_llm.embed(token_prompts, use_tqdm=False)
     for ref, m in zip(refs, means):
         assert cosine_rows(m.outputs.data, F.normalize(ref.mean(0), dim=-1)).item() >= 0.9999
@@ -102,8 +125,13 @@ def test_chunked_equals_unchunked(tmp_path, minilm_path, pooling):
     step_tag = ps[0][10]  # a token that occurs in the first prompt
     results = []
     for budget in (None, 16):
-        llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget, enable_prefix_caching=False,
-                  pooler_config=PoolerConfig(pooling_type=pooling))
+        llm = LLM(
+            str(tmp_path),
+            dtype="float32",
+            max_num_batched_tokens=budget,
+            enable_prefix_caching=False,
+            pooler_config=PoolerConfig(pooling_type=pooling),
+        )
         task = "token_embed" if pooling in ("ALL", "STEP") else "embed"
         params = PoolingParams(step_tag_id=step_tag) if pooling == "STEP" else None
         outs = llm.encode([{"prompt_token_ids": p} for p in ps], params, pooling_task=task, use_tqdm=False)
@@ -126,8 +154,7 @@ def test_sequence_classifier_whole_and_chunked(tmp_path, minilm_path, kind):
     for budget in (None, 16):
         llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget)
         assert llm.supported_tasks == ("classify",)
-        outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False),
-                            use_tqdm=False)
+        outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
         for ref, o in zip(refs, outs):
             assert torch.allclose(o.outputs.data, ref, atol=1e-5)
 
@@ -135,8 +162,7 @@ def test_sequence_classifier_whole_and_chunked(tmp_path, minilm_path, kind):
 def test_convert_classify_from_lm_head_tokens(tmp_path, minilm_path):
     """vLLM's classifier_from_token: a causal LM served as a classifier over the logits of named tokens."""
     model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
-    llm = LLM(str(tmp_path), dtype="float32", convert="classify",
-              hf_overrides={"classifier_from_token": ["no", "yes"]})
+    llm = LLM(str(tmp_path), dtype="float32", convert="classify", hf_overrides={"classifier_from_token": ["no", "yes"]})
     ids = [llm.get_tokenizer().token_to_id(t) for t in ("no", "yes")]
     ps = prompts(seed=4)
     outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
@@ -155,26 +181,38 @@ def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
     from sentence_transformers import SentenceTransformer
 
     save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "include_prompt": True}))
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "include_prompt": True})
+    )
     (tmp_path / "2_Normalize").mkdir()
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
-    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({
-        "prompts": {"query": "Instruct: find passages about aerodynamics\nQuery:", "document": ""},
-        "default_prompt_name": None}))
+    (tmp_path / "config_sentence_transformers.json").write_text(
+        json.dumps(
+            {
+                "prompts": {"query": "Instruct: find passages about aerodynamics\nQuery:", "document": ""},
+                "default_prompt_name": None,
+            }
+        )
+    )
     texts = ["what is the stall angle of a thin wing", "laminar boundary layer", "shock waves"]
     st = SentenceTransformer(str(tmp_path), device="cpu")
     llm = LLM(str(tmp_path), dtype="float32")
     assert llm.model_config.prompts["query"].startswith("Instruct:")
     for input_type in ("query", "document"):
         ref = st.encode(texts, prompt_name=input_type, convert_to_tensor=True, batch_size=2)
-        got = torch.stack([o.outputs.data for o in llm.embed(texts, PoolingParams(input_type=input_type),
-                                                              use_tqdm=False)])
+        got = torch.stack(
+            [o.outputs.data for o in llm.embed(texts, PoolingParams(input_type=input_type), use_tqdm=False)]
+        )
         assert cosine_rows(got, ref).min().item() >= 0.9999
     plain = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     assert cosine_rows(plain, ref).min().item() >= 0.9999  # the document prompt is empty
@@ -185,10 +223,16 @@ def test_requests_wait_when_the_kv_cache_is_full(tmp_path, minilm_path):
     save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
     ps = prompts(seed=8)
     whole = LLM(str(tmp_path), dtype="float32", enable_prefix_caching=False).embed(
-        [{"prompt_token_ids": p} for p in ps], use_tqdm=False)
+        [{"prompt_token_ids": p} for p in ps], use_tqdm=False
+    )
     per_token = 2 * 2 * 2 * 16 * 4  # keys + values, 2 layers, 2 KV heads, head_dim 16, float32
-    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, enable_prefix_caching=False,
-              kv_cache_memory_bytes=70 * per_token)
+    llm = LLM(
+        str(tmp_path),
+        dtype="float32",
+        max_num_batched_tokens=16,
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=70 * per_token,
+    )
     assert llm.engine.kv_cache_tokens == 70
     peak = 0
     step = llm.engine.step

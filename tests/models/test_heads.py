@@ -21,8 +21,11 @@ TEXTS = [
 
 FAMILIES = {
     "bert": ("Bert", "BertConfig", dict(TINY)),
-    "xlm-roberta": ("XLMRoberta", "XLMRobertaConfig", dict(TINY, pad_token_id=1, type_vocab_size=1,
-                                                             max_position_embeddings=130)),
+    "xlm-roberta": (
+        "XLMRoberta",
+        "XLMRobertaConfig",
+        dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130),
+    ),
     "mpnet": ("MPNet", "MPNetConfig", dict(TINY, pad_token_id=1, max_position_embeddings=130)),
 }
 
@@ -52,8 +55,9 @@ def test_sequence_classification(family, num_labels, tmp_path, minilm_path):
     import transformers
 
     prefix, cfg_name, kwargs = FAMILIES[family]
-    folder = save_tiny_model(f"{prefix}ForSequenceClassification", cfg_name, tmp_path, minilm_path,
-                             num_labels=num_labels, **kwargs)
+    folder = save_tiny_model(
+        f"{prefix}ForSequenceClassification", cfg_name, tmp_path, minilm_path, num_labels=num_labels, **kwargs
+    )
     ref_model = getattr(transformers, f"{prefix}ForSequenceClassification").from_pretrained(folder).eval()
     llm = LLM(str(folder), dtype="float32")
     assert llm.supported_tasks == ("classify",)
@@ -73,8 +77,7 @@ def test_token_classification(family, tmp_path, minilm_path):
     import transformers
 
     prefix, cfg_name, kwargs = FAMILIES[family]
-    folder = save_tiny_model(f"{prefix}ForTokenClassification", cfg_name, tmp_path, minilm_path,
-                             num_labels=5, **kwargs)
+    folder = save_tiny_model(f"{prefix}ForTokenClassification", cfg_name, tmp_path, minilm_path, num_labels=5, **kwargs)
     ref_model = getattr(transformers, f"{prefix}ForTokenClassification").from_pretrained(folder).eval()
     llm = LLM(str(folder), dtype="float32")
     assert llm.supported_tasks == ("token_classify",)
@@ -112,8 +115,9 @@ def test_masked_lm_roberta_untied_decoder(tmp_path, minilm_path):
     import transformers
 
     prefix, cfg_name, kwargs = FAMILIES["xlm-roberta"]
-    folder = save_tiny_model("XLMRobertaForMaskedLM", cfg_name, tmp_path, minilm_path,
-                             tie_word_embeddings=False, **kwargs)
+    folder = save_tiny_model(
+        "XLMRobertaForMaskedLM", cfg_name, tmp_path, minilm_path, tie_word_embeddings=False, **kwargs
+    )
     ref_model = transformers.XLMRobertaForMaskedLM.from_pretrained(folder).eval()
     llm = LLM(str(folder), dtype="float32")
     outs = llm.token_classify(TEXTS[:2], PoolingParams(use_activation=False), use_tqdm=False)
@@ -127,8 +131,7 @@ def test_cross_encoder_score_matches_transformers(tmp_path, minilm_path):
     import transformers
     from tokenizers import Tokenizer
 
-    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1,
-                             **TINY)
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1, **TINY)
     ref_model = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_padding()
@@ -137,8 +140,10 @@ def test_cross_encoder_score_matches_transformers(tmp_path, minilm_path):
     assert llm.is_cross_encoder
     query, docs = TEXTS[0], TEXTS[1:]
     scores = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
-    raw = [o.outputs.score for o in llm.score(query, docs, pooling_params=PoolingParams(use_activation=False),
-                                              use_tqdm=False)]
+    raw = [
+        o.outputs.score
+        for o in llm.score(query, docs, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+    ]
     for doc, score, logit_ours in zip(docs, scores, raw):
         enc = tok.encode(query, doc)
         with torch.no_grad():

@@ -16,8 +16,11 @@ from tests.helpers import cosine_rows
 TEXTS = ["", "a short query", "Hello, World!"]
 
 
-@pytest.mark.parametrize("options", [KernelOptions(native=False), KernelOptions(onednn=False),
-                                     KernelOptions(native=False, onednn=False)], ids=str)
+@pytest.mark.parametrize(
+    "options",
+    [KernelOptions(native=False), KernelOptions(onednn=False), KernelOptions(native=False, onednn=False)],
+    ids=str,
+)
 def test_fallbacks_match_sentence_transformers(minilm_path, st_minilm, cranfield_texts, options):
     llm = LLM(str(minilm_path), dtype="float32", kernels=options)
     runner = llm.engine.runner
@@ -28,8 +31,7 @@ def test_fallbacks_match_sentence_transformers(minilm_path, st_minilm, cranfield
     assert bool(packed) is options.onednn
     if not options.onednn:
         assert all(type(m) is nn.Linear for m in (layers[0].qkv, layers[0].ffn_up))
-    assert not any(m.native for m in llm.engine.runner.model.modules() if isinstance(m, LayerNorm)) \
-        or options.native
+    assert not any(m.native for m in llm.engine.runner.model.modules() if isinstance(m, LayerNorm)) or options.native
     texts = cranfield_texts[:16] + TEXTS
     got = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     ref = torch.from_numpy(st_minilm.encode(texts, normalize_embeddings=True))

@@ -56,7 +56,8 @@ class Engine:
             raise ValueError(
                 f"max_num_batched_tokens={engine_config.max_num_batched_tokens} is smaller than "
                 f"max_model_len={model_config.max_model_len}; a full-length input would never fit in a batch "
-                f"(only causal models prefill in chunks)")
+                f"(only causal models prefill in chunks)"
+            )
         self.model_config = model_config
         self.engine_config = engine_config
         self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case)
@@ -70,20 +71,36 @@ class Engine:
             if engine_config.kv_cache_memory_bytes:
                 self.kv_cache_tokens = engine_config.kv_cache_memory_bytes // per_token
             else:  # the default always fits one full-length prompt plus a batch
-                self.kv_cache_tokens = max(DEFAULT_KV_CACHE_BYTES // per_token,
-                                           model_config.max_model_len + engine_config.max_num_batched_tokens)
+                self.kv_cache_tokens = max(
+                    DEFAULT_KV_CACHE_BYTES // per_token,
+                    model_config.max_model_len + engine_config.max_num_batched_tokens,
+                )
             if engine_config.enable_prefix_caching is not False and engine_config.prefix_cache_tokens:
                 self.prefix_cache = PrefixCache(engine_config.prefix_cache_tokens)
                 probe = self.prefix_cache.probe
-            logger.info("KV cache: %d tokens (%.1f MiB); prefix caching %s", self.kv_cache_tokens,
-                        self.kv_cache_tokens * per_token / 2**20, "on" if self.prefix_cache else "off")
-        self.scheduler = Scheduler(engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
-                                   kv_cache_tokens=self.kv_cache_tokens,
-                                   cache_every_causal=self.prefix_cache is not None, prefix_probe=probe)
+            logger.info(
+                "KV cache: %d tokens (%.1f MiB); prefix caching %s",
+                self.kv_cache_tokens,
+                self.kv_cache_tokens * per_token / 2**20,
+                "on" if self.prefix_cache else "off",
+            )
+        self.scheduler = Scheduler(
+            engine_config.max_num_batched_tokens,
+            engine_config.max_num_seqs,
+            kv_cache_tokens=self.kv_cache_tokens,
+            cache_every_causal=self.prefix_cache is not None,
+            prefix_probe=probe,
+        )
         self._window_groups: dict[str, Request] = {}  # parent request id → parent (long input windows)
-        self.input_processor = InputProcessor(model_config, engine_config, self.tokenizer, self.runner.model,
-                                              causal=self.causal, kv_cache_tokens=self.kv_cache_tokens,
-                                              prefix_caching=self.prefix_cache is not None)
+        self.input_processor = InputProcessor(
+            model_config,
+            engine_config,
+            self.tokenizer,
+            self.runner.model,
+            causal=self.causal,
+            kv_cache_tokens=self.kv_cache_tokens,
+            prefix_caching=self.prefix_cache is not None,
+        )
         self.stats = EngineStats()
 
     # ------------------------------------------------------------------------------------------ requests
@@ -111,12 +128,20 @@ class Engine:
     def verify_params(self, params: PoolingParams | None, task: str | None) -> PoolingParams:
         return self.input_processor.verify_params(params, task)
 
-    def process(self, prompts: Sequence[Prompt], params: PoolingParams | Sequence[PoolingParams] | None,
-                task: str | None, request_ids: Sequence[str] | None = None, *, add_special_tokens: bool = True,
-                truncation: str | None = None) -> list[Request]:
+    def process(
+        self,
+        prompts: Sequence[Prompt],
+        params: PoolingParams | Sequence[PoolingParams] | None,
+        task: str | None,
+        request_ids: Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        truncation: str | None = None,
+    ) -> list[Request]:
         """Tokenize and check prompts (see `InputProcessor.process`); thread-safe."""
-        return self.input_processor.process(prompts, params, task, request_ids,
-                                            add_special_tokens=add_special_tokens, truncation=truncation)
+        return self.input_processor.process(
+            prompts, params, task, request_ids, add_special_tokens=add_special_tokens, truncation=truncation
+        )
 
     def add_requests(self, requests: list[Request]) -> None:
         for r in requests:
@@ -158,7 +183,7 @@ class Engine:
         if self.prefix_cache is not None:
             offset = 0
             for c in batch:
-                self.prefix_cache.insert(c.request, c.start, c.num_tokens, hidden[offset:offset + c.num_tokens])
+                self.prefix_cache.insert(c.request, c.start, c.num_tokens, hidden[offset : offset + c.num_tokens])
                 offset += c.num_tokens
         self.stats.busy_seconds += time.perf_counter() - start
         self.stats.num_batches += 1
@@ -205,14 +230,19 @@ class Engine:
             if c.start > 0:  # the scheduler skipped a cached prefix
                 hidden = self.prefix_cache.load(r, c.start, r.kv_cache)
                 r.pool_state = PoolingState(r.spec)
-                ids = torch.tensor(r.prompt_token_ids[:c.start], device=hidden.device)
+                ids = torch.tensor(r.prompt_token_ids[: c.start], device=hidden.device)
                 r.pool_state.update(hidden.float(), ids, 0)
 
     def _output(self, r: Request, data: Any) -> PoolingRequestOutput[PoolingOutput]:
         r.pool_state = None
-        return PoolingRequestOutput(request_id=r.request_id, outputs=PoolingOutput(data), task=r.params.task,
-                                    prompt_token_ids=r.prompt_token_ids, num_input_tokens=r.num_input_tokens,
-                                    input_type=r.input_type)
+        return PoolingRequestOutput(
+            request_id=r.request_id,
+            outputs=PoolingOutput(data),
+            task=r.params.task,
+            prompt_token_ids=r.prompt_token_ids,
+            num_input_tokens=r.num_input_tokens,
+            input_type=r.input_type,
+        )
 
     def _finish_windows(self, parent: Request) -> PoolingRequestOutput[PoolingOutput] | None:
         """Combine a long input's windows once all are done (an aborted parent's stragglers are dropped)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec
@@ -25,15 +25,24 @@ if TYPE_CHECKING:
     from ..models.registry import EncoderForPooling
 
 # A prompt is text, a (text, text) pair, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
-Prompt = Union[str, tuple[str, str], Sequence[int], dict[str, Any]]
+Prompt = str | tuple[str, str] | Sequence[int] | dict[str, Any]
 
 
 class InputProcessor:
     """Turns prompts into `Request`s for one model; `causal`, `kv_cache_tokens` and `prefix_caching` describe
     the engine's caches, which bound and annotate causal requests."""
 
-    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, tokenizer: PolyTokenizer,
-                 model: EncoderForPooling, *, causal: bool, kv_cache_tokens: int, prefix_caching: bool):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        tokenizer: PolyTokenizer,
+        model: EncoderForPooling,
+        *,
+        causal: bool,
+        kv_cache_tokens: int,
+        prefix_caching: bool,
+    ):
         self.model_config = model_config
         self.engine_config = engine_config
         self.tokenizer = tokenizer
@@ -72,9 +81,16 @@ class InputProcessor:
     def verify_params(self, params: PoolingParams | None, task: str | None) -> PoolingParams:
         return (params or PoolingParams()).verify(task, self.model_config, self.supported_tasks)
 
-    def process(self, prompts: Sequence[Prompt], params: PoolingParams | Sequence[PoolingParams] | None,
-                task: str | None, request_ids: Sequence[str] | None = None, *, add_special_tokens: bool = True,
-                truncation: str | None = None) -> list[Request]:
+    def process(
+        self,
+        prompts: Sequence[Prompt],
+        params: PoolingParams | Sequence[PoolingParams] | None,
+        task: str | None,
+        request_ids: Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        truncation: str | None = None,
+    ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
         `truncation` ("auto" / "error") overrides the engine's setting for these prompts.
@@ -124,8 +140,9 @@ class InputProcessor:
                 tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
         for (max_len, truncate), members in text_groups.items():
             try:
-                encoded = self.tokenizer.encode([tokenized[i] for i in members], max_len, truncate,
-                                                add_special_tokens=add_special_tokens)
+                encoded = self.tokenizer.encode(
+                    [tokenized[i] for i in members], max_len, truncate, add_special_tokens=add_special_tokens
+                )
             except PromptTooLongError as exc:
                 raise ValueError(_too_long(members[exc.index], exc.num_tokens, max_len)) from None
             for i, enc in zip(members, encoded):
@@ -135,23 +152,37 @@ class InputProcessor:
         for i in range(n):
             ids, types, num_input = tokenized[i]
             if not ids:  # text the tokenizer drops entirely, without special tokens around it
-                raise ValueError(f"input {i} has no tokens after tokenization (add_special_tokens is off and the "
-                                 f"tokenizer keeps nothing of the text)")
-            request = Request(request_id=request_ids[i], prompt_token_ids=ids, token_type_ids=types,
-                              params=verified[i], spec=specs[i], num_input_tokens=num_input)
+                raise ValueError(
+                    f"input {i} has no tokens after tokenization (add_special_tokens is off and the "
+                    f"tokenizer keeps nothing of the text)"
+                )
+            request = Request(
+                request_id=request_ids[i],
+                prompt_token_ids=ids,
+                token_type_ids=types,
+                params=verified[i],
+                spec=specs[i],
+                num_input_tokens=num_input,
+            )
             if self.colbert is not None:
                 self.colbert.apply(request)
             if self.causal:
                 request.chunkable = True
                 if request.num_tokens > self.kv_cache_tokens:
-                    raise ValueError(f"prompt {i} has {request.num_tokens} tokens, more than the KV cache holds "
-                                     f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes")
+                    raise ValueError(
+                        f"prompt {i} has {request.num_tokens} tokens, more than the KV cache holds "
+                        f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes"
+                    )
                 if self.prefix_caching:
                     request.block_hashes = block_hashes(request.prompt_token_ids)
             elif windowed[i] and request.num_tokens > limit:
                 overlap = verified[i].window_overlap
-                split_windows(request, limit, overlap if overlap is not None else self.engine_config.window_overlap,
-                              self.special_ids)
+                split_windows(
+                    request,
+                    limit,
+                    overlap if overlap is not None else self.engine_config.window_overlap,
+                    self.special_ids,
+                )
             requests.append(request)
         return requests
 
@@ -166,22 +197,33 @@ class InputProcessor:
             bad = [i for i in params.returned_token_ids if i >= width]
             if bad:
                 raise ValueError(f"returned_token_ids {bad} are out of range; this output has {width} columns")
-        return PoolingSpec(task=task, pooling=pooling, dimensions=params.dimensions,
-                           use_activation=bool(params.use_activation), step_tag_id=params.step_tag_id,
-                           returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None)
+        return PoolingSpec(
+            task=task,
+            pooling=pooling,
+            dimensions=params.dimensions,
+            use_activation=bool(params.use_activation),
+            step_tag_id=params.step_tag_id,
+            returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None,
+        )
 
     def _long_input(self, params: PoolingParams) -> str:
         mode = params.long_input or self.engine_config.long_input
         if mode == "window" and (self.causal or self.colbert is not None):
             if params.long_input == "window":
-                raise ValueError("long_input='window' applies to encoder models without a ColBERT recipe; "
-                                 + ("causal models prefill long inputs in chunks" if self.causal else
-                                    "a ColBERT model truncates documents to its document_length"))
+                raise ValueError(
+                    "long_input='window' applies to encoder models without a ColBERT recipe; "
+                    + (
+                        "causal models prefill long inputs in chunks"
+                        if self.causal
+                        else "a ColBERT model truncates documents to its document_length"
+                    )
+                )
             return "truncate"
         if mode == "window" and params.is_step:
             if params.long_input == "window":
-                raise ValueError("long_input='window' does not apply to STEP pooling (step_tag_id / "
-                                 "returned_token_ids)")
+                raise ValueError(
+                    "long_input='window' does not apply to STEP pooling (step_tag_id / returned_token_ids)"
+                )
             return "truncate"
         if mode == "window" and params.task == "classify":
             return "truncate"  # the server-wide default applies to the tasks windows support
@@ -195,8 +237,7 @@ class InputProcessor:
         name = params.input_type or self.model_config.default_prompt_name
         return prompts.get(name, "") + text if name else text
 
-    def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int,
-                      truncate: bool) -> tuple[list[int], None, int]:
+    def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool) -> tuple[list[int], None, int]:
         ids = list(prompt)
         if not ids:
             raise ValueError(f"prompt {i} has no tokens")
@@ -214,9 +255,11 @@ class InputProcessor:
 
 
 def _too_long(index: int, num_tokens: int, max_len: int) -> str:
-    return (f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
-            f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
-            f"run with truncation='auto', or (encoder models) split it with long_input='window'")
+    return (
+        f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
+        f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
+        f"run with truncation='auto', or (encoder models) split it with long_input='window'"
+    )
 
 
 def _is_text_pair(prompt: Any) -> bool:

@@ -24,7 +24,7 @@ def split_windows(request: Request, max_model_len: int, overlap: int, special_id
     ids = request.prompt_token_ids
     head = ids[:1] if ids[0] in special_ids else []
     tail = ids[-1:] if ids[-1] in special_ids and len(ids) > len(head) else []
-    body = ids[len(head):len(ids) - len(tail)]
+    body = ids[len(head) : len(ids) - len(tail)]
     width = max_model_len - len(head) - len(tail)
     stride = width - overlap
     if stride < 1:
@@ -39,10 +39,18 @@ def split_windows(request: Request, max_model_len: int, overlap: int, special_id
         spec = PoolingSpec(task=spec.task, pooling=spec.pooling, raw=True)
     windows, spans = [], []
     for k, s in enumerate(starts):
-        window_ids = head + body[s:s + width] + tail
-        windows.append(Request(request_id=f"{request.request_id}#w{k}", prompt_token_ids=window_ids,
-                               token_type_ids=None, params=request.params, spec=spec,
-                               num_input_tokens=len(window_ids), parent=request))
+        window_ids = head + body[s : s + width] + tail
+        windows.append(
+            Request(
+                request_id=f"{request.request_id}#w{k}",
+                prompt_token_ids=window_ids,
+                token_type_ids=None,
+                params=request.params,
+                spec=spec,
+                num_input_tokens=len(window_ids),
+                parent=request,
+            )
+        )
         spans.append((s, keep_from[k], keep_to[k]))
     request.windows, request.window_spans = windows, spans
     request.num_input_tokens = len(ids)
@@ -67,8 +75,8 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
         n_tail = 1 if ids[-1] in special_ids and len(ids) > n_head else 0
         pieces = [results[0][:n_head]]  # [CLS] from the first window, [SEP] from the last
         for (s, lo, hi), rows in zip(parent.window_spans, results):
-            pieces.append(rows[n_head + lo - s:n_head + hi - s])
-        pieces.append(results[-1][len(results[-1]) - n_tail:])
+            pieces.append(rows[n_head + lo - s : n_head + hi - s])
+        pieces.append(results[-1][len(results[-1]) - n_tail :])
         data = torch.cat(pieces)
     for w in parent.windows:
         w.window_output = None

@@ -75,15 +75,18 @@ class ModelRunner:
         del state
         cfg = self.model.encoder.cfg
         self.packed_attention = not self.causal and self.platform.packed_attention(
-            model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"])
+            model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"]
+        )
         self.int8 = engine_config.quantization == "int8"
         self.platform.prepare_model(self.model, model_config, engine_config.quantization)
         self.pad_to_bucket = self.platform.pads_to_bucket(self.packed_attention)
         self.pooler = Pooler(
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=token_projection,
-            sequence_head=self.model.sequence_head, token_head=self.model.token_head,
-            classifier_activation_name=model_config.classifier_activation)
+            sequence_head=self.model.sequence_head,
+            token_head=self.model.token_head,
+            classifier_activation_name=model_config.classifier_activation,
+        )
 
     @property
     def causal(self) -> bool:
@@ -104,8 +107,11 @@ class ModelRunner:
         requests = [c.request for c in chunks]
         lens = [c.num_tokens for c in chunks]
         if self.causal:
-            ids = list(itertools.chain.from_iterable(
-                c.request.prompt_token_ids[c.start:c.start + c.num_tokens] for c in chunks))
+            ids = list(
+                itertools.chain.from_iterable(
+                    c.request.prompt_token_ids[c.start : c.start + c.num_tokens] for c in chunks
+                )
+            )
         else:
             ids = list(itertools.chain.from_iterable(r.prompt_token_ids for r in requests))
         total = len(ids)
@@ -116,10 +122,13 @@ class ModelRunner:
         if any(r.token_type_ids is not None and any(r.token_type_ids) for r in requests):
             token_type_ids = torch.tensor(
                 list(itertools.chain.from_iterable(r.token_type_ids or [0] * r.num_tokens for r in requests))
-                + [0] * sum(padding), dtype=torch.long).to(self.device, non_blocking=True)
+                + [0] * sum(padding),
+                dtype=torch.long,
+            ).to(self.device, non_blocking=True)
         if self.causal:
-            meta = AttentionMetadata.build_causal(lens, [c.start for c in chunks],
-                                                  [r.kv_cache for r in requests], self.device)
+            meta = AttentionMetadata.build_causal(
+                lens, [c.start for c in chunks], [r.kv_cache for r in requests], self.device
+            )
         else:
             key_lens = None
             if any(r.num_key_tokens is not None for r in requests):
@@ -129,8 +138,13 @@ class ModelRunner:
         if padding:
             meta, hidden, input_ids = meta.first(len(chunks)), hidden[:total], input_ids[:total]
         whole = [c.is_whole for c in chunks]
-        outputs = self.pooler(hidden, meta, input_ids, [r.spec if w else None for r, w in zip(requests, whole)],
-                              [r.keep for r in requests])
+        outputs = self.pooler(
+            hidden,
+            meta,
+            input_ids,
+            [r.spec if w else None for r, w in zip(requests, whole)],
+            [r.keep for r in requests],
+        )
         if not all(whole):
             starts = meta.cu_seqlens.tolist()
             for i, c in enumerate(chunks):
@@ -139,8 +153,9 @@ class ModelRunner:
                 r = c.request
                 if r.pool_state is None:
                     r.pool_state = PoolingState(r.spec)
-                r.pool_state.update(hidden[starts[i]:starts[i + 1]].float(), input_ids[starts[i]:starts[i + 1]],
-                                    c.start)
+                r.pool_state.update(
+                    hidden[starts[i] : starts[i + 1]].float(), input_ids[starts[i] : starts[i + 1]], c.start
+                )
                 if c.is_last:
                     outputs[i] = self.pooler.finish(r.pool_state, r.keep)
         if self.device.type != "cpu":

@@ -25,7 +25,7 @@ def block_hashes(token_ids: list[int]) -> list[bytes]:
     """One chained digest per full block of the prompt."""
     out, parent = [], b""
     for b in range(len(token_ids) // BLOCK_SIZE):
-        block = array("q", token_ids[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE]).tobytes()
+        block = array("q", token_ids[b * BLOCK_SIZE : (b + 1) * BLOCK_SIZE]).tobytes()
         parent = hashlib.blake2b(parent + block, digest_size=16).digest()
         out.append(parent)
     return out
@@ -86,7 +86,8 @@ class PrefixCache:
                 break  # a chain with a gap could never be matched
             sl = slice(b * BLOCK_SIZE, (b + 1) * BLOCK_SIZE)
             rows = slice(b * BLOCK_SIZE - start, (b + 1) * BLOCK_SIZE - start)
-            self.blocks[key] = _Block(request.kv_cache.k[:, sl].clone(), request.kv_cache.v[:, sl].clone(),
-                                      hidden[rows].clone())
+            self.blocks[key] = _Block(
+                request.kv_cache.k[:, sl].clone(), request.kv_cache.v[:, sl].clone(), hidden[rows].clone()
+            )
             while len(self.blocks) > self.capacity_blocks:
                 self.blocks.popitem(last=False)

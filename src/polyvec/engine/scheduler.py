@@ -61,9 +61,16 @@ PrefixProbe = Callable[[Schedulable], tuple[int, Hashable | None]]
 
 
 class Scheduler:
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, lookahead: int = 2048, *,
-                 kv_cache_tokens: int = 0, cache_every_causal: bool = False,
-                 prefix_probe: PrefixProbe | None = None):
+    def __init__(
+        self,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        lookahead: int = 2048,
+        *,
+        kv_cache_tokens: int = 0,
+        cache_every_causal: bool = False,
+        prefix_probe: PrefixProbe | None = None,
+    ):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.lookahead = max(lookahead, max_num_seqs)
@@ -98,8 +105,7 @@ class Scheduler:
         return request_id in self._reserved
 
     def needs_cache(self, request: Schedulable, remaining: int, budget: int) -> bool:
-        return request.chunkable and (self.cache_every_causal or remaining > budget
-                                      or request.num_computed_tokens > 0)
+        return request.chunkable and (self.cache_every_causal or remaining > budget or request.num_computed_tokens > 0)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting) or bool(self.running)
@@ -162,8 +168,9 @@ class Scheduler:
         anchor = next((i for i in range(len(window)) if try_take(i, allow_chunk=True)), None)
         if anchor is not None and budget and seqs:
             # Fill with the requests closest in length to the anchor (older first on ties).
-            order = sorted((i for i in range(len(window)) if i != anchor),
-                           key=lambda i: (abs(remaining[i] - remaining[anchor]), i))
+            order = sorted(
+                (i for i in range(len(window)) if i != anchor), key=lambda i: (abs(remaining[i] - remaining[anchor]), i)
+            )
             shortest = min((remaining[i] for i in order), default=0)
             for i in order:
                 if not budget or not seqs or shortest > budget:

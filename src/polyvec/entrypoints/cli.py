@@ -55,8 +55,11 @@ def cmd_embed(args: argparse.Namespace) -> int:
     llm.embed(texts[:8], use_tqdm=False)  # warm-up
     dim = llm.model_config.embed_dim
     # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus.
-    vecs = (np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=(len(texts), dim))
-            if args.output else np.empty((len(texts), dim), dtype=np.float32))
+    vecs = (
+        np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=(len(texts), dim))
+        if args.output
+        else np.empty((len(texts), dim), dtype=np.float32)
+    )
     bar = None
     if not args.quiet:
         from tqdm.auto import tqdm
@@ -74,11 +77,16 @@ def cmd_embed(args: argparse.Namespace) -> int:
         bar.close()
     sims = torch.from_numpy(np.asarray(vecs[1:])) @ torch.from_numpy(np.asarray(vecs[0]))
     best = int(sims.argmax()) + 1 if len(texts) > 1 else 0
-    print(f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
-          f"device {llm.engine.runner.device}, threads {torch.get_num_threads()}, {platform.processor() or platform.machine()})")
-    print(f"embedded {len(texts)} texts, {tokens} tokens (mean {tokens / len(texts):.1f}) in {elapsed:.2f} s: "
-          f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s; dim {dim}"
-          + (f"; written to {args.output}" if args.output else ""))
+    print(
+        f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
+        f"device {llm.engine.runner.device}, threads {torch.get_num_threads()}, "
+        f"{platform.processor() or platform.machine()})"
+    )
+    print(
+        f"embedded {len(texts)} texts, {tokens} tokens (mean {tokens / len(texts):.1f}) in {elapsed:.2f} s: "
+        f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s; dim {dim}"
+        + (f"; written to {args.output}" if args.output else "")
+    )
     if best:
         print(f"nearest neighbour of text 0 is text {best}, cosine {float(sims[best - 1]):.4f}")
         print(f"  [0] {texts[0][:100]}")
@@ -88,8 +96,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-QUANTIZATION_HELP = ("int8: int8 projections with per-token activation scales (CPU, opt-in; about twice float32, "
-                     "on a par with bfloat16 on AMX; cosine >= 0.99 of float32 instead of exact)")
+QUANTIZATION_HELP = (
+    "int8: int8 projections with per-token activation scales (CPU, opt-in; about twice float32, "
+    "on a par with bfloat16 on AMX; cosine >= 0.99 of float32 instead of exact)"
+)
 
 
 def env_name(flag: str) -> str:
@@ -104,8 +114,13 @@ def _flag(p: argparse.ArgumentParser, flag: str, default=None, help: str = "", c
     if value is not None:
         default = cast(value)
     shown = f"default: {default}; " if default is not None else ""
-    p.add_argument(flag, default=default, type=None if cast in (str, _split) else cast,
-                   help=f"{help} ({shown}env {var})".lstrip(), **kw)
+    p.add_argument(
+        flag,
+        default=default,
+        type=None if cast in (str, _split) else cast,
+        help=f"{help} ({shown}env {var})".lstrip(),
+        **kw,
+    )
 
 
 def _split(value: str) -> list[str]:
@@ -120,17 +135,27 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
     """The model and how it is loaded: shared by every command."""
     var = env_name("model")
     default = os.environ.get(var, DEFAULT_MODEL)
-    text = (f"local folder or Hugging Face hub id, downloaded on first use unless HF_HUB_OFFLINE=1 "
-            f"(default: {default}; env {var})")
+    text = (
+        f"local folder or Hugging Face hub id, downloaded on first use unless HF_HUB_OFFLINE=1 "
+        f"(default: {default}; env {var})"
+    )
     if positional:
         p.add_argument("model", nargs="?", default=default, help=text)
     else:
         p.add_argument("--model", default=default, help=text)
     _flag(p, "--revision", help="hub branch, tag or commit to load")
-    _flag(p, "--download-dir", help="Hugging Face cache folder to read and download models into "
-                                    "(default: HF_HUB_CACHE, else HF_HOME/hub)")
-    _flag(p, "--dtype", "auto", "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32",
-          choices=["auto", "float32", "bfloat16", "float16"])
+    _flag(
+        p,
+        "--download-dir",
+        help="Hugging Face cache folder to read and download models into (default: HF_HUB_CACHE, else HF_HOME/hub)",
+    )
+    _flag(
+        p,
+        "--dtype",
+        "auto",
+        "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
     _flag(p, "--quantization", help=QUANTIZATION_HELP, choices=["int8"])
     _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N")
     _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=int)
@@ -141,25 +166,54 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "--host", "127.0.0.1", "address to listen on")
     _flag(p, "--port", 8000, "port to listen on", cast=int)
     _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
-    _flag(p, "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)",
-          cast=_split, nargs="+")
+    _flag(
+        p,
+        "--served-model-name",
+        help="name(s) clients use in 'model' (default: the model argument)",
+        cast=_split,
+        nargs="+",
+    )
     _flag(p, "--max-model-len", help="longest input in tokens (default: the model's)", cast=int)
-    _flag(p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)",
-          cast=int)
+    _flag(
+        p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)", cast=int
+    )
     _flag(p, "--max-num-seqs", 256, "most sequences in one forward pass", cast=int)
-    _flag(p, "--truncation", "auto", "auto: cut over-long input to max_model_len; error: reject it with 400",
-          choices=["auto", "error"])
-    _flag(p, "--long-input", "truncate", "encoder input longer than max_model_len: truncate, or split into "
-          "windows (requests may choose with long_input)", choices=["truncate", "window"])
+    _flag(
+        p,
+        "--truncation",
+        "auto",
+        "auto: cut over-long input to max_model_len; error: reject it with 400",
+        choices=["auto", "error"],
+    )
+    _flag(
+        p,
+        "--long-input",
+        "truncate",
+        "encoder input longer than max_model_len: truncate, or split into "
+        "windows (requests may choose with long_input)",
+        choices=["truncate", "window"],
+    )
     _flag(p, "--window-overlap", 0, "default tokens shared by consecutive windows", cast=int)
-    _flag(p, "--convert", help="serve a *ForCausalLM checkpoint as an embedding model or a classifier",
-          choices=["embed", "classify"])
-    _flag(p, "--kv-cache-memory-bytes", help="causal models: memory for KV caches of chunked prefills "
-          "(default 4 GiB)", cast=int)
+    _flag(
+        p,
+        "--convert",
+        help="serve a *ForCausalLM checkpoint as an embedding model or a classifier",
+        choices=["embed", "classify"],
+    )
+    _flag(
+        p,
+        "--kv-cache-memory-bytes",
+        help="causal models: memory for KV caches of chunked prefills (default 4 GiB)",
+        cast=int,
+    )
     var = env_name("--enable-prefix-caching")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   default=_truthy(os.environ[var]) if var in os.environ else None,
-                   help=f"causal models: do not reuse computed prompt prefixes (env {var}=0)")
+    p.add_argument(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        default=_truthy(os.environ[var]) if var in os.environ else None,
+        help=f"causal models: do not reuse computed prompt prefixes (env {var}=0)",
+    )
     _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=int)
     _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
     _flag(p, "--log-level", "info", "debug, info, warning or error")
@@ -170,9 +224,16 @@ def load_llm(args: argparse.Namespace, **kwargs):
     from .. import LLM
 
     try:
-        return LLM(args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                   quantization=args.quantization, revision=args.revision, download_dir=args.download_dir,
-                   **kwargs)
+        return LLM(
+            args.model,
+            dtype=args.dtype,
+            device=args.device,
+            num_threads=args.threads,
+            quantization=args.quantization,
+            revision=args.revision,
+            download_dir=args.download_dir,
+            **kwargs,
+        )
     except ModelNotFoundError as exc:
         raise CommandError(str(exc)) from None
     except (ValueError, OSError) as exc:  # an unsupported or broken checkpoint, a bad setting
@@ -195,29 +256,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("polyvec.serve")
-    llm = load_llm(args, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                   max_num_seqs=args.max_num_seqs, truncation=args.truncation, convert=args.convert,
-                   long_input=args.long_input, window_overlap=args.window_overlap,
-                   kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                   enable_prefix_caching=args.enable_prefix_caching)
+    llm = load_llm(
+        args,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        truncation=args.truncation,
+        convert=args.convert,
+        long_input=args.long_input,
+        window_overlap=args.window_overlap,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
     engine, mc = llm.engine, llm.model_config
     tasks = engine.supported_tasks
-    log.info("model %s (%s) from %s [architecture: %s]", mc.model, mc.architecture, mc.path,
-             mc.sources.get("architecture", "config.json"))
-    log.info("tasks: %s; embed pooling %s [%s]; embed dim %d, token dim %d", ", ".join(tasks),
-             "+".join(engine.default_pooling("embed")), mc.sources.get("pooling_type", "model default"),
-             mc.embed_dim, mc.token_dim)
-    log.info("dtype %s [%s]%s; device %s; threads %d; max_model_len %d [%s]; truncation %s; long input %s; "
-             "max_num_batched_tokens %d; max_num_seqs %d", mc.dtype, "--dtype " + args.dtype,
-             f", int8 projections [--quantization {args.quantization}]" if args.quantization else "",
-             engine.runner.device,
-             torch.get_num_threads(), mc.max_model_len, mc.sources["max_model_len"], args.truncation,
-             args.long_input, engine.engine_config.max_num_batched_tokens, engine.engine_config.max_num_seqs)
-    app = build_app(engine, ServerConfig(served_model_names=args.served_model_name or [args.model],
-                                         api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                                         max_inputs_per_request=args.max_inputs_per_request))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                                           timeout_graceful_shutdown=60))
+    log.info(
+        "model %s (%s) from %s [architecture: %s]",
+        mc.model,
+        mc.architecture,
+        mc.path,
+        mc.sources.get("architecture", "config.json"),
+    )
+    log.info(
+        "tasks: %s; embed pooling %s [%s]; embed dim %d, token dim %d",
+        ", ".join(tasks),
+        "+".join(engine.default_pooling("embed")),
+        mc.sources.get("pooling_type", "model default"),
+        mc.embed_dim,
+        mc.token_dim,
+    )
+    log.info(
+        "dtype %s [%s]%s; device %s; threads %d; max_model_len %d [%s]; truncation %s; long input %s; "
+        "max_num_batched_tokens %d; max_num_seqs %d",
+        mc.dtype,
+        "--dtype " + args.dtype,
+        f", int8 projections [--quantization {args.quantization}]" if args.quantization else "",
+        engine.runner.device,
+        torch.get_num_threads(),
+        mc.max_model_len,
+        mc.sources["max_model_len"],
+        args.truncation,
+        args.long_input,
+        engine.engine_config.max_num_batched_tokens,
+        engine.engine_config.max_num_seqs,
+    )
+    app = build_app(
+        engine,
+        ServerConfig(
+            served_model_names=args.served_model_name or [args.model],
+            api_key=args.api_key,
+            max_request_bytes=args.max_request_bytes,
+            max_inputs_per_request=args.max_inputs_per_request,
+        ),
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=60
+        )
+    )
     # uvicorn finishes in-flight requests on SIGTERM, then re-raises the signal to the previous handler;
     # a no-op handler there lets the process exit 0 after a graceful shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -237,8 +333,10 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items())
     print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; {args.model} {args.mode}")
     print(f"  {metrics}")
-    print(f"  encode docs {report.encode_docs_s:.1f} s, queries {report.encode_queries_s:.2f} s, "
-          f"search {report.search_s:.2f} s (exact, top {args.top_k})")
+    print(
+        f"  encode docs {report.encode_docs_s:.1f} s, queries {report.encode_queries_s:.2f} s, "
+        f"search {report.search_s:.2f} s (exact, top {args.top_k})"
+    )
     return 0
 
 
@@ -256,19 +354,24 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polyvec", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="polyvec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)")
     add_serve_args(serve)
     serve.set_defaults(func=cmd_serve)
     p = sub.add_parser("embed", help="embed a corpus offline and print throughput")
-    p.add_argument("file", help="corpus.jsonl (BEIR) or a text file with one text per line (row i of the output is "
-                   "line i; a blank line is an empty text)")
+    p.add_argument(
+        "file",
+        help="corpus.jsonl (BEIR) or a text file with one text per line (row i of the output is "
+        "line i; a blank line is an empty text)",
+    )
     add_model_args(p, positional=False)
-    _flag(p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)",
-          cast=int)
+    _flag(
+        p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)", cast=int
+    )
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--output", default=None, help="write the embeddings to this .npy file (float32, one row per text)")
@@ -276,8 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
     ev.add_argument("--data", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels.tsv")
     add_model_args(ev, positional=False)
-    ev.add_argument("--mode", choices=["dense", "multivector"], default="dense",
-                    help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors (default: dense)")
+    ev.add_argument(
+        "--mode",
+        choices=["dense", "multivector"],
+        default="dense",
+        help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors (default: dense)",
+    )
     ev.add_argument("--top-k", type=int, default=100, help="documents ranked per query (default: 100)")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval_retrieval)

@@ -33,8 +33,18 @@ from ..scoring import plan_scores
 logger = logging.getLogger(__name__)
 
 # vLLM engine arguments that have no effect here; accepted so vLLM code runs unchanged.
-_IGNORED_VLLM_ARGS = {"runner", "task", "trust_remote_code", "enforce_eager", "seed", "gpu_memory_utilization",
-                      "tensor_parallel_size", "disable_log_stats", "swap_space", "tokenizer_mode"}
+_IGNORED_VLLM_ARGS = {
+    "runner",
+    "task",
+    "trust_remote_code",
+    "enforce_eager",
+    "seed",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "disable_log_stats",
+    "swap_space",
+    "tokenizer_mode",
+}
 
 PromptsType = Prompt | Sequence[Prompt]
 
@@ -67,33 +77,61 @@ class LLM:
             all, less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off).
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto", device: str = "auto",
-                 max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int = 256, pooler_config: PoolerConfig | None = None, truncation: str = "auto",
-                 hf_overrides: dict[str, Any] | None = None, revision: str | None = None,
-                 download_dir: str | None = None, num_threads: int | None = None, convert: str | None = None,
-                 long_input: str = "truncate", window_overlap: int = 0, kv_cache_memory_bytes: int | None = None,
-                 enable_prefix_caching: bool | None = None, quantization: str | None = None,
-                 kernels: KernelOptions | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int = 256,
+        pooler_config: PoolerConfig | None = None,
+        truncation: str = "auto",
+        hf_overrides: dict[str, Any] | None = None,
+        revision: str | None = None,
+        download_dir: str | None = None,
+        num_threads: int | None = None,
+        convert: str | None = None,
+        long_input: str = "truncate",
+        window_overlap: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool | None = None,
+        quantization: str | None = None,
+        kernels: KernelOptions | None = None,
+        **kwargs: Any,
+    ):
         unknown = set(kwargs) - _IGNORED_VLLM_ARGS
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
         if kwargs.get("runner", "pooling") != "pooling":
             raise ValueError("polyvec runs pooling models only (runner='pooling')")
-        engine_config = EngineConfig(max_num_batched_tokens=max_num_batched_tokens or 1, max_num_seqs=max_num_seqs,
-                                     device=device, truncation=truncation, num_threads=num_threads,
-                                     long_input=long_input, window_overlap=window_overlap,
-                                     kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                     enable_prefix_caching=enable_prefix_caching, quantization=quantization,
-                                     **({"kernels": kernels} if kernels is not None else {}))
+        engine_config = EngineConfig(
+            max_num_batched_tokens=max_num_batched_tokens or 1,
+            max_num_seqs=max_num_seqs,
+            device=device,
+            truncation=truncation,
+            num_threads=num_threads,
+            long_input=long_input,
+            window_overlap=window_overlap,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            quantization=quantization,
+            **({"kernels": kernels} if kernels is not None else {}),
+        )
         platform = get_platform(engine_config.resolve_device(), engine_config.kernels)
         model_config = load_model_config(
-            model, dtype=resolve_dtype(dtype, platform), max_model_len=max_model_len,
-            pooler_config=pooler_config, hf_overrides=hf_overrides, revision=revision,
-            download_dir=download_dir, convert=convert)
+            model,
+            dtype=resolve_dtype(dtype, platform),
+            max_model_len=max_model_len,
+            pooler_config=pooler_config,
+            hf_overrides=hf_overrides,
+            revision=revision,
+            download_dir=download_dir,
+            convert=convert,
+        )
         if max_num_batched_tokens is None:
-            engine_config.max_num_batched_tokens = platform.default_max_num_batched_tokens(model_config,
-                                                                                           quantization)
+            engine_config.max_num_batched_tokens = platform.default_max_num_batched_tokens(model_config, quantization)
         self.engine = Engine(model_config, engine_config)
         self.model_config = model_config
 
@@ -110,9 +148,15 @@ class LLM:
 
     # ---------------------------------------------------------------------------------------- core loop
 
-    def _run(self, prompts: PromptsType, params: PoolingParams | Sequence[PoolingParams] | None, task: str,
-             truncate_prompt_tokens: int | None, use_tqdm: bool | Callable,
-             tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
+    def _run(
+        self,
+        prompts: PromptsType,
+        params: PoolingParams | Sequence[PoolingParams] | None,
+        task: str,
+        truncate_prompt_tokens: int | None,
+        use_tqdm: bool | Callable,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> list[PoolingRequestOutput]:
         prompts = _as_prompt_list(prompts)
         truncate_prompt_tokens = _truncation_from_kwargs(tokenization_kwargs, truncate_prompt_tokens)
         if truncate_prompt_tokens is not None:
@@ -141,9 +185,15 @@ class LLM:
                 bar.close()
         return [done[r.request_id] for r in requests]
 
-    def iter_encode(self, prompts: Iterable[Prompt], pooling_params: PoolingParams | None = None, *,
-                    pooling_task: str = "embed", max_in_flight: int = 4096,
-                    truncate_prompt_tokens: int | None = None) -> Iterator[PoolingRequestOutput]:
+    def iter_encode(
+        self,
+        prompts: Iterable[Prompt],
+        pooling_params: PoolingParams | None = None,
+        *,
+        pooling_task: str = "embed",
+        max_in_flight: int = 4096,
+        truncate_prompt_tokens: int | None = None,
+    ) -> Iterator[PoolingRequestOutput]:
         """Outputs one by one, in input order, for any number of prompts (a list or a lazy iterable such as
         a file reader), with memory bounded by `max_in_flight` requests rather than by the corpus: prompts
         are tokenized in slices as the engine drains, and nothing is kept once yielded. For offline runs
@@ -181,10 +231,16 @@ class LLM:
 
     # ------------------------------------------------------------------------------------------ tasks
 
-    def encode(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-               *, pooling_task: str | None = None, truncate_prompt_tokens: int | None = None,
-               use_tqdm: bool | Callable = True,
-               tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
+    def encode(
+        self,
+        prompts: PromptsType,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        pooling_task: str | None = None,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> list[PoolingRequestOutput]:
         """Raw pooling outputs (`.outputs.data` tensors). With no task: token_embed, else token_classify."""
         if pooling_task is None:
             first = pooling_params[0] if isinstance(pooling_params, Sequence) and pooling_params else pooling_params
@@ -195,47 +251,92 @@ class LLM:
                     pooling_task = candidate
                     break
             else:
-                raise ValueError(f"encode() needs pooling_task for this model; it supports: "
-                                 f"{', '.join(self.supported_tasks)}")
-        return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm,
-                         tokenization_kwargs)
+                raise ValueError(
+                    f"encode() needs pooling_task for this model; it supports: {', '.join(self.supported_tasks)}"
+                )
+        return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
-    def embed(self, prompts: PromptsType, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              *, truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
-              tokenization_kwargs: dict[str, Any] | None = None) -> list[EmbeddingRequestOutput]:
+    def embed(
+        self,
+        prompts: PromptsType,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
         """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor)."""
         outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
-    def token_embed(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                    use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[PoolingRequestOutput]:
+    def token_embed(
+        self,
+        prompts: PromptsType,
+        pooling_params=None,
+        *,
+        truncate_prompt_tokens=None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs=None,
+    ) -> list[PoolingRequestOutput]:
         return self._run(prompts, pooling_params, "token_embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
-    def token_classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                    use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[PoolingRequestOutput]:
-        return self._run(prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
+    def token_classify(
+        self,
+        prompts: PromptsType,
+        pooling_params=None,
+        *,
+        truncate_prompt_tokens=None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs=None,
+    ) -> list[PoolingRequestOutput]:
+        return self._run(
+            prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs
+        )
 
-    def classify(self, prompts: PromptsType, pooling_params=None, *, truncate_prompt_tokens=None,
-                 use_tqdm: bool | Callable = True, tokenization_kwargs=None) -> list[ClassificationRequestOutput]:
+    def classify(
+        self,
+        prompts: PromptsType,
+        pooling_params=None,
+        *,
+        truncate_prompt_tokens=None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs=None,
+    ) -> list[ClassificationRequestOutput]:
         """Label probabilities per prompt: `.outputs.probs`."""
         outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
-    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], *,
-              truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
-              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringRequestOutput]:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
         classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers),
         MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models."""
-        plan = plan_scores(data_1, data_2, self.supported_tasks, self.is_cross_encoder,
-                           late_interaction=self.engine.colbert is not None)
+        plan = plan_scores(
+            data_1,
+            data_2,
+            self.supported_tasks,
+            self.is_cross_encoder,
+            late_interaction=self.engine.colbert is not None,
+        )
         outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
         results = []
         for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
-            results.append(ScoringRequestOutput(
-                request_id=f"score-{k}", outputs=ScoringOutput(score=score), task="score",
-                prompt_token_ids=[t for o in sources for t in o.prompt_token_ids],
-                num_input_tokens=sum(o.num_input_tokens for o in sources)))
+            results.append(
+                ScoringRequestOutput(
+                    request_id=f"score-{k}",
+                    outputs=ScoringOutput(score=score),
+                    task="score",
+                    prompt_token_ids=[t for o in sources for t in o.prompt_token_ids],
+                    num_input_tokens=sum(o.num_input_tokens for o in sources),
+                )
+            )
         return results
 
 
@@ -259,8 +360,9 @@ def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
         return [prompts]  # one prompt given as token ids
     for i, p in enumerate(prompts):
         if not isinstance(p, (str, dict, list, tuple)):
-            raise TypeError(f"prompt {i} must be a string, a list of token ids or a prompt dict, "
-                            f"not {type(p).__name__}")
+            raise TypeError(
+                f"prompt {i} must be a string, a list of token ids or a prompt dict, not {type(p).__name__}"
+            )
     return prompts
 
 

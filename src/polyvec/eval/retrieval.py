@@ -67,13 +67,14 @@ def dense_search(queries: torch.Tensor, docs: torch.Tensor, top_k: int, chunk: i
     best_s = q.new_empty(q.shape[0], 0)
     best_i = torch.empty(q.shape[0], 0, dtype=torch.long)
     for start in range(0, docs.shape[0], chunk):
-        scores = q @ docs[start:start + chunk].float().T
+        scores = q @ docs[start : start + chunk].float().T
         best_s, best_i = _merge_topk(best_s, best_i, scores, torch.arange(start, start + scores.shape[1]), top_k)
     return best_s, best_i
 
 
-def maxsim_search(queries: list[torch.Tensor], docs: list[torch.Tensor], top_k: int, chunk: int = 128,
-                  budget: int = 1 << 25):
+def maxsim_search(
+    queries: list[torch.Tensor], docs: list[torch.Tensor], top_k: int, chunk: int = 128, budget: int = 1 << 25
+):
     """Exact MaxSim top-k of every query over every document, streamed over the corpus (`iter_maxsim`)."""
     best_s = torch.empty(len(queries), 0)
     best_i = torch.empty(len(queries), 0, dtype=torch.long)
@@ -86,8 +87,10 @@ def evaluate(data: BeirData, scores: torch.Tensor, indices: torch.Tensor) -> dic
     import ir_measures
     from ir_measures import RR, R, nDCG
 
-    run = {qid: {data.doc_ids[int(j)]: float(s) for s, j in zip(row_s, row_i)}
-           for qid, row_s, row_i in zip(data.query_ids, scores.tolist(), indices.tolist())}
+    run = {
+        qid: {data.doc_ids[int(j)]: float(s) for s, j in zip(row_s, row_i)}
+        for qid, row_s, row_i in zip(data.query_ids, scores.tolist(), indices.tolist())
+    }
     measures = [nDCG @ 10, R @ 100, RR @ 10]
     result = ir_measures.calc_aggregate(measures, data.qrels, run)
     return {"nDCG@10": result[nDCG @ 10], "R@100": result[R @ 100], "MRR@10": result[RR @ 10]}
@@ -104,8 +107,9 @@ class RetrievalReport:
     extra: dict = field(default_factory=dict)
 
 
-def run_retrieval(llm, data: BeirData, mode: str = "dense", top_k: int = 100, use_tqdm: bool = True,
-                  encode_chunk: int = 2048) -> RetrievalReport:
+def run_retrieval(
+    llm, data: BeirData, mode: str = "dense", top_k: int = 100, use_tqdm: bool = True, encode_chunk: int = 2048
+) -> RetrievalReport:
     """Encode the corpus and queries with `llm`, rank exactly, and score the run."""
     from ..pooling_params import PoolingParams
 
@@ -116,7 +120,7 @@ def run_retrieval(llm, data: BeirData, mode: str = "dense", top_k: int = 100, us
     doc_vecs: list[torch.Tensor] = []
     params = PoolingParams(input_type="document") if task == "token_embed" else None
     for s in range(0, len(data.docs), encode_chunk):  # stream: keep float16 copies only
-        outs = llm.encode(data.docs[s:s + encode_chunk], params, pooling_task=task, use_tqdm=use_tqdm)
+        outs = llm.encode(data.docs[s : s + encode_chunk], params, pooling_task=task, use_tqdm=use_tqdm)
         doc_vecs.extend(o.outputs.data.to(torch.float16) for o in outs)
     encode_docs = time.perf_counter() - start
     start = time.perf_counter()
@@ -129,5 +133,6 @@ def run_retrieval(llm, data: BeirData, mode: str = "dense", top_k: int = 100, us
     else:
         scores, idx = maxsim_search(q_vecs, doc_vecs, top_k)
     search = time.perf_counter() - start
-    return RetrievalReport(evaluate(data, scores, idx), encode_docs, encode_queries, search, len(data.docs),
-                           len(data.queries))
+    return RetrievalReport(
+        evaluate(data, scores, idx), encode_docs, encode_queries, search, len(data.docs), len(data.queries)
+    )

@@ -38,14 +38,14 @@ class Dense(nn.Module):
     Weights are named `linear.weight`/`linear.bias` (and `residual.weight`) as in its saved files.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str,
-                 use_residual: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str, use_residual: bool = False):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features, bias=bias)
         self.act = classifier_activation(activation)
         self.use_residual = use_residual
-        self.residual = (nn.Linear(in_features, out_features, bias=False)
-                         if use_residual and in_features != out_features else None)
+        self.residual = (
+            nn.Linear(in_features, out_features, bias=False) if use_residual and in_features != out_features else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.act(self.linear(x))

@@ -49,8 +49,9 @@ class AttentionMetadata:
         return len(self.seq_lens)
 
     @classmethod
-    def build_causal(cls, seq_lens: list[int], context_lens: list[int], kv_caches: list[KVCache | None],
-                     device: torch.device) -> AttentionMetadata:
+    def build_causal(
+        cls, seq_lens: list[int], context_lens: list[int], kv_caches: list[KVCache | None], device: torch.device
+    ) -> AttentionMetadata:
         """A batch of chunks: chunk i has `seq_lens[i]` new tokens after `context_lens[i]` cached ones, so its
         positions start at `context_lens[i]`."""
         lens = torch.tensor(seq_lens, dtype=torch.long)
@@ -58,14 +59,22 @@ class AttentionMetadata:
         torch.cumsum(lens, 0, out=cu[1:])
         offsets = torch.tensor(context_lens, dtype=torch.long) - cu[:-1]
         positions = torch.arange(int(cu[-1])) + offsets.repeat_interleave(lens)
-        return cls(seq_lens=list(seq_lens), cu_seqlens=cu.to(device), positions=positions.to(device),
-                   seq_ids=torch.repeat_interleave(torch.arange(len(seq_lens)), lens).to(device),
-                   max_seqlen=max(seq_lens), scatter_index=None, key_mask=None,
-                   context_lens=list(context_lens), kv_caches=list(kv_caches))
+        return cls(
+            seq_lens=list(seq_lens),
+            cu_seqlens=cu.to(device),
+            positions=positions.to(device),
+            seq_ids=torch.repeat_interleave(torch.arange(len(seq_lens)), lens).to(device),
+            max_seqlen=max(seq_lens),
+            scatter_index=None,
+            key_mask=None,
+            context_lens=list(context_lens),
+            kv_caches=list(kv_caches),
+        )
 
     @classmethod
-    def build(cls, seq_lens: list[int], device: torch.device, key_lens: list[int] | None = None,
-              packed: bool = False) -> AttentionMetadata:
+    def build(
+        cls, seq_lens: list[int], device: torch.device, key_lens: list[int] | None = None, packed: bool = False
+    ) -> AttentionMetadata:
         """`key_lens[i]` < `seq_lens[i]`: the sequence's last tokens are computed but no token attends to them
         (ColBERT's query expansion [MASK]s when the checkpoint does not attend to them). `packed`: attention
         runs on the packed batch (layers/kernels.py), so no grid or mask is built."""
@@ -90,9 +99,18 @@ class AttentionMetadata:
                 filled = torch.zeros(len(seq_lens) * max_len, dtype=torch.bool)
                 filled[rows] = True
                 pad = (~filled).nonzero().squeeze(1).to(device)
-        return cls(seq_lens=list(seq_lens), cu_seqlens=cu.to(device), positions=positions.to(device),
-                   seq_ids=seq_ids.to(device), max_seqlen=max_len, scatter_index=scatter, key_mask=mask,
-                   pad_index=pad, packed=packed, key_lens=packed_keys)
+        return cls(
+            seq_lens=list(seq_lens),
+            cu_seqlens=cu.to(device),
+            positions=positions.to(device),
+            seq_ids=seq_ids.to(device),
+            max_seqlen=max_len,
+            scatter_index=scatter,
+            key_mask=mask,
+            pad_index=pad,
+            packed=packed,
+            key_lens=packed_keys,
+        )
 
     def first(self, num_seqs: int) -> AttentionMetadata:
         """The metadata of the batch's first `num_seqs` sequences (a packed batch without its dummy tail)."""
@@ -100,9 +118,16 @@ class AttentionMetadata:
         lens = self.seq_lens[:num_seqs]
         total = sum(lens)
         return AttentionMetadata(
-            seq_lens=lens, cu_seqlens=self.cu_seqlens[:num_seqs + 1], positions=self.positions[:total],
-            seq_ids=self.seq_ids[:total], max_seqlen=max(lens), scatter_index=None, key_mask=None, packed=True,
-            key_lens=None if self.key_lens is None else self.key_lens[:num_seqs])
+            seq_lens=lens,
+            cu_seqlens=self.cu_seqlens[: num_seqs + 1],
+            positions=self.positions[:total],
+            seq_ids=self.seq_ids[:total],
+            max_seqlen=max(lens),
+            scatter_index=None,
+            key_mask=None,
+            packed=True,
+            key_lens=None if self.key_lens is None else self.key_lens[:num_seqs],
+        )
 
     def attn_mask(self, bias: torch.Tensor | None = None) -> torch.Tensor | None:
         """The mask SDPA gets: the key mask, plus an additive `[1, heads, L, L]` bias when the model has one.
@@ -116,8 +141,9 @@ class AttentionMetadata:
         return bias.masked_fill(~self.key_mask, float("-inf"))
 
 
-def varlen_attention(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int,
-                     attn_mask: torch.Tensor | None) -> torch.Tensor:
+def varlen_attention(
+    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     """softmax(q kᵀ/√d + mask) v per sequence, for fused `qkv` of shape [T, 3 * hidden] → [T, hidden]."""
     if meta.packed:  # `attn_mask` is then the model's additive bias by position, or None
         return kernels.varlen_attention(qkv, meta.cu_seqlens, num_heads, meta.key_lens, attn_mask)
@@ -147,8 +173,15 @@ class KVCache:
     the engine's KV budget) and dropped when it finishes.
     """
 
-    def __init__(self, num_layers: int, num_tokens: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_tokens: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.k = torch.empty(num_layers, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
 
@@ -157,8 +190,14 @@ class KVCache:
 _QUERY_BLOCK = 1024
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, layer: int,
-                     sliding_window: int | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    layer: int,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Causal attention per sequence for q [T, Hq, d], k/v [T, Hkv, d] (grouped-query when Hkv < Hq).
 
     New keys/values are written into each sequence's KV cache (when it has one) at its context offset, and
@@ -170,16 +209,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: At
     caches = meta.kv_caches or [None] * meta.num_seqs
     for i, n in enumerate(meta.seq_lens):
         s, ctx, cache = starts[i], contexts[i], caches[i]
-        ki, vi = k[s:s + n], v[s:s + n]
+        ki, vi = k[s : s + n], v[s : s + n]
         if cache is not None:
-            cache.k[layer, ctx:ctx + n] = ki
-            cache.v[layer, ctx:ctx + n] = vi
-            ki, vi = cache.k[layer, :ctx + n], cache.v[layer, :ctx + n]
+            cache.k[layer, ctx : ctx + n] = ki
+            cache.v[layer, ctx : ctx + n] = vi
+            ki, vi = cache.k[layer, : ctx + n], cache.v[layer, : ctx + n]
         elif ctx:
             raise ValueError("a chunk with context needs its sequence's KV cache")
-        qi = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, d]
+        qi = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, d]
         ki, vi = ki.transpose(0, 1).unsqueeze(0), vi.transpose(0, 1).unsqueeze(0)
-        out[s:s + n] = _causal_sdpa(qi, ki, vi, ctx, sliding_window)[0].transpose(0, 1)
+        out[s : s + n] = _causal_sdpa(qi, ki, vi, ctx, sliding_window)[0].transpose(0, 1)
     return out
 
 
@@ -187,8 +226,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: At
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int,
-                 window: int | None) -> torch.Tensor:
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, window: int | None) -> torch.Tensor:
     n = q.shape[2]
     if ctx == 0 and (window is None or n <= window):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -202,8 +240,11 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int,
         mask = cols <= rows
         if window is not None:
             mask &= cols > rows - window
-        parts.append(F.scaled_dot_product_attention(q[:, :, r0:r1], k[:, :, :ctx + r1], v[:, :, :ctx + r1],
-                                                    attn_mask=mask, enable_gqa=True))
+        parts.append(
+            F.scaled_dot_product_attention(
+                q[:, :, r0:r1], k[:, :, : ctx + r1], v[:, :, : ctx + r1], attn_mask=mask, enable_gqa=True
+            )
+        )
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 

@@ -43,8 +43,15 @@ _SOURCES = [_CSRC / name for name in ("varlen_attention.cpp", "dynamic_quant.cpp
 _OPS = ("varlen_attention", "quantize_rows", "layer_norm", "amx_linear")
 # PyTorch's vector classes are header-only; these select the width they compile to (as ATen's own builds do).
 _ISA_FLAGS = {
-    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
-               "-mavx512dq", "-mfma"],
+    "AVX512": [
+        "-DCPU_CAPABILITY_AVX512",
+        "-DCPU_CAPABILITY=AVX512",
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mfma",
+    ],
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
 _CFLAGS = ["-O3", "-fopenmp"]
@@ -70,9 +77,17 @@ def build_key(cap: str) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in _CSRC.iterdir() if p.is_file()):
         digest.update(path.name.encode() + path.read_bytes())
-    env = (torch.__version__, torch.version.git_version, str(torch.version.cuda),
-           str(torch._C._GLIBCXX_USE_CXX11_ABI), sys.implementation.cache_tag, platform.machine(),
-           *_CFLAGS, *_ISA_FLAGS.get(cap, []), *_LDFLAGS)
+    env = (
+        torch.__version__,
+        torch.version.git_version,
+        str(torch.version.cuda),
+        str(torch._C._GLIBCXX_USE_CXX11_ABI),
+        sys.implementation.cache_tag,
+        platform.machine(),
+        *_CFLAGS,
+        *_ISA_FLAGS.get(cap, []),
+        *_LDFLAGS,
+    )
     digest.update("\0".join(env).encode())
     return digest.hexdigest()[:16]
 
@@ -117,12 +132,21 @@ def _build(target: Path, cap: str) -> None:
             return
         for stale in folder.glob("build-*"):  # left by a build that was killed; its lock died with it
             shutil.rmtree(stale, ignore_errors=True)
-        logger.warning("compiling polyvec's CPU kernels once for this environment (under a minute on 2 cores; "
-                       "cached in %s)", folder)
+        logger.warning(
+            "compiling polyvec's CPU kernels once for this environment (under a minute on 2 cores; cached in %s)",
+            folder,
+        )
         start = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
-        load_extension(target.stem, [str(p) for p in _SOURCES], extra_cflags=[*_CFLAGS, *_ISA_FLAGS[cap]],
-                       extra_ldflags=_LDFLAGS, build_directory=str(scratch), is_python_module=False, verbose=False)
+        load_extension(
+            target.stem,
+            [str(p) for p in _SOURCES],
+            extra_cflags=[*_CFLAGS, *_ISA_FLAGS[cap]],
+            extra_ldflags=_LDFLAGS,
+            build_directory=str(scratch),
+            is_python_module=False,
+            verbose=False,
+        )
         os.replace(scratch / target.name, target)
         shutil.rmtree(scratch, ignore_errors=True)
         logger.warning("compiled polyvec's CPU kernels in %.0f s", time.monotonic() - start)
@@ -154,8 +178,9 @@ def load() -> bool:
                 last = str(e).strip().splitlines()
                 why = f"{type(e).__name__}: {last[-1] if last else ''}"
         if not ok:
-            logger.warning("polyvec's native CPU kernels are not used (%s); attention runs on PyTorch SDPA, "
-                           "slower", why)
+            logger.warning(
+                "polyvec's native CPU kernels are not used (%s); attention runs on PyTorch SDPA, slower", why
+            )
         _state["ok"] = ok
         return ok
 
@@ -175,10 +200,15 @@ def packed_attention_available(device: torch.device, dtype: torch.dtype, head_di
     return load()
 
 
-def varlen_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int,
-                     key_lens: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+def varlen_attention(
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_heads: int,
+    key_lens: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q kᵀ/√d + bias) v per sequence of the packed `qkv` [T, 3·H·d] → [T, H·d]; sequence i's queries
     see its first `key_lens[i]` keys; `bias` is [heads, L, L] (or [1, heads, L, L]) by position in the
     sequence, L ≥ the longest sequence."""
     head_dim = qkv.shape[1] // (3 * num_heads)
-    return torch.ops.polyvec.varlen_attention(qkv, cu_seqlens, key_lens, bias, num_heads, head_dim ** -0.5)
+    return torch.ops.polyvec.varlen_attention(qkv, cu_seqlens, key_lens, bias, num_heads, head_dim**-0.5)

@@ -16,7 +16,12 @@ class LayerNorm(nn.LayerNorm):
     native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.native and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16)
-                and self.weight is not None and self.bias is not None):
+        if (
+            self.native
+            and x.dim() == 2
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and self.weight is not None
+            and self.bias is not None
+        ):
             return torch.ops.polyvec.layer_norm(x, self.weight, self.bias, self.eps)
         return super().forward(x)

@@ -20,14 +20,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_FUSABLE = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_fast": ("gelu", "tanh"),
-            "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", ""), "silu": ("swish", ""),
-            "swish": ("swish", "")}
+_FUSABLE = {
+    "gelu": ("gelu", "none"),
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_fast": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+    "silu": ("swish", ""),
+    "swish": ("swish", ""),
+}
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        device.type == "cpu"
+        and dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 # GELU variants polyvec's own epilogues apply (int8 dequantize, AMX): 1 erf, 2 tanh approximation.
@@ -50,8 +60,13 @@ def amx_eligible(linear: nn.Linear, activation: str | None = None) -> bool:
     """bf16, a shape the tile kernel takes, an activation its epilogue applies, and AMX here."""
     from . import kernels
 
-    return (linear.weight.dtype == torch.bfloat16 and linear.in_features % 32 == 0 and linear.out_features % 32 == 0
-            and (activation is None or activation in _GELU_CODES) and kernels.amx_linear_available())
+    return (
+        linear.weight.dtype == torch.bfloat16
+        and linear.in_features % 32 == 0
+        and linear.out_features % 32 == 0
+        and (activation is None or activation in _GELU_CODES)
+        and kernels.amx_linear_available()
+    )
 
 
 class PackedLinear(nn.Module):
@@ -83,8 +98,9 @@ class PackedLinear(nn.Module):
         residual stream is not read and written once more (~10% of an fp32 projection, ~2x in bf16)."""
         assert self.attr == "none", "a binary post-op replaces the activation"
         if self._amx(x):
-            return torch.ops.polyvec.amx_linear(x.contiguous(), self.amx_weight, self.amx_bias,
-                                                residual.contiguous(), 0)
+            return torch.ops.polyvec.amx_linear(
+                x.contiguous(), self.amx_weight, self.amx_bias, residual.contiguous(), 0
+            )
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
 
     def extra_repr(self) -> str:
@@ -92,13 +108,16 @@ class PackedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, fused={self.attr}{amx}"
 
 
-
 def int8_available(device: torch.device) -> bool:
     """oneDNN's int8 matmul (PyTorch's x86 quantization op) and polyvec's quantize passes are both here."""
     from . import kernels
 
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.onednn, "qlinear_pointwise") and kernels.load())
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+        and kernels.load()
+    )
 
 
 # uint8 rows with their scale and offset, as quantize_rows returns them: x ≈ scale * q + offset per row.
@@ -137,8 +156,9 @@ class Int8Linear(nn.Module):
     def _int32_sums(self, x: torch.Tensor | QuantizedRows) -> tuple[torch.Tensor, QuantizedRows]:
         """oneDNN's u8 x s8 product (times the weight scales, in float32) and x's quantized rows."""
         qx = x if isinstance(x, tuple) else torch.ops.polyvec.quantize_rows(x)
-        y = torch.ops.onednn.qlinear_pointwise(qx[0], 1.0, 0, self.weight, self.w_scale, self.w_zero_point, None, 1.0,
-                                               0, torch.float32, "none", [], "")
+        y = torch.ops.onednn.qlinear_pointwise(
+            qx[0], 1.0, 0, self.weight, self.w_scale, self.w_zero_point, None, 1.0, 0, torch.float32, "none", [], ""
+        )
         return y, qx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,8 +175,7 @@ class Int8Linear(nn.Module):
         """`residual + x @ W.T + b`, the add in the dequantize pass; x may come quantized already."""
         assert self.act == 0, "the residual add replaces the activation"
         y, (_, scale, offset) = self._int32_sums(x)
-        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, residual, 0,
-                                                 residual.dtype)
+        return torch.ops.polyvec.dequantize_rows(y, scale, offset, self.colsum, self.bias, residual, 0, residual.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8, act={self.act}"

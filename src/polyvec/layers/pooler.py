@@ -50,9 +50,15 @@ class Pooler(nn.Module):
     `sequence_head` / `token_head`: the model's classifier for classify / token_classify.
     """
 
-    def __init__(self, *, embed_projection: nn.Module | None = None, token_projection: nn.Module | None = None,
-                 sequence_head: nn.Module | None = None, token_head: nn.Module | None = None,
-                 classifier_activation_name: str = "softmax"):
+    def __init__(
+        self,
+        *,
+        embed_projection: nn.Module | None = None,
+        token_projection: nn.Module | None = None,
+        sequence_head: nn.Module | None = None,
+        token_head: nn.Module | None = None,
+        classifier_activation_name: str = "softmax",
+    ):
         super().__init__()
         self.embed_projection = embed_projection
         self.token_projection = token_projection
@@ -79,9 +85,14 @@ class Pooler(nn.Module):
         x = head(x)
         return self.classifier_act(x) if spec.use_activation else x
 
-    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor,
-                specs: list[PoolingSpec | None],
-                keep: list[list[int] | None] | None = None) -> list[torch.Tensor | None]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        input_ids: torch.Tensor,
+        specs: list[PoolingSpec | None],
+        keep: list[list[int] | None] | None = None,
+    ) -> list[torch.Tensor | None]:
         """`keep[i]`: positions of request i's token outputs to return (ColBERT drops skiplist tokens).
         A `None` spec skips that sequence (a chunk whose pooling is carried in a `PoolingState`)."""
         results: list[torch.Tensor | None] = [None] * len(specs)
@@ -113,12 +124,13 @@ class Pooler(nn.Module):
             if len(members) == meta.num_seqs:
                 tokens = hidden
             else:
-                tokens = torch.cat([hidden[starts[i]:starts[i + 1]] for i in members])
+                tokens = torch.cat([hidden[starts[i] : starts[i + 1]] for i in members])
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
             for i, piece in zip(members, out.split(lens)):
-                results[i] = self._select(piece, input_ids[starts[i]:starts[i + 1]], spec,
-                                          keep[i] if keep is not None else None)
+                results[i] = self._select(
+                    piece, input_ids[starts[i] : starts[i + 1]], spec, keep[i] if keep is not None else None
+                )
         return results  # type: ignore[return-value]
 
     def finish(self, state: PoolingState, keep: list[int] | None = None) -> torch.Tensor:
@@ -130,8 +142,7 @@ class Pooler(nn.Module):
         return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
 
     @staticmethod
-    def _select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec,
-                keep: list[int] | None) -> torch.Tensor:
+    def _select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec, keep: list[int] | None) -> torch.Tensor:
         """A token task's rows to return: its token method's selection, then the ColBERT skiplist's `keep`."""
         piece = TOKEN_METHODS[spec.pooling[0]].select(piece, ids, spec.returned_token_ids, spec.step_tag_id)
         return piece[keep] if keep is not None else piece
@@ -147,8 +158,9 @@ class PoolingState:
     def __init__(self, spec: PoolingSpec):
         self.spec = spec
         self.count = 0
-        self.states: dict[str, Any] = {mode: sequence_method(mode).start() for mode in spec.pooling} \
-            if PoolingTask(spec.task).is_sequence else {}
+        self.states: dict[str, Any] = (
+            {mode: sequence_method(mode).start() for mode in spec.pooling} if PoolingTask(spec.task).is_sequence else {}
+        )
         self.tokens: list[torch.Tensor] = []
         self.ids: list[torch.Tensor] = []
 

@@ -162,8 +162,9 @@ class TokenPooling:
 
     type: PoolingType
 
-    def select(self, rows: torch.Tensor, ids: torch.Tensor, returned_token_ids: tuple[int, ...] | None,
-               step_tag_id: int | None) -> torch.Tensor:
+    def select(
+        self, rows: torch.Tensor, ids: torch.Tensor, returned_token_ids: tuple[int, ...] | None, step_tag_id: int | None
+    ) -> torch.Tensor:
         return rows
 
 
@@ -184,8 +185,10 @@ class StepPooling(TokenPooling):
         return rows
 
 
-SEQUENCE_METHODS: dict[str, SequencePooling] = {m.type.value: m for m in (
-    ClsPooling(), LastPooling(), MeanPooling(), MaxPooling(), MeanSqrtLenPooling(), WeightedMeanPooling())}
+SEQUENCE_METHODS: dict[str, SequencePooling] = {
+    m.type.value: m
+    for m in (ClsPooling(), LastPooling(), MeanPooling(), MaxPooling(), MeanSqrtLenPooling(), WeightedMeanPooling())
+}
 TOKEN_METHODS: dict[str, TokenPooling] = {m.type.value: m for m in (AllPooling(), StepPooling())}
 
 

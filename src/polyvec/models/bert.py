@@ -65,13 +65,17 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(types, hidden) if types > 0 else None
         self.norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if self.token_type_embeddings is not None:
             # Single-segment batches (the common case) add type 0 without a lookup per token.
-            x = x + (self.token_type_embeddings.weight[0] if token_type_ids is None
-                     else self.token_type_embeddings(token_type_ids))
+            x = x + (
+                self.token_type_embeddings.weight[0]
+                if token_type_ids is None
+                else self.token_type_embeddings(token_type_ids)
+            )
         return self.norm(x)
 
 
@@ -88,15 +92,22 @@ class BertEncoder(nn.Module):
         self.position_offset = int(cfg.get("pad_token_id", 1)) + 1 if self.position_offset_from_padding else 0
         self.embeddings = BertEmbeddings(cfg)
         self.layers = nn.ModuleList(
-            EncoderLayer(cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"],
-                         cfg.get("hidden_act", "gelu"), cfg.get("layer_norm_eps", 1e-12))
-            for _ in range(cfg["num_hidden_layers"]))
+            EncoderLayer(
+                cfg["hidden_size"],
+                cfg["num_attention_heads"],
+                cfg["intermediate_size"],
+                cfg.get("hidden_act", "gelu"),
+                cfg.get("layer_norm_eps", 1e-12),
+            )
+            for _ in range(cfg["num_hidden_layers"])
+        )
 
     def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor | None:
         return None
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
         x = self.embeddings(input_ids, meta.positions + self.position_offset, token_type_ids)
         attn_mask = meta.attn_mask(self.attention_bias(meta))
         for layer in self.layers:
@@ -115,16 +126,21 @@ FFN_RULES: list[Rule] = [
     (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ffn_down.", None),
     (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.ffn_norm.", None),
 ]
-ENCODER_RULES: list[Rule] = EMBEDDING_RULES + [
-    (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.qkv.", 0),
-    (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.qkv.", 1),
-    (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.qkv.", 2),
-    (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.attn_out.", None),
-    (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
-] + FFN_RULES
+ENCODER_RULES: list[Rule] = (
+    EMBEDDING_RULES
+    + [
+        (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.qkv.", 0),
+        (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.qkv.", 1),
+        (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.qkv.", 2),
+        (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.attn_out.", None),
+        (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
+    ]
+    + FFN_RULES
+)
 
 
 # ---------------------------------------------------------------------------------------------- heads
+
 
 class BertSequenceHead(nn.Module):
     """BertForSequenceClassification: tanh(pooler(h_CLS)) → classifier."""

@@ -83,8 +83,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.index = index
-        self.num_heads, self.num_kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg[
-            "num_attention_heads"]
+        self.num_heads, self.num_kv_heads = (
+            cfg["num_attention_heads"],
+            cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        )
         self.head_dim = head_dim
         self.input_layernorm = RMSNorm(hidden, eps)
         self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=qkv_bias)
@@ -150,8 +152,9 @@ class DecoderModel(nn.Module):
         self.num_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
         qkv_bias = self.qkv_bias_default or bool(cfg.get("attention_bias", False))
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.head_dim, qkv_bias, self.qk_norm)
-                                    for i in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, self.head_dim, qkv_bias, self.qk_norm) for i in range(cfg["num_hidden_layers"])
+        )
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         # Not a buffer: the model is built on the meta device and only its parameters are loaded.
         self._inv_freq: torch.Tensor | None = None
@@ -167,8 +170,9 @@ class DecoderModel(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
         for layer in self.layers:

@@ -36,5 +36,6 @@ class Trunk(Protocol):
     causal: bool
     """Decoders also have `kv_shape()` → (layers, kv heads, head dim) for their KV caches."""
 
-    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                 meta: AttentionMetadata) -> torch.Tensor: ...
+    def __call__(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor: ...

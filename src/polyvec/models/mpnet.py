@@ -18,8 +18,9 @@ from .bert import _LAYER, EMBEDDING_RULES, FFN_RULES, BertEncoder
 from .weights import Rule
 
 
-def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = 32,
-                             max_distance: int = 128) -> torch.Tensor:
+def relative_position_bucket(
+    relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
     """Bidirectional log-spaced buckets: exact for small offsets, logarithmic up to `max_distance`."""
     num_buckets //= 2
     n = -relative_position
@@ -27,9 +28,14 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int =
     n = n.abs()
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    large = max_exact + (
-        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)).long()
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = large.clamp(max=num_buckets - 1)
     return bucket + torch.where(is_small, n, large)
 
@@ -50,11 +56,15 @@ class MPNetEncoder(BertEncoder):
         return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, heads, L, L]
 
 
-MPNET_ENCODER_RULES: list[Rule] = EMBEDDING_RULES + [
-    (r"^encoder\.relative_attention_bias\.", "encoder.relative_attention_bias.", None),
-    (_LAYER + r"attention\.attn\.q\.", r"encoder.layers.\1.qkv.", 0),
-    (_LAYER + r"attention\.attn\.k\.", r"encoder.layers.\1.qkv.", 1),
-    (_LAYER + r"attention\.attn\.v\.", r"encoder.layers.\1.qkv.", 2),
-    (_LAYER + r"attention\.attn\.o\.", r"encoder.layers.\1.attn_out.", None),
-    (_LAYER + r"attention\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
-] + FFN_RULES
+MPNET_ENCODER_RULES: list[Rule] = (
+    EMBEDDING_RULES
+    + [
+        (r"^encoder\.relative_attention_bias\.", "encoder.relative_attention_bias.", None),
+        (_LAYER + r"attention\.attn\.q\.", r"encoder.layers.\1.qkv.", 0),
+        (_LAYER + r"attention\.attn\.k\.", r"encoder.layers.\1.qkv.", 1),
+        (_LAYER + r"attention\.attn\.v\.", r"encoder.layers.\1.qkv.", 2),
+        (_LAYER + r"attention\.attn\.o\.", r"encoder.layers.\1.attn_out.", None),
+        (_LAYER + r"attention\.LayerNorm\.", r"encoder.layers.\1.attn_norm.", None),
+    ]
+    + FFN_RULES
+)

@@ -76,8 +76,8 @@ HEADS = {
 
 def split_architecture(architecture: str) -> tuple[Family, str]:
     for family_name in sorted(FAMILIES, key=len, reverse=True):
-        if architecture.startswith(family_name) and architecture[len(family_name):] in HEADS:
-            return FAMILIES[family_name], architecture[len(family_name):]
+        if architecture.startswith(family_name) and architecture[len(family_name) :] in HEADS:
+            return FAMILIES[family_name], architecture[len(family_name) :]
     supported = [f + h for f in FAMILIES for h in HEADS]
     raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(supported)}")
 
@@ -103,8 +103,9 @@ class EncoderForPooling(nn.Module):
         elif head == "ForTokenClassification":
             self.token_head = nn.Linear(hidden, model_config.num_labels)
         elif head == "ForMaskedLM":
-            self.token_head = MaskedLMHead(hidden, cfg["vocab_size"], cfg.get("hidden_act", "gelu"),
-                                           cfg.get("layer_norm_eps", 1e-12))
+            self.token_head = MaskedLMHead(
+                hidden, cfg["vocab_size"], cfg.get("hidden_act", "gelu"), cfg.get("layer_norm_eps", 1e-12)
+            )
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta) -> torch.Tensor:
         return self.encoder(input_ids, token_type_ids, meta)
@@ -112,8 +113,11 @@ class EncoderForPooling(nn.Module):
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)
         tied = self.head_kind == "ForMaskedLM"
-        from_tokens = self.causal and self.head_kind == "ForSequenceClassification" and not any(
-            k.endswith("score.weight") for k in state)
+        from_tokens = (
+            self.causal
+            and self.head_kind == "ForSequenceClassification"
+            and not any(k.endswith("score.weight") for k in state)
+        )
         optional = ("token_head.decoder.weight",) if tied else ("sequence_head.",) if from_tokens else ()
         load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,), optional=optional)
         if from_tokens:
@@ -122,15 +126,16 @@ class EncoderForPooling(nn.Module):
             with torch.no_grad():  # tied decoder: the checkpoint stores the input embeddings only
                 self.token_head.decoder.weight.copy_(self.encoder.embeddings.word_embeddings.weight)
 
-
     def _score_from_lm_head(self, state: dict[str, torch.Tensor]) -> None:
         """A `*ForCausalLM` served with convert="classify" and no `score` weights: vLLM's
         `classifier_from_token` (hf_overrides) names the vocabulary tokens whose LM-head rows become the
         classifier (e.g. ["no", "yes"] for a yes/no reranker); their logits are the labels' logits."""
         token_ids = self.encoder.cfg.get("classifier_from_token_ids")
         if not token_ids:
-            raise ValueError("this causal LM checkpoint has no `score` weights; to serve it with convert='classify' "
-                             "name the label tokens with hf_overrides={'classifier_from_token': [...]}")
+            raise ValueError(
+                "this causal LM checkpoint has no `score` weights; to serve it with convert='classify' "
+                "name the label tokens with hf_overrides={'classifier_from_token': [...]}"
+            )
         lm_head = state.get("lm_head.weight")
         if lm_head is None:  # tied embeddings
             lm_head = self.encoder.embed_tokens.weight

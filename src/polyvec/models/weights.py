@@ -18,8 +18,13 @@ logger = logging.getLogger(__name__)
 Rule = tuple[str, str, int | None]
 
 
-def load_mapped(module: nn.Module, state: dict[str, torch.Tensor], rules: list[Rule],
-                strip_prefixes: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+def load_mapped(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    rules: list[Rule],
+    strip_prefixes: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
+) -> None:
     params = dict(module.named_parameters())
     filled: set[str] = set()
     compiled = [(re.compile(p), r, s) for p, r, s in rules]
@@ -27,7 +32,7 @@ def load_mapped(module: nn.Module, state: dict[str, torch.Tensor], rules: list[R
     for key, tensor in state.items():
         for prefix in strip_prefixes:
             if key.startswith(prefix):
-                key = key[len(prefix):]
+                key = key[len(prefix) :]
                 break
         target, shard = key, None
         for pattern, repl, s in compiled:
@@ -41,13 +46,15 @@ def load_mapped(module: nn.Module, state: dict[str, torch.Tensor], rules: list[R
         with torch.no_grad():
             if shard is None:
                 if param.shape != tensor.shape:
-                    raise ValueError(f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
-                                     f"the model expects {tuple(param.shape)}")
+                    raise ValueError(
+                        f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(param.shape)}"
+                    )
                 param.copy_(tensor)
                 filled.add(target)
             else:
                 size = tensor.shape[0]
-                param[shard * size:(shard + 1) * size].copy_(tensor)
+                param[shard * size : (shard + 1) * size].copy_(tensor)
                 filled.add(f"{target}#{shard}")
     if skipped:
         logger.debug("checkpoint tensors not used: %s", skipped)

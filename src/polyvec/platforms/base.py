@@ -31,8 +31,11 @@ class KernelOptions:
     @classmethod
     def from_env(cls) -> KernelOptions:
         """The defaults, less what POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off (read here only)."""
-        return cls(native=not _disabled("POLYVEC_DISABLE_KERNELS"), onednn=not _disabled("POLYVEC_DISABLE_ONEDNN"),
-                   amx=not _disabled("POLYVEC_DISABLE_AMX"))
+        return cls(
+            native=not _disabled("POLYVEC_DISABLE_KERNELS"),
+            onednn=not _disabled("POLYVEC_DISABLE_ONEDNN"),
+            amx=not _disabled("POLYVEC_DISABLE_AMX"),
+        )
 
 
 class Platform:

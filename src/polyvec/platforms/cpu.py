@@ -112,9 +112,11 @@ class CpuPlatform(Platform):
         self.onednn = self.options.onednn and onednn_available(self.device, model_config.dtype)
         native = self.native_kernels()
         if int8 and not (self.onednn and native and int8_available(self.device)):
-            raise ValueError("quantization='int8' needs a CPU device, dtype float32 or bfloat16, PyTorch with "
-                             "oneDNN and polyvec's native kernels (it found: device "
-                             f"{self.device}, dtype {model_config.dtype})")
+            raise ValueError(
+                "quantization='int8' needs a CPU device, dtype float32 or bfloat16, PyTorch with "
+                "oneDNN and polyvec's native kernels (it found: device "
+                f"{self.device}, dtype {model_config.dtype})"
+            )
         if native:
             torch.ops.polyvec.set_amx_enabled(self.options.amx)
         if self.onednn:

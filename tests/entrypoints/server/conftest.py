@@ -31,7 +31,11 @@ class Server:
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "polyvec", "serve", *args, "--port", str(self.port), "--log-level", "warning"],
-            cwd=REPO, env=full_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            cwd=REPO,
+            env=full_env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -72,7 +76,13 @@ def server():
 @pytest.fixture(scope="session")
 def strict_server():
     """API key from the environment, truncation=error, a small body limit."""
-    s = Server(MINILM, "--truncation", "error", "--max-request-bytes", "200000",
-               env={"POLYVEC_API_KEY": "sekret", "POLYVEC_MAX_MODEL_LEN": "64"})
+    s = Server(
+        MINILM,
+        "--truncation",
+        "error",
+        "--max-request-bytes",
+        "200000",
+        env={"POLYVEC_API_KEY": "sekret", "POLYVEC_MAX_MODEL_LEN": "64"},
+    )
     yield s
     s.stop()

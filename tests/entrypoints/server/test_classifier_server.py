@@ -13,9 +13,16 @@ from tests.helpers import TINY, save_tiny_model
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, minilm_path):
-    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("clf"),
-                             minilm_path, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
-                             label2id={"neg": 0, "neu": 1, "pos": 2}, **TINY)
+    folder = save_tiny_model(
+        "BertForSequenceClassification",
+        "BertConfig",
+        tmp_path_factory.mktemp("clf"),
+        minilm_path,
+        num_labels=3,
+        id2label={0: "neg", 1: "neu", 2: "pos"},
+        label2id={"neg": 0, "neu": 1, "pos": 2},
+        **TINY,
+    )
     s = Server(str(folder))
     yield s, LLM(str(folder), dtype="float32")
     s.stop()
@@ -23,8 +30,9 @@ def classifier(tmp_path_factory, minilm_path):
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory, minilm_path):
-    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("ce"),
-                             minilm_path, num_labels=1, **TINY)
+    folder = save_tiny_model(
+        "BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("ce"), minilm_path, num_labels=1, **TINY
+    )
     s = Server(str(folder))
     yield s, LLM(str(folder), dtype="float32")
     s.stop()

@@ -28,8 +28,9 @@ def test_64_concurrent_clients_get_their_own_results(server, minilm_llm, cranfie
         return torch.tensor(r.json()["data"][0]["embedding"])
 
     async def main():
-        async with httpx.AsyncClient(base_url=server.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=64)
+        ) as client:
             return await asyncio.gather(*(one(client, i) for i in range(64)))
 
     got = torch.stack(asyncio.run(main()))
@@ -87,8 +88,9 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     result = {}
 
     def request():
-        result["r"] = httpx.post(s.url + "/v1/embeddings",
-                                 json={"input": ["in flight during shutdown " * 20] * 200}, timeout=120)
+        result["r"] = httpx.post(
+            s.url + "/v1/embeddings", json={"input": ["in flight during shutdown " * 20] * 200}, timeout=120
+        )
 
     t = threading.Thread(target=request)
     t.start()

@@ -12,13 +12,19 @@ import torch
 from polyvec.entrypoints.server.encoding import from_bytes
 from tests.helpers import cosine_rows
 
-TEXTS = ["experimental investigation of the aerodynamics of a wing in a slipstream",
-         "heat transfer to a blunt body", "flutter"]
+TEXTS = [
+    "experimental investigation of the aerodynamics of a wing in a slipstream",
+    "heat transfer to a blunt body",
+    "flutter",
+]
 
 
 def offline(llm, method, texts, **kw):
-    return torch.stack([o.outputs.data for o in getattr(llm, method)(texts, use_tqdm=False, **kw)]) \
-        if method == "embed" else [o.outputs.data for o in getattr(llm, method)(texts, use_tqdm=False, **kw)]
+    return (
+        torch.stack([o.outputs.data for o in getattr(llm, method)(texts, use_tqdm=False, **kw)])
+        if method == "embed"
+        else [o.outputs.data for o in getattr(llm, method)(texts, use_tqdm=False, **kw)]
+    )
 
 
 def test_openai_client_float_and_base64(server, minilm_llm):
@@ -34,8 +40,11 @@ def test_openai_client_float_and_base64(server, minilm_llm):
             got = torch.tensor([d.embedding for d in resp.data])
         assert [d.index for d in resp.data] == [0, 1, 2]
         assert cosine_rows(got, ref).min() >= 0.9999
-        assert resp.usage.prompt_tokens == resp.usage.total_tokens == sum(
-            len(o.prompt_token_ids) for o in minilm_llm.embed(TEXTS, use_tqdm=False))
+        assert (
+            resp.usage.prompt_tokens
+            == resp.usage.total_tokens
+            == sum(len(o.prompt_token_ids) for o in minilm_llm.embed(TEXTS, use_tqdm=False))
+        )
         assert resp.model == "minilm"
     # The client's default (no encoding_format) is base64 too.
     got = torch.tensor(client.embeddings.create(input=TEXTS[0], model="minilm").data[0].embedding)
@@ -92,7 +101,7 @@ def test_every_encoding_decodes_to_float(server, task, fmt, dtype, endianness):
             sizes = [int(np.prod(s)) * (4 if dtype == "float32" else 2) for s in shapes]
             starts = np.cumsum([0] + sizes)
             items = [{"start": int(starts[i]), "end": int(starts[i + 1]), "shape": list(shapes[i])} for i in range(3)]
-        decoded = [from_bytes(r.content[it["start"]:it["end"]], it["shape"], dtype, endianness) for it in items]
+        decoded = [from_bytes(r.content[it["start"] : it["end"]], it["shape"], dtype, endianness) for it in items]
     for got, want in zip(decoded, ref):
         assert torch.allclose(got, torch.tensor(want), atol=tol)
 
@@ -128,8 +137,10 @@ def test_rerank(server, minilm_llm, path):
 
 def test_cohere_embed_v2(server, minilm_llm):
     ref = offline(minilm_llm, "embed", TEXTS)
-    body = server.post("/v2/embed", {"texts": TEXTS, "input_type": "search_document",
-                                     "embedding_types": ["float", "base64", "binary", "ubinary"]}).json()
+    body = server.post(
+        "/v2/embed",
+        {"texts": TEXTS, "input_type": "search_document", "embedding_types": ["float", "base64", "binary", "ubinary"]},
+    ).json()
     assert body["response_type"] == "embeddings_by_type" and body["texts"] == TEXTS
     assert body["meta"]["billed_units"]["input_tokens"] > 0
     assert cosine_rows(torch.tensor(body["embeddings"]["float"]), ref).min() >= 0.9999
@@ -159,14 +170,18 @@ def test_models_health_version_metrics(server):
     assert server.get("/version").json()["version"]
     server.post("/v1/embeddings", {"input": "metrics probe"})
     text = server.get("/metrics").text
-    for name in ("polyvec_requests_total{endpoint=\"/v1/embeddings\",status=\"200\"}",
-                 "polyvec_request_latency_seconds_bucket", "polyvec_prompt_tokens_total", "polyvec_queue_depth",
-                 "polyvec_batch_tokens_bucket", "polyvec_batch_sequences_bucket",
-                 "polyvec_engine_busy_seconds_total"):
+    for name in (
+        'polyvec_requests_total{endpoint="/v1/embeddings",status="200"}',
+        "polyvec_request_latency_seconds_bucket",
+        "polyvec_prompt_tokens_total",
+        "polyvec_queue_depth",
+        "polyvec_batch_tokens_bucket",
+        "polyvec_batch_sequences_bucket",
+        "polyvec_engine_busy_seconds_total",
+    ):
         assert name in text, name
 
 
 def test_add_special_tokens_false(server, minilm_llm):
-    body = server.post("/pooling", {"input": "hello world", "task": "token_embed",
-                                    "add_special_tokens": False}).json()
+    body = server.post("/pooling", {"input": "hello world", "task": "token_embed", "add_special_tokens": False}).json()
     assert body["data"][0]["shape"] == [2, 384] and body["usage"]["prompt_tokens"] == 2

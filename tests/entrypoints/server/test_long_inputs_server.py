@@ -58,7 +58,8 @@ def test_causal_model_chunked_prefill_over_http(decoder_server):
     server, folder = decoder_server
     ps = prompts(seed=7)
     offline = LLM(str(folder), dtype="float32", enable_prefix_caching=False).embed(
-        [{"prompt_token_ids": p} for p in ps], use_tqdm=False)
+        [{"prompt_token_ids": p} for p in ps], use_tqdm=False
+    )
 
     async def main():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:

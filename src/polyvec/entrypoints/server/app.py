@@ -77,19 +77,24 @@ class ServerMiddleware:
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), key.encode()):
-                await error_response(401, "missing or invalid API key (Authorization: Bearer ...)",
-                                     headers={"WWW-Authenticate": "Bearer"})(scope, receive, send_recording)
+                await error_response(
+                    401,
+                    "missing or invalid API key (Authorization: Bearer ...)",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )(scope, receive, send_recording)
                 return record(scope["path"])
 
         limit = self.config.max_request_bytes
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await error_response(413, f"request body is larger than the limit of {limit} bytes")(
-                scope, receive, send_recording)
+                scope, receive, send_recording
+            )
             return record(scope["path"])
         if scope.get("method") == "POST" and not headers.get(b"content-type", b"").startswith(b"application/json"):
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
-                (b"content-type", b"application/json")]
+                (b"content-type", b"application/json")
+            ]
         seen = 0
 
         async def limited_receive() -> Message:
@@ -115,7 +120,8 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
 
 async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}.get(
-        exc.status_code, str(exc.detail))
+        exc.status_code, str(exc.detail)
+    )
     if exc.status_code == 400 and "parsing the body" in message:  # undecodable bytes
         message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
     return error_response(exc.status_code, message)
@@ -140,8 +146,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
     state = ServerState.create(engine, config)
-    app = FastAPI(title="polyvec", version=__version__, lifespan=lifespan,
-                  description="Pooling-model server: embeddings, multi-vector, classification, scoring.")
+    app = FastAPI(
+        title="polyvec",
+        version=__version__,
+        lifespan=lifespan,
+        description="Pooling-model server: embeddings, multi-vector, classification, scoring.",
+    )
     app.state.server = state
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)

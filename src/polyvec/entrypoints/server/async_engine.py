@@ -12,9 +12,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Callable
 
 from ...engine.engine import Engine
 from ...engine.sequence import Request
@@ -33,9 +33,13 @@ def _resolve(fut: asyncio.Future, value=None, exc: BaseException | None = None) 
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, tokenizer_threads: int = 2,
-                 on_batch: Callable[[int, int, float], None] | None = None,
-                 on_abort: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer_threads: int = 2,
+        on_batch: Callable[[int, int, float], None] | None = None,
+        on_abort: Callable[[int], None] | None = None,
+    ):
         self.engine = engine
         self.on_batch = on_batch
         self.on_abort = on_abort

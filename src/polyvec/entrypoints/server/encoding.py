@@ -52,8 +52,16 @@ def encode_bytes(tensors: list[torch.Tensor], embed_dtype: str, endianness: str)
     chunks, items, offset = [], [], 0
     for i, t in enumerate(tensors):
         raw = to_bytes(t, embed_dtype, endianness)
-        items.append({"index": i, "embed_dtype": embed_dtype, "endianness": endianness, "start": offset,
-                      "end": offset + len(raw), "shape": list(t.shape)})
+        items.append(
+            {
+                "index": i,
+                "embed_dtype": embed_dtype,
+                "endianness": endianness,
+                "start": offset,
+                "end": offset + len(raw),
+                "shape": list(t.shape),
+            }
+        )
         chunks.append(raw)
         offset += len(raw)
     return b"".join(chunks), items

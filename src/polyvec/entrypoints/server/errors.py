@@ -18,12 +18,20 @@ class APIError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
-                413: "RequestEntityTooLarge", 500: "InternalServerError", 503: "ServiceUnavailable"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestEntityTooLarge",
+    500: "InternalServerError",
+    503: "ServiceUnavailable",
+}
 
 
-def error_response(status: int, message: str, param: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
 

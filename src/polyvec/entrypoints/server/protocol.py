@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
-PoolingInput = Union[str, list[str], TokenIds, list[TokenIds]]
+PoolingInput = str | list[str] | TokenIds | list[TokenIds]
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 EmbedDType = Literal["float32", "float16", "bfloat16"]
 Endianness = Literal["native", "big", "little"]
@@ -106,7 +106,7 @@ class ClassificationRequest(PoolingBase):
     """Older name of use_activation."""
 
 
-ScoreInput = Union[str, list[str]]
+ScoreInput = str | list[str]
 
 
 class ScoreRequest(PoolingBase):
@@ -190,10 +190,17 @@ class DetokenizeRequest(StrictModel):
 
 # ---------------------------------------------------------------------------------------------- responses
 
+
 def usage(tokens: int) -> dict[str, int | None]:
     return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None}
 
 
 def envelope(prefix: str, model: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    return {"id": random_id(prefix), "object": "list", "created": int(time.time()), "model": model, "data": data,
-            "usage": usage(tokens)}
+    return {
+        "id": random_id(prefix),
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": usage(tokens),
+    }

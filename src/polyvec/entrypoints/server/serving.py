@@ -102,8 +102,14 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     return PoolingParams(**{**values, **renamed})
 
 
-async def run_pooling(state: ServerState, raw: Request, prompts: list, params: PoolingParams | list[PoolingParams],
-                      task: str, **kwargs: Any) -> list:
+async def run_pooling(
+    state: ServerState,
+    raw: Request,
+    prompts: list,
+    params: PoolingParams | list[PoolingParams],
+    task: str,
+    **kwargs: Any,
+) -> list:
     """Run one request's prompts through the engine; a rejected parameter or input is a 400."""
     try:
         requests = await state.async_engine.process(prompts, params, task, **kwargs)
@@ -114,8 +120,9 @@ async def run_pooling(state: ServerState, raw: Request, prompts: list, params: P
     return outputs
 
 
-def encoded_response(req: P.EncodingFields, outputs: list, prefix: str, obj: str, key: str, model: str,
-                     with_shape: bool) -> Response:
+def encoded_response(
+    req: P.EncodingFields, outputs: list, prefix: str, obj: str, key: str, model: str, with_shape: bool
+) -> Response:
     """The `/v1/embeddings` and `/pooling` response in the body's encoding_format (JSON or raw bytes)."""
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
     tensors = [o.outputs.data for o in outputs]

@@ -22,11 +22,15 @@ async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) ->
     kinds = req.embedding_types or ["float"]
     multi = state.engine.colbert is not None
     if multi and set(kinds) - {"float", "base64"}:
-        raise APIError(400, "a late-interaction model returns float or base64 token matrices only",
-                       "embedding_types")
-    outputs = await run_pooling(state, raw, prompts_of(state, req.texts, "texts"), params,
-                                "token_embed" if multi else "embed",
-                                truncation="error" if req.truncate == "NONE" else "auto")
+        raise APIError(400, "a late-interaction model returns float or base64 token matrices only", "embedding_types")
+    outputs = await run_pooling(
+        state,
+        raw,
+        prompts_of(state, req.texts, "texts"),
+        params,
+        "token_embed" if multi else "embed",
+        truncation="error" if req.truncate == "NONE" else "auto",
+    )
     tensors = [o.outputs.data for o in outputs]
     try:
         embeddings = encode_by_type(tensors, kinds)
@@ -36,6 +40,8 @@ async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) ->
     body = {"id": P.random_id("embd"), "embeddings": embeddings, "texts": req.texts}
     if multi:
         body |= {"shapes": [list(t.shape) for t in tensors], "input_type": outputs[0].input_type}
-    body |= {"meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
-             "response_type": "embeddings_by_type"}
+    body |= {
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+        "response_type": "embeddings_by_type",
+    }
     return JSONResponse(body)

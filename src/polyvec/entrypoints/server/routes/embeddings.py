@@ -17,8 +17,14 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     model = check_model(state, req.model)
     multi = state.engine.colbert is not None
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
-    outputs = await run_pooling(state, raw, prompts_of(state, req.input), pooling_params(req),
-                                "token_embed" if multi else "embed", add_special_tokens=req.add_special_tokens)
+    outputs = await run_pooling(
+        state,
+        raw,
+        prompts_of(state, req.input),
+        pooling_params(req),
+        "token_embed" if multi else "embed",
+        add_special_tokens=req.add_special_tokens,
+    )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
@@ -31,21 +37,34 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         task = next((t for t in ("token_embed", "token_classify") if t in supported), None)
         if task is None:
             raise APIError(400, f"'task' is required for this model; it supports: {', '.join(supported)}", "task")
-    outputs = await run_pooling(state, raw, prompts_of(state, req.input), pooling_params(req), task,
-                                add_special_tokens=req.add_special_tokens)
+    outputs = await run_pooling(
+        state, raw, prompts_of(state, req.input), pooling_params(req), task, add_special_tokens=req.add_special_tokens
+    )
     return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
 
 
 @router.post("/classify", summary="vLLM classification")
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    outputs = await run_pooling(state, raw, prompts_of(state, req.input), pooling_params(req), "classify",
-                                add_special_tokens=req.add_special_tokens)
+    outputs = await run_pooling(
+        state,
+        raw,
+        prompts_of(state, req.input),
+        pooling_params(req),
+        "classify",
+        add_special_tokens=req.add_special_tokens,
+    )
     id2label = state.model_config.id2label
     data = []
     for i, o in enumerate(outputs):
         probs = o.outputs.data
         label = int(probs.argmax())
-        data.append({"index": i, "label": id2label.get(label, str(label)), "probs": probs.tolist(),
-                     "num_classes": int(probs.shape[-1])})
+        data.append(
+            {
+                "index": i,
+                "label": id2label.get(label, str(label)),
+                "probs": probs.tolist(),
+                "num_classes": int(probs.shape[-1]),
+            }
+        )
     return JSONResponse(P.envelope("classify", model, data, sum(len(o.prompt_token_ids) for o in outputs)))

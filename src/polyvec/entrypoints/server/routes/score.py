@@ -15,13 +15,15 @@ from ..serving import ServerState, State, check_model, pooling_params, prompts_o
 router = APIRouter()
 
 
-async def score_pairs(state: ServerState, raw: Request, text_1: P.ScoreInput, text_2: P.ScoreInput,
-                      req: P.ScoreRequest | P.RerankRequest) -> tuple[list[float], int]:
+async def score_pairs(
+    state: ServerState, raw: Request, text_1: P.ScoreInput, text_2: P.ScoreInput, req: P.ScoreRequest | P.RerankRequest
+) -> tuple[list[float], int]:
     """One score per (text_1, text_2) pair, by the model's kind (see scoring.py), and the tokens it took."""
     engine = state.engine
     try:
-        plan = plan_scores(text_1, text_2, engine.supported_tasks, engine.is_cross_encoder,
-                           late_interaction=engine.colbert is not None)
+        plan = plan_scores(
+            text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.colbert is not None
+        )
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
     for side, value in (("text_1", text_1), ("text_2", text_2)):
@@ -56,8 +58,14 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         if req.return_documents:
             item["document"] = {"text": req.documents[i]}
         results.append(item)
-    return JSONResponse({"id": P.random_id("rerank"), "model": model, "results": results,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return JSONResponse(
+        {
+            "id": P.random_id("rerank"),
+            "model": model,
+            "results": results,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
 
 
 # One handler per family under several paths; the names stay `_score` / `_rerank` so OpenAPI operation ids hold.

@@ -23,8 +23,12 @@ router = APIRouter()
 async def tokenize(req: P.TokenizeRequest, state: State) -> dict[str, Any]:
     check_model(state, req.model)
     ids, strs = state.engine.tokenizer.tokenize(req.prompt, req.add_special_tokens)
-    return {"count": len(ids), "max_model_len": state.model_config.max_model_len, "tokens": ids,
-            "token_strs": strs if req.return_token_strs else None}
+    return {
+        "count": len(ids),
+        "max_model_len": state.model_config.max_model_len,
+        "tokens": ids,
+        "token_strs": strs if req.return_token_strs else None,
+    }
 
 
 @router.post("/detokenize", summary="Detokenize token ids", response_model=None)
@@ -42,9 +46,22 @@ async def detokenize(req: P.DetokenizeRequest, state: State) -> dict[str, Any]:
 async def models(state: State) -> dict[str, Any]:
     created = int(time.time())
     mc = state.model_config
-    return {"object": "list", "data": [
-        {"id": n, "object": "model", "created": created, "owned_by": "polyvec", "root": str(mc.path),
-         "parent": None, "max_model_len": mc.max_model_len, "permission": []} for n in state.names]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": n,
+                "object": "model",
+                "created": created,
+                "owned_by": "polyvec",
+                "root": str(mc.path),
+                "parent": None,
+                "max_model_len": mc.max_model_len,
+                "permission": [],
+            }
+            for n in state.names
+        ],
+    }
 
 
 @router.get("/health", summary="Liveness")
