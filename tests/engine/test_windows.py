@@ -8,7 +8,7 @@ import torch
 
 from polyvec import PoolingParams
 from polyvec.engine.long_input import merge_windows, split_windows
-from polyvec.engine.sequence import Request
+from polyvec.engine.request import Request
 from polyvec.layers.pooler import Pooler, PoolingSpec
 
 CLS, SEP = 101, 102

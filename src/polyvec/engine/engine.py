@@ -30,8 +30,8 @@ from .late_interaction import LateInteractionRecipe
 from .long_input import merge_windows
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
+from .request import Request
 from .scheduler import ScheduledChunk, Scheduler
-from .sequence import Request
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "Engine", "EngineStats", "Prompt"]  # Prompt: re-exported for callers
 
@@ -113,6 +113,15 @@ class Engine:
     def colbert(self) -> LateInteractionRecipe | None:
         """The model's ColBERT recipe, or None when it is not a late-interaction model."""
         return self.input_processor.colbert
+
+    @property
+    def is_late_interaction(self) -> bool:
+        """A ColBERT-style model: token vectors out, MaxSim for scores."""
+        return self.input_processor.colbert is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
 
     @property
     def is_cross_encoder(self) -> bool:

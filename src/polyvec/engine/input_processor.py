@@ -19,10 +19,10 @@ from ..tokenizer import PolyTokenizer, PromptTooLongError
 from .late_interaction import LateInteractionRecipe
 from .long_input import split_windows
 from .prefix_cache import block_hashes
-from .sequence import Request
+from .request import Request
 
 if TYPE_CHECKING:
-    from ..models.registry import EncoderForPooling
+    from ..models.registry import PoolingModel
 
 # A prompt is text, a (text, text) pair, token ids, or vLLM's TextPrompt / TokensPrompt dicts.
 Prompt = str | tuple[str, str] | Sequence[int] | dict[str, Any]
@@ -37,7 +37,7 @@ class InputProcessor:
         model_config: ModelConfig,
         engine_config: EngineConfig,
         tokenizer: PolyTokenizer,
-        model: EncoderForPooling,
+        model: PoolingModel,
         *,
         causal: bool,
         kv_cache_tokens: int,

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..tokenizer import PolyTokenizer
-from .sequence import Request
+from .request import Request
 
 
 @dataclass

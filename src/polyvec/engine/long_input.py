@@ -8,7 +8,7 @@ from collections.abc import Collection
 import torch
 
 from ..layers.pooler import Pooler, PoolingSpec
-from .sequence import Request
+from .request import Request
 
 
 def split_windows(request: Request, max_model_len: int, overlap: int, special_ids: Collection[int]) -> list[Request]:

@@ -21,8 +21,8 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.pooler import Pooler, PoolingState
-from ..loader import read_state_dict
-from ..models.registry import EncoderForPooling, build_model
+from ..models.registry import PoolingModel, build_model
+from ..models.weights import read_state_dict
 from ..platforms import get_platform
 from .scheduler import ScheduledChunk
 
@@ -64,7 +64,7 @@ class ModelRunner:
         self.platform.configure_threads(engine_config.num_threads)
         # The trunk's weights sit beside its config.json (a subfolder in old sentence-transformers layouts).
         state = read_state_dict(model_config.transformer_dir)
-        self.model: EncoderForPooling = build_model(model_config, state, self.device)
+        self.model: PoolingModel = build_model(model_config, state, self.device)
         token_projection = _load_dense_stack(model_config, self.device, on_tokens=True)
         if model_config.colbert is not None and model_config.colbert.layout == "stanford":
             # Stanford ColBERT keeps its projection (`linear`, no bias) beside the BERT weights.

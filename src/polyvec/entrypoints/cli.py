@@ -79,7 +79,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     best = int(sims.argmax()) + 1 if len(texts) > 1 else 0
     print(
         f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
-        f"device {llm.engine.runner.device}, threads {torch.get_num_threads()}, "
+        f"device {llm.engine.device}, threads {torch.get_num_threads()}, "
         f"{platform.processor() or platform.machine()})"
     )
     print(
@@ -219,12 +219,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "--log-level", "info", "debug, info, warning or error")
 
 
-def load_llm(args: argparse.Namespace, **kwargs):
-    """The LLM for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
-    from .. import LLM
+def load_engine(args: argparse.Namespace, **kwargs):
+    """The engine for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
+    from ..engine.factory import create_engine
 
     try:
-        return LLM(
+        return create_engine(
             args.model,
             dtype=args.dtype,
             device=args.device,
@@ -239,6 +239,12 @@ def load_llm(args: argparse.Namespace, **kwargs):
     except (ValueError, OSError) as exc:  # an unsupported or broken checkpoint, a bad setting
         logging.getLogger("polyvec").debug("loading %s failed", args.model, exc_info=True)
         raise CommandError(f"cannot load model {args.model!r}: {exc}") from None
+
+
+def load_llm(args: argparse.Namespace, **kwargs):
+    from .. import LLM
+
+    return LLM.from_engine(load_engine(args, **kwargs))
 
 
 class CommandError(Exception):
@@ -256,7 +262,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("polyvec.serve")
-    llm = load_llm(
+    engine = load_engine(
         args,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -268,7 +274,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_prefix_caching=args.enable_prefix_caching,
     )
-    engine, mc = llm.engine, llm.model_config
+    mc = engine.model_config
     tasks = engine.supported_tasks
     log.info(
         "model %s (%s) from %s [architecture: %s]",
@@ -291,7 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mc.dtype,
         "--dtype " + args.dtype,
         f", int8 projections [--quantization {args.quantization}]" if args.quantization else "",
-        engine.runner.device,
+        engine.device,
         torch.get_num_threads(),
         mc.max_model_len,
         mc.sources["max_model_len"],

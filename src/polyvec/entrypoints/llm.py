@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, PoolerConfig, resolve_dtype
+from ..config import PoolerConfig
 from ..engine.engine import Engine, Prompt
-from ..loader import DEFAULT_MODEL, load_model_config
+from ..engine.factory import create_engine
+from ..loader import DEFAULT_MODEL
 from ..outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -26,7 +27,7 @@ from ..outputs import (
     ScoringRequestOutput,
     as_task_output,
 )
-from ..platforms import KernelOptions, get_platform
+from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
 from ..scoring import plan_scores
 
@@ -106,34 +107,35 @@ class LLM:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
         if kwargs.get("runner", "pooling") != "pooling":
             raise ValueError("polyvec runs pooling models only (runner='pooling')")
-        engine_config = EngineConfig(
-            max_num_batched_tokens=max_num_batched_tokens or 1,
-            max_num_seqs=max_num_seqs,
+        self.engine = create_engine(
+            model,
+            dtype=dtype,
             device=device,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            pooler_config=pooler_config,
             truncation=truncation,
+            hf_overrides=hf_overrides,
+            revision=revision,
+            download_dir=download_dir,
             num_threads=num_threads,
+            convert=convert,
             long_input=long_input,
             window_overlap=window_overlap,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
-            **({"kernels": kernels} if kernels is not None else {}),
+            kernels=kernels,
         )
-        platform = get_platform(engine_config.resolve_device(), engine_config.kernels)
-        model_config = load_model_config(
-            model,
-            dtype=resolve_dtype(dtype, platform),
-            max_model_len=max_model_len,
-            pooler_config=pooler_config,
-            hf_overrides=hf_overrides,
-            revision=revision,
-            download_dir=download_dir,
-            convert=convert,
-        )
-        if max_num_batched_tokens is None:
-            engine_config.max_num_batched_tokens = platform.default_max_num_batched_tokens(model_config, quantization)
-        self.engine = Engine(model_config, engine_config)
-        self.model_config = model_config
+        self.model_config = self.engine.model_config
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """An LLM over an engine built elsewhere (`polyvec.engine.factory.create_engine`)."""
+        llm = cls.__new__(cls)
+        llm.engine, llm.model_config = engine, engine.model_config
+        return llm
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -323,7 +325,7 @@ class LLM:
             data_2,
             self.supported_tasks,
             self.is_cross_encoder,
-            late_interaction=self.engine.colbert is not None,
+            late_interaction=self.engine.is_late_interaction,
         )
         outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
         results = []

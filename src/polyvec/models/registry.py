@@ -82,7 +82,7 @@ def split_architecture(architecture: str) -> tuple[Family, str]:
     raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(supported)}")
 
 
-class EncoderForPooling(nn.Module):
+class PoolingModel(nn.Module):
     """Trunk + head, with the tasks they serve. Heads stay in float32 whatever the trunk's dtype."""
 
     def __init__(self, model_config: ModelConfig):
@@ -143,9 +143,9 @@ class EncoderForPooling(nn.Module):
             self.sequence_head.weight.copy_(lm_head[list(token_ids)])
 
 
-def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> EncoderForPooling:
+def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> PoolingModel:
     with torch.device("meta"):
-        model = EncoderForPooling(model_config)
+        model = PoolingModel(model_config)
     model = model.to_empty(device="cpu")
     model.load_weights(state)
     model.encoder.to(device=device, dtype=model_config.dtype)

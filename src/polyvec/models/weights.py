@@ -1,4 +1,4 @@
-"""Map a checkpoint's parameter names onto polyvec's modules (vLLM's `load_weights` idea, in one helper).
+"""Read a checkpoint's tensors and map their names onto polyvec's modules (vLLM's `load_weights` idea).
 
 Rules are `(regex, replacement, shard)`: the first rule that matches renames the key; `shard` i copies the
 tensor into the i-th equal slice of a fused parameter (q, k, v → qkv). Keys no rule or parameter claims are
@@ -7,8 +7,10 @@ checkpoint extras (buffers, unused heads) and are skipped; a parameter nothing f
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -68,3 +70,30 @@ def load_mapped(
         missing.append(name)
     if missing:
         raise ValueError(f"the checkpoint has no weights for: {', '.join(missing)}")
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder (safetensors, sharded safetensors, or a pickled .bin)."""
+    from safetensors.torch import load_file
+
+    if (folder / "model.safetensors").is_file():
+        state = load_file(folder / "model.safetensors")
+    elif (folder / "model.safetensors.index.json").is_file():
+        index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        state = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(folder / shard))
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"no model.safetensors or pytorch_model.bin in {folder}")
+    return {_legacy_name(k): v for k, v in state.items()}
+
+
+def _legacy_name(name: str) -> str:
+    # TF-era BERT checkpoints call LayerNorm's parameters gamma/beta.
+    if name.endswith(".gamma"):
+        return name[:-6] + ".weight"
+    if name.endswith(".beta"):
+        return name[:-5] + ".bias"
+    return name

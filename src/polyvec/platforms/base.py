@@ -10,7 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..models.registry import EncoderForPooling
+    from ..models.registry import PoolingModel
 
 
 def _disabled(name: str) -> bool:
@@ -62,7 +62,7 @@ class Platform:
         """Whether bidirectional attention runs straight on the packed batch (else SDPA over a padded grid)."""
         return False
 
-    def prepare_model(self, model: EncoderForPooling, model_config: ModelConfig, quantization: str | None) -> None:
+    def prepare_model(self, model: PoolingModel, model_config: ModelConfig, quantization: str | None) -> None:
         """Called once the weights are loaded: swap in this device's forms of the projections and norms."""
         if quantization is not None:
             raise ValueError(f"quantization={quantization!r} runs on CPU only (device {self.device})")

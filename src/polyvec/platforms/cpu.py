@@ -22,7 +22,7 @@ from .base import KernelOptions, Platform
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..models.registry import EncoderForPooling
+    from ..models.registry import PoolingModel
 
 # oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
 # sizes (engine/model_runner.py), and with four projection shapes per layer 512 entries hold every primitive a
@@ -107,7 +107,7 @@ class CpuPlatform(Platform):
     def packed_attention(self, dtype: torch.dtype, head_dim: int) -> bool:
         return self.options.native and kernels.packed_attention_available(self.device, dtype, head_dim)
 
-    def prepare_model(self, model: EncoderForPooling, model_config: ModelConfig, quantization: str | None) -> None:
+    def prepare_model(self, model: PoolingModel, model_config: ModelConfig, quantization: str | None) -> None:
         int8 = quantization == "int8"
         self.onednn = self.options.onednn and onednn_available(self.device, model_config.dtype)
         native = self.native_kernels()

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from ...engine.engine import Engine
-from ...engine.sequence import Request
+from ...engine.request import Request
 from ...outputs import PoolingRequestOutput
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) ->
         raise APIError(400, "truncate='START' is not supported; use END or NONE", "truncate")
     params = pooling_params(req, dimensions=req.output_dimension, truncate_prompt_tokens=req.max_tokens)
     kinds = req.embedding_types or ["float"]
-    multi = state.engine.colbert is not None
+    multi = state.engine.is_late_interaction
     if multi and set(kinds) - {"float", "base64"}:
         raise APIError(400, "a late-interaction model returns float or base64 token matrices only", "embedding_types")
     outputs = await run_pooling(

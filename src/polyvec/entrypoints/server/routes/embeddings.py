@@ -15,7 +15,7 @@ router = APIRouter()
 @router.post("/v1/embeddings", summary="OpenAI embeddings")
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    multi = state.engine.colbert is not None
+    multi = state.engine.is_late_interaction
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
     outputs = await run_pooling(
         state,

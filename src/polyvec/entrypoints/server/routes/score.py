@@ -22,7 +22,7 @@ async def score_pairs(
     engine = state.engine
     try:
         plan = plan_scores(
-            text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.colbert is not None
+            text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.is_late_interaction
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
