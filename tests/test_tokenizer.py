@@ -38,3 +38,14 @@ def test_pairs_and_refusal_keep_their_paths(minilm_path, cranfield_texts):
         assert (o.input_ids, o.token_type_ids, o.num_input_tokens) == (i, t, len(f))
     with pytest.raises(PromptTooLongError):
         tok.encode(["short", "x " * 300], 64, truncate=False)
+
+
+def test_truncation_shorter_than_the_special_tokens_keeps_the_first_tokens(minilm_path):
+    """`tokenizers` does not cut at all when max_length cannot hold [CLS] and [SEP]; polyvec keeps the first
+    max_length tokens, as it cuts token-id prompts (truncate_prompt_tokens=1 gave 5 tokens)."""
+    tok = PolyTokenizer(minilm_path / "tokenizer.json")
+    one = tok.encode(["hello big world", "x"], 1, truncate=True)
+    assert [p.input_ids for p in one] == [[101], [101]] and [p.num_input_tokens for p in one] == [5, 3]
+    pair = tok.encode([("a query", "a document")], 1, truncate=True)[0]
+    assert pair.input_ids == [101] and pair.num_input_tokens == 7  # [CLS] a query [SEP] a document [SEP]
+    assert [p.input_ids for p in tok.encode(["hello big world"], 2, truncate=True)] == [[101, 102]]

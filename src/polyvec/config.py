@@ -28,6 +28,14 @@ EMBED_TASKS = (PoolingTask.EMBED.value, PoolingTask.TOKEN_EMBED.value)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# EngineConfig's choices (checked in its __post_init__, for callers that pass plain strings).
+Truncation = Literal["auto", "error"]
+LongInput = Literal["truncate", "window"]
+Quantization = Literal["int8"]
+
+# Activations a checkpoint may name (sentence-transformers `activation_fn` / Dense `activation_function`).
+Activation = Literal["identity", "tanh", "relu", "gelu", "sigmoid", "softmax"]
+
 
 @dataclass
 class PoolerConfig:
@@ -118,7 +126,8 @@ class ModelConfig:
     # Classification heads.
     num_labels: int = 0
     id2label: dict[int, str] = field(default_factory=dict)
-    classifier_activation: Literal["softmax", "sigmoid", "identity"] = "softmax"
+    classifier_activation: Activation = "softmax"
+    """softmax, sigmoid or identity unless the checkpoint names another (sentence-transformers `activation_fn`)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
     is_causal: bool = False
@@ -164,11 +173,11 @@ class EngineConfig:
     """Most sequences in one forward pass."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda or cuda:N."""
-    truncation: Literal["auto", "error"] = "auto"
+    truncation: Truncation = "auto"
     """auto: input longer than max_model_len is cut to it (as sentence-transformers does); error: rejected."""
     num_threads: int | None = None
     """CPU threads for torch (None: torch's default, one per core)."""
-    long_input: Literal["truncate", "window"] = "truncate"
+    long_input: LongInput = "truncate"
     """Encoder input longer than max_model_len: truncate (or reject, with truncation="error"), or split into
     windows; requests may override it (PoolingParams.long_input)."""
     window_overlap: int = 0
@@ -180,7 +189,7 @@ class EngineConfig:
     """Causal models: reuse the keys/values of prompt prefixes already computed (None: on)."""
     prefix_cache_tokens: int = 8192
     """Most prompt tokens the prefix cache keeps (least recently used blocks are evicted)."""
-    quantization: Literal["int8"] | None = None
+    quantization: Quantization | None = None
     """None: projections in the model dtype. "int8" (CPU only, opt-in): dynamic W8A8, weights int8 per output
     channel and activations quantized per token at run time, on oneDNN's int8 matmul (VNNI / AMX); attention
     and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: cosine ≥ 0.99 against

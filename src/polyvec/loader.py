@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
+from .config import Activation, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -47,7 +47,7 @@ _ST_LEGACY_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Activation] = {
     "identity": "identity",
     "tanh": "tanh",
     "relu": "relu",
@@ -69,7 +69,7 @@ def _read_json(path: Path) -> Any:
         return json.load(f)
 
 
-def _activation_name(qualname: str | None) -> str:
+def _activation_name(qualname: str | None) -> Activation:
     if not qualname:
         return "identity"
     name = qualname.rsplit(".", 1)[-1].lower()
@@ -196,7 +196,7 @@ def position_limit(hf_config: dict[str, Any]) -> int:
     return limit
 
 
-def _classifier_activation(hf_config: dict[str, Any], num_labels: int) -> str:
+def _classifier_activation(hf_config: dict[str, Any], num_labels: int) -> Activation:
     st = hf_config.get("sentence_transformers") or {}
     explicit = st.get("activation_fn") or hf_config.get("sbert_ce_default_activation_function")
     if explicit:

@@ -7,7 +7,7 @@ vLLM exposes (`embedding`, `probs`) are built on first access, so a large offlin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypedDict, TypeVar
 
 import torch
 
@@ -81,9 +81,20 @@ class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
     pass
 
 
+class _SharedFields(TypedDict):
+    """The fields `as_task_output` copies from a pooling output to its task's output."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    num_input_tokens: int
+    finished: bool
+    task: str
+    input_type: str | None
+
+
 def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
     """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
-    fields = dict(
+    fields = _SharedFields(
         request_id=out.request_id,
         prompt_token_ids=out.prompt_token_ids,
         num_input_tokens=out.num_input_tokens,

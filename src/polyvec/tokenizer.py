@@ -9,8 +9,10 @@ several threads at once (the server tokenizes in worker threads).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from tokenizers import Tokenizer
 
@@ -74,7 +76,7 @@ class PolyTokenizer:
 
     def encode(
         self,
-        texts: list[str] | list[tuple[str, str]],
+        texts: Sequence[str | tuple[str, str]],
         max_length: int,
         truncate: bool,
         add_special_tokens: bool = True,
@@ -82,8 +84,18 @@ class PolyTokenizer:
         """Encode strings (or string pairs); with `truncate=False`, over-long input raises PromptTooLongError."""
         if self.do_lower_case:
             texts = [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
+        if truncate and max_length < self._num_special(any(isinstance(t, tuple) for t in texts), add_special_tokens):
+            # Too short for the special tokens themselves, where `tokenizers` would not cut at all: keep the
+            # first max_length tokens, as token-id prompts are cut.
+            full = self._base.encode_batch(texts, add_special_tokens=add_special_tokens)
+            return [
+                TokenizedPrompt(
+                    enc.ids[:max_length], enc.type_ids[:max_length] if any(enc.type_ids) else None, len(enc.ids)
+                )
+                for enc in full
+            ]
         if truncate and all(isinstance(t, str) for t in texts):
-            return self._encode_truncating(texts, max_length, add_special_tokens)
+            return self._encode_truncating(cast(Sequence[str], texts), max_length, add_special_tokens)
         full = self._base.encode_batch(texts, add_special_tokens=add_special_tokens)
         out: list[TokenizedPrompt] = []
         too_long = [i for i, enc in enumerate(full) if len(enc.ids) > max_length]
@@ -103,7 +115,13 @@ class PolyTokenizer:
             out.append(_prompt(used, len(enc.ids)))
         return out
 
-    def _encode_truncating(self, texts: list[str], max_length: int, add_special_tokens: bool) -> list[TokenizedPrompt]:
+    def _num_special(self, pair: bool, add_special_tokens: bool) -> int:
+        processor = self._base.post_processor
+        return processor.num_special_tokens_to_add(pair) if add_special_tokens and processor else 0
+
+    def _encode_truncating(
+        self, texts: Sequence[str], max_length: int, add_special_tokens: bool
+    ) -> list[TokenizedPrompt]:
         """Single texts, cut to max_length in one pass (a full pass, then the long texts again, took 1.2-1.5x
         as long on Cranfield plus Vaswani): the length before truncation is the kept part plus the
         `overflowing` pieces the truncating tokenizer returns, each less the special tokens it also gets."""

@@ -84,7 +84,7 @@ class Engine:
                 self.kv_cache_tokens * per_token / 2**20,
                 "on" if self.prefix_cache else "off",
             )
-        self.scheduler = Scheduler(
+        self.scheduler: Scheduler[Request] = Scheduler(
             engine_config.max_num_batched_tokens,
             engine_config.max_num_seqs,
             kv_cache_tokens=self.kv_cache_tokens,
@@ -166,6 +166,7 @@ class Engine:
         for rid in request_ids:
             parent = self._window_groups.pop(rid, None)
             if parent is not None:
+                assert parent.windows is not None  # only requests split into windows are grouped
                 ids.update(w.request_id for w in parent.windows)
         return self.scheduler.abort(ids)
 
@@ -174,13 +175,13 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ stepping
 
-    def schedule(self) -> list[ScheduledChunk]:
+    def schedule(self) -> list[ScheduledChunk[Request]]:
         return self.scheduler.schedule()
 
     def step(self) -> list[PoolingRequestOutput[PoolingOutput]]:
         return self.run(self.schedule())
 
-    def run(self, batch: list[ScheduledChunk]) -> list[PoolingRequestOutput[PoolingOutput]]:
+    def run(self, batch: list[ScheduledChunk[Request]]) -> list[PoolingRequestOutput[PoolingOutput]]:
         """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it);
         returns the requests it finished."""
         if not batch:
@@ -213,7 +214,7 @@ class Engine:
             finished.append(self._output(r, data))
         return finished
 
-    def fail(self, batch: list[ScheduledChunk]) -> list[str]:
+    def fail(self, batch: list[ScheduledChunk[Request]]) -> list[str]:
         """A batch raised: drop its requests (and their sibling windows); return the ids to report failed."""
         ids = []
         for c in batch:
@@ -229,7 +230,7 @@ class Engine:
         self.scheduler.release(r.request_id)
         r.kv_cache = None
 
-    def _prepare_caches(self, batch: list[ScheduledChunk]) -> None:
+    def _prepare_caches(self, batch: list[ScheduledChunk[Request]]) -> None:
         """Give the requests the scheduler reserved KV cache for their cache; load cached prefixes."""
         for c in batch:
             r = c.request
@@ -237,6 +238,7 @@ class Engine:
                 continue
             r.kv_cache = self.runner.allocate_kv_cache(r.num_tokens)
             if c.start > 0:  # the scheduler skipped a cached prefix
+                assert self.prefix_cache is not None  # only its probe makes the scheduler skip tokens
                 hidden = self.prefix_cache.load(r, c.start, r.kv_cache)
                 r.pool_state = PoolingState(r.spec)
                 ids = torch.tensor(r.prompt_token_ids[: c.start], device=hidden.device)
@@ -244,6 +246,7 @@ class Engine:
 
     def _output(self, r: Request, data: Any) -> PoolingRequestOutput[PoolingOutput]:
         r.pool_state = None
+        assert r.params.task is not None  # verified params name their task
         return PoolingRequestOutput(
             request_id=r.request_id,
             outputs=PoolingOutput(data),
@@ -255,6 +258,7 @@ class Engine:
 
     def _finish_windows(self, parent: Request) -> PoolingRequestOutput[PoolingOutput] | None:
         """Combine a long input's windows once all are done (an aborted parent's stragglers are dropped)."""
+        assert parent.windows is not None  # a window's parent was split into windows
         if any(w.window_output is None for w in parent.windows) or parent.request_id not in self._window_groups:
             return None
         del self._window_groups[parent.request_id]

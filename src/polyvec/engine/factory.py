@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, PoolerConfig, resolve_dtype
+from ..config import EngineConfig, LongInput, PoolerConfig, Quantization, Truncation, resolve_dtype
 from ..loader import load_model_config
 from ..platforms import KernelOptions, get_platform
 from .engine import Engine
@@ -23,17 +23,17 @@ def create_engine(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int = 256,
     pooler_config: PoolerConfig | None = None,
-    truncation: str = "auto",
+    truncation: Truncation = "auto",
     hf_overrides: dict[str, Any] | None = None,
     revision: str | None = None,
     download_dir: str | None = None,
     num_threads: int | None = None,
     convert: str | None = None,
-    long_input: str = "truncate",
+    long_input: LongInput = "truncate",
     window_overlap: int = 0,
     kv_cache_memory_bytes: int | None = None,
     enable_prefix_caching: bool | None = None,
-    quantization: str | None = None,
+    quantization: Quantization | None = None,
     kernels: KernelOptions | None = None,
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
@@ -41,13 +41,13 @@ def create_engine(
         max_num_batched_tokens=max_num_batched_tokens or 1,
         max_num_seqs=max_num_seqs,
         device=device,
-        truncation=truncation,  # type: ignore[arg-type]  # checked in EngineConfig.__post_init__
+        truncation=truncation,
         num_threads=num_threads,
-        long_input=long_input,  # type: ignore[arg-type]
+        long_input=long_input,
         window_overlap=window_overlap,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_prefix_caching=enable_prefix_caching,
-        quantization=quantization,  # type: ignore[arg-type]
+        quantization=quantization,
         kernels=kernels or KernelOptions.from_env(),
     )
     platform = get_platform(checked.resolve_device(), checked.kernels)

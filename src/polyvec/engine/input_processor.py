@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec
@@ -137,7 +137,8 @@ class InputProcessor:
                 text_groups.setdefault((max_len, truncate), []).append(i)
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
             else:
-                tokenized[i] = self._token_prompt(i, prompt, max_len, truncate)
+                # Neither text nor a text pair: token ids (`_token_prompt` checks them).
+                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate)
         for (max_len, truncate), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode(
@@ -188,6 +189,7 @@ class InputProcessor:
 
     def _spec(self, params: PoolingParams) -> PoolingSpec:
         task = params.task
+        assert task is not None  # verified params name their task
         if task in ("embed", "classify"):
             pooling = self.default_pooling(task)
         else:

@@ -36,9 +36,8 @@ class LateInteractionRecipe:
                 raise ValueError(f"the ColBERT {name} token {token!r} is not in the tokenizer's vocabulary")
             ids[name] = found
         unk = tokenizer.token_to_id("[UNK]")
-        skip = {tokenizer.token_to_id(w) for w in cb.skiplist_words}
-        skip = {unk if i is None else i for i in skip} - {None}
-        return cls(cb, ids["query"], ids["document"], ids["mask"], frozenset(skip))
+        skip = {unk if i is None else i for i in (tokenizer.token_to_id(w) for w in cb.skiplist_words)}
+        return cls(cb, ids["query"], ids["document"], ids["mask"], frozenset(i for i in skip if i is not None))
 
     def length(self, input_type: str | None) -> int:
         return self.config.query_length if input_type == "query" else self.config.document_length

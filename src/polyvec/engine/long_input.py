@@ -64,9 +64,11 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
     Sequence tasks: the token-weighted mean of the windows' pooled vectors, through the task's head.
     Token tasks: each content token from the window that keeps it, [CLS] from the first, [SEP] from the last.
     """
-    results = [w.window_output for w in parent.windows]
+    windows, spans = parent.windows, parent.window_spans
+    assert windows is not None and spans is not None  # set together by split_windows
+    results = [w.window_output for w in windows]
     if parent.spec.task in ("embed", "classify"):
-        weights = torch.tensor([float(w.num_tokens) for w in parent.windows])
+        weights = torch.tensor([float(w.num_tokens) for w in windows])
         pooled = (torch.stack(results) * weights.unsqueeze(1)).sum(0) / weights.sum()
         data = pooler.apply_head(parent.spec, pooled)
     else:
@@ -74,10 +76,10 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
         n_head = 1 if ids[0] in special_ids else 0
         n_tail = 1 if ids[-1] in special_ids and len(ids) > n_head else 0
         pieces = [results[0][:n_head]]  # [CLS] from the first window, [SEP] from the last
-        for (s, lo, hi), rows in zip(parent.window_spans, results):
+        for (s, lo, hi), rows in zip(spans, results):
             pieces.append(rows[n_head + lo - s : n_head + hi - s])
         pieces.append(results[-1][len(results[-1]) - n_tail :])
         data = torch.cat(pieces)
-    for w in parent.windows:
+    for w in windows:
         w.window_output = None
     return data

@@ -21,9 +21,11 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.pooler import Pooler, PoolingState
+from ..models.decoder import DecoderModel
 from ..models.registry import PoolingModel, build_model
 from ..models.weights import read_state_dict
 from ..platforms import get_platform
+from .request import Request
 from .scheduler import ScheduledChunk
 
 logger = logging.getLogger(__name__)
@@ -73,9 +75,9 @@ class ModelRunner:
             token_projection.weight.data.copy_(weight)
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
-        cfg = self.model.encoder.cfg
+        args = self.model.encoder.args
         self.packed_attention = not self.causal and self.platform.packed_attention(
-            model_config.dtype, cfg["hidden_size"] // cfg["num_attention_heads"]
+            model_config.dtype, args.hidden_size // args.num_attention_heads
         )
         self.int8 = engine_config.quantization == "int8"
         self.platform.prepare_model(self.model, model_config, engine_config.quantization)
@@ -92,16 +94,22 @@ class ModelRunner:
     def causal(self) -> bool:
         return self.model.causal
 
+    @property
+    def _decoder(self) -> DecoderModel:
+        encoder = self.model.encoder
+        assert isinstance(encoder, DecoderModel), "only causal models keep KV caches"
+        return encoder
+
     def kv_bytes_per_token(self) -> int:
-        layers, heads, dim = self.model.encoder.kv_shape()
+        layers, heads, dim = self._decoder.kv_shape()
         return 2 * layers * heads * dim * self.model_config.dtype.itemsize
 
     def allocate_kv_cache(self, num_tokens: int) -> KVCache:
-        layers, heads, dim = self.model.encoder.kv_shape()
+        layers, heads, dim = self._decoder.kv_shape()
         return KVCache(layers, num_tokens, heads, dim, self.model_config.dtype, self.device)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+    def execute(self, chunks: list[ScheduledChunk[Request]]) -> tuple[list[torch.Tensor | None], torch.Tensor]:
         """Outputs of the requests whose last chunk this is (None for the others), and the batch's final
         hidden states [T, H] (prefix caching stores some of them)."""
         requests = [c.request for c in chunks]

@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Schedulable(Protocol):
@@ -35,11 +35,16 @@ class Schedulable(Protocol):
     def num_tokens(self) -> int: ...
 
 
+# The caller's request type: the scheduler reads only the `Schedulable` attributes, and hands the same
+# objects back in its chunks, typed as the caller's (the engine's `Request`).
+R = TypeVar("R", bound=Schedulable)
+
+
 @dataclass
-class ScheduledChunk:
+class ScheduledChunk(Generic[R]):
     """Tokens [start, start + num_tokens) of a request; those before `start` are in its KV cache."""
 
-    request: Schedulable
+    request: R
     start: int
     num_tokens: int
 
@@ -57,10 +62,10 @@ class ScheduledChunk:
 
 
 # prefix_probe(request) → (tokens whose KV is cached, key of the next uncached block or None)
-PrefixProbe = Callable[[Schedulable], tuple[int, Hashable | None]]
+PrefixProbe = Callable[[R], tuple[int, Hashable | None]]
 
 
-class Scheduler:
+class Scheduler(Generic[R]):
     def __init__(
         self,
         max_num_batched_tokens: int,
@@ -69,7 +74,7 @@ class Scheduler:
         *,
         kv_cache_tokens: int = 0,
         cache_every_causal: bool = False,
-        prefix_probe: PrefixProbe | None = None,
+        prefix_probe: PrefixProbe[R] | None = None,
     ):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -81,10 +86,10 @@ class Scheduler:
         self._reserved: dict[str, int] = {}
         # A server aborts from its event loop while the engine thread releases finished requests.
         self._kv_lock = threading.Lock()
-        self.waiting: deque[Schedulable] = deque()
-        self.running: list[Schedulable] = []  # started, not yet fully scheduled (chunked prefill)
+        self.waiting: deque[R] = deque()
+        self.running: list[R] = []  # started, not yet fully scheduled (chunked prefill)
 
-    def add(self, request: Schedulable) -> None:
+    def add(self, request: R) -> None:
         self.waiting.append(request)
 
     def abort(self, request_ids: set[str]) -> int:
@@ -104,7 +109,7 @@ class Scheduler:
     def holds_cache(self, request_id: str) -> bool:
         return request_id in self._reserved
 
-    def needs_cache(self, request: Schedulable, remaining: int, budget: int) -> bool:
+    def needs_cache(self, request: R, remaining: int, budget: int) -> bool:
         return request.chunkable and (self.cache_every_causal or remaining > budget or request.num_computed_tokens > 0)
 
     def has_unfinished(self) -> bool:
@@ -113,8 +118,8 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def schedule(self) -> list[ScheduledChunk]:
-        chunks: list[ScheduledChunk] = []
+    def schedule(self) -> list[ScheduledChunk[R]]:
+        chunks: list[ScheduledChunk[R]] = []
         budget, seqs = self.max_num_batched_tokens, self.max_num_seqs
         still_running = []
         for r in self.running:
@@ -133,9 +138,10 @@ class Scheduler:
             c.request.num_computed_tokens = c.start + c.num_tokens
         return chunks
 
-    def _admit(self, budget: int, seqs: int) -> list[ScheduledChunk]:
+    def _admit(self, budget: int, seqs: int) -> list[ScheduledChunk[R]]:
         window = [self.waiting.popleft() for _ in range(min(self.lookahead, len(self.waiting)))]
-        cached, keys = [0] * len(window), [None] * len(window)
+        cached: list[int] = [0] * len(window)
+        keys: list[Hashable | None] = [None] * len(window)
         if self.prefix_probe is not None:
             for i, r in enumerate(window):
                 if r.chunkable and r.num_computed_tokens == 0:
@@ -177,7 +183,7 @@ class Scheduler:
                     break
                 try_take(i, allow_chunk=False)
 
-        chunks = []
+        chunks: list[ScheduledChunk[R]] = []
         for i in sorted(chosen):
             r, n = window[i], chosen[i]
             start = r.num_computed_tokens + cached[i]

@@ -18,6 +18,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
@@ -91,7 +93,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         print(f"nearest neighbour of text 0 is text {best}, cosine {float(sims[best - 1]):.4f}")
         print(f"  [0] {texts[0][:100]}")
         print(f"  [{best}] {texts[best][:100]}")
-    if args.output:
+    if isinstance(vecs, np.memmap):  # the --output file
         vecs.flush()
     return 0
 
@@ -107,20 +109,23 @@ def env_name(flag: str) -> str:
     return "POLYVEC_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def _flag(p: argparse.ArgumentParser, flag: str, default=None, help: str = "", cast=str, **kw) -> None:
+def _flag(
+    p: argparse.ArgumentParser,
+    flag: str,
+    default: Any = None,
+    help: str = "",
+    cast: Callable[[str], Any] = str,
+    **kw: Any,
+) -> None:
     """A flag whose default an environment variable can replace; the help shows both."""
     var = env_name(flag)
     value = os.environ.get(var)
     if value is not None:
         default = cast(value)
     shown = f"default: {default}; " if default is not None else ""
-    p.add_argument(
-        flag,
-        default=default,
-        type=None if cast in (str, _split) else cast,
-        help=f"{help} ({shown}env {var})".lstrip(),
-        **kw,
-    )
+    if cast not in (str, _split):
+        kw["type"] = cast
+    p.add_argument(flag, default=default, help=f"{help} ({shown}env {var})".lstrip(), **kw)
 
 
 def _split(value: str) -> list[str]:
@@ -216,6 +221,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=int)
     _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
+    _flag(
+        p,
+        "--request-body-timeout",
+        30.0,
+        "seconds a request body may take to arrive; a slower one gets 408",
+        cast=float,
+    )
+    _flag(
+        p,
+        "--max-concurrent-requests",
+        512,
+        "POST requests in progress at once; more get 429 with Retry-After",
+        cast=int,
+    )
     _flag(p, "--log-level", "info", "debug, info, warning or error")
 
 
@@ -313,6 +332,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_request_bytes=args.max_request_bytes,
             max_inputs_per_request=args.max_inputs_per_request,
+            request_body_timeout=args.request_body_timeout,
+            max_concurrent_requests=args.max_concurrent_requests,
         ),
     )
     server = uvicorn.Server(

@@ -11,11 +11,11 @@ import logging
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..config import PoolerConfig
+from ..config import LongInput, PoolerConfig, Quantization, Truncation
 from ..engine.engine import Engine, Prompt
 from ..engine.factory import create_engine
 from ..loader import DEFAULT_MODEL
@@ -88,17 +88,17 @@ class LLM:
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int = 256,
         pooler_config: PoolerConfig | None = None,
-        truncation: str = "auto",
+        truncation: Truncation = "auto",
         hf_overrides: dict[str, Any] | None = None,
         revision: str | None = None,
         download_dir: str | None = None,
         num_threads: int | None = None,
         convert: str | None = None,
-        long_input: str = "truncate",
+        long_input: LongInput = "truncate",
         window_overlap: int = 0,
         kv_cache_memory_bytes: int | None = None,
         enable_prefix_caching: bool | None = None,
-        quantization: str | None = None,
+        quantization: Quantization | None = None,
         kernels: KernelOptions | None = None,
         **kwargs: Any,
     ):
@@ -357,15 +357,15 @@ def _truncation_from_kwargs(kwargs: dict[str, Any] | None, truncate: int | None)
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
-        return [prompts]  # one prompt given as token ids
-    for i, p in enumerate(prompts):
+    items = list(prompts)
+    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return [cast(list[int], items)]  # one prompt given as token ids
+    for i, p in enumerate(items):
         if not isinstance(p, (str, dict, list, tuple)):
             raise TypeError(
                 f"prompt {i} must be a string, a list of token ids or a prompt dict, not {type(p).__name__}"
             )
-    return prompts
+    return cast(list[Prompt], items)  # no bare token ids left: the loop rejects them
 
 
 def _with_truncation(params, truncate: int):

@@ -19,6 +19,7 @@ rest of the batch.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -223,7 +224,9 @@ def causal_attention(
 
 
 # The CPU flash-attention kernel behind SDPA; it also returns each row's log-sum-exp.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None
+)
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, window: int | None) -> torch.Tensor:
@@ -253,14 +256,16 @@ def _context_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx:
     pass, the query heads of a KV group stacked as rows so keys are not repeated) and the chunk's own keys
     causally (a top-left causal pass); the two softmaxes are merged with their log-sum-exps. ~1.5x faster
     than SDPA with a [rows, keys] mask at 16-32k tokens of context, and exact to float rounding."""
+    flash = _FLASH_CPU
+    assert flash is not None  # the only caller checks
     _, heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    o1, l1 = _FLASH_CPU(q.reshape(1, kv_heads, group * n, dim), k[:, :, :ctx], v[:, :, :ctx])
+    o1, l1 = flash(q.reshape(1, kv_heads, group * n, dim), k[:, :, :ctx], v[:, :, :ctx])
     k_new, v_new = k[:, :, ctx:], v[:, :, ctx:]
     if group > 1:
         k_new, v_new = k_new.repeat_interleave(group, 1), v_new.repeat_interleave(group, 1)
-    o2, l2 = _FLASH_CPU(q, k_new, v_new, is_causal=True)
+    o2, l2 = flash(q, k_new, v_new, is_causal=True)
     l1, l2 = l1.reshape(1, heads, n, 1).float(), l2.reshape(1, heads, n, 1).float()
     lse = torch.logaddexp(l1, l2)
     out = o1.reshape(1, heads, n, dim).float() * torch.exp(l1 - lse) + o2.float() * torch.exp(l2 - lse)

@@ -17,6 +17,8 @@ to neighbouring bf16 values), so across batch sizes a row agrees to bf16 roundin
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -193,6 +195,10 @@ def can_fuse(activation: str, int8: bool = False) -> bool:
 
 def linear_add(linear: nn.Module, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
     """`residual + linear(x)`, fused where the linear is prepacked."""
-    if isinstance(linear, (PackedLinear, Int8Linear)):
+    if isinstance(linear, Int8Linear):
+        return linear.forward_add(x, residual)
+    # Quantized rows come only from an Int8Linear's `forward_requantized`, whose next projection is int8 too.
+    x = cast(torch.Tensor, x)
+    if isinstance(linear, PackedLinear):
         return linear.forward_add(x, residual)
     return residual + linear(x)

@@ -82,6 +82,7 @@ class Pooler(nn.Module):
                 x = x[..., : spec.dimensions]
             return F.normalize(x, p=2, dim=-1) if spec.use_activation else x
         head = self.sequence_head if task == "classify" else self.token_head
+        assert head is not None  # verified params name a task the model supports, so it has the head
         x = head(x)
         return self.classifier_act(x) if spec.use_activation else x
 
@@ -131,7 +132,7 @@ class Pooler(nn.Module):
                 results[i] = self._select(
                     piece, input_ids[starts[i] : starts[i + 1]], spec, keep[i] if keep is not None else None
                 )
-        return results  # type: ignore[return-value]
+        return results
 
     def finish(self, state: PoolingState, keep: list[int] | None = None) -> torch.Tensor:
         """The output of a request whose chunks went through `state`: equal to pooling it in one piece."""

@@ -7,7 +7,7 @@ them. Parameter names follow the paper's roles; `RULES` maps the transformers ch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,7 +15,8 @@ from torch import nn
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
 from ..layers.layernorm import LayerNorm
-from ..layers.linear import linear_add
+from ..layers.linear import Int8Linear, linear_add
+from .args import EncoderArgs
 from .interface import ProjectionPacker
 from .weights import Rule
 
@@ -28,11 +29,12 @@ class EncoderLayer(nn.Module):
         if hidden % num_heads:
             raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}")
         self.num_heads = num_heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.attn_out = nn.Linear(hidden, hidden)
+        # nn.Linear until `replace_projections` swaps in the platform's forms.
+        self.qkv: nn.Module = nn.Linear(hidden, 3 * hidden)
+        self.attn_out: nn.Module = nn.Linear(hidden, hidden)
         self.attn_norm = LayerNorm(hidden, eps=eps)
-        self.ffn_up = nn.Linear(hidden, intermediate)
-        self.ffn_down = nn.Linear(intermediate, hidden)
+        self.ffn_up: nn.Module = nn.Linear(hidden, intermediate)
+        self.ffn_down: nn.Module = nn.Linear(intermediate, hidden)
         self.ffn_norm = LayerNorm(hidden, eps=eps)
         self.act_name = act
         self.act = get_act_fn(act)
@@ -40,35 +42,40 @@ class EncoderLayer(nn.Module):
 
     def replace_projections(self, pack: ProjectionPacker) -> None:
         """Swap the projections for the platform's forms, fusing the FFN activation where `pack` can."""
-        self.qkv, self.attn_out, self.ffn_down = (pack(m) for m in (self.qkv, self.attn_out, self.ffn_down))
+        # Called once, on the nn.Linear projections the constructor made.
+        qkv, attn_out, ffn_up, ffn_down = (
+            cast(nn.Linear, m) for m in (self.qkv, self.attn_out, self.ffn_up, self.ffn_down)
+        )
+        self.qkv, self.attn_out, self.ffn_down = pack(qkv), pack(attn_out), pack(ffn_down)
         if pack.fuses(self.act_name):
-            self.ffn_up, self.act = pack(self.ffn_up, self.act_name), get_act_fn("identity")
+            self.ffn_up, self.act = pack(ffn_up, self.act_name), get_act_fn("identity")
             # int8: the intermediate can go from the up projection's sums straight to the down projection's grid
             self.requantize_ffn = hasattr(self.ffn_up, "forward_requantized")
         else:
-            self.ffn_up = pack(self.ffn_up)
+            self.ffn_up = pack(ffn_up)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)
-        x = self.attn_norm(linear_add(self.attn_out, attn, x))
-        h = self.ffn_up.forward_requantized(x) if self.requantize_ffn else self.act(self.ffn_up(x))
-        return self.ffn_norm(linear_add(self.ffn_down, h, x))
+        attn = varlen_attention(self.qkv(x), meta, self.num_heads, attn_mask)  # [T, H]
+        x = self.attn_norm(linear_add(self.attn_out, attn, x))  # [T, H]
+        # [T, I]; requantize_ffn is set only when ffn_up is an Int8Linear
+        h = cast(Int8Linear, self.ffn_up).forward_requantized(x) if self.requantize_ffn else self.act(self.ffn_up(x))
+        return self.ffn_norm(linear_add(self.ffn_down, h, x))  # [T, H]
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, args: EncoderArgs):
         super().__init__()
-        hidden = cfg["hidden_size"]
-        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
-        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
-        types = int(cfg.get("type_vocab_size", 0) or 0)
+        hidden = args.hidden_size
+        self.word_embeddings = nn.Embedding(args.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(args.max_position_embeddings, hidden)
+        types = args.type_vocab_size
         self.token_type_embeddings = nn.Embedding(types, hidden) if types > 0 else None
-        self.norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+        self.norm = LayerNorm(hidden, eps=args.layer_norm_eps)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)  # [T, H]
         if self.token_type_embeddings is not None:
             # Single-segment batches (the common case) add type 0 without a lookup per token.
             x = x + (
@@ -86,20 +93,26 @@ class BertEncoder(nn.Module):
     position_offset_from_padding = False
     causal = False
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, args: EncoderArgs):
         super().__init__()
-        self.cfg = cfg
-        self.position_offset = int(cfg.get("pad_token_id", 1)) + 1 if self.position_offset_from_padding else 0
-        self.embeddings = BertEmbeddings(cfg)
+        self.args = args
+        self.position_offset = 0
+        if self.position_offset_from_padding:
+            if args.pad_token_id is None:
+                raise ValueError(
+                    f"{type(self).__name__} numbers positions from pad_token_id, which config.json sets to null"
+                )
+            self.position_offset = args.pad_token_id + 1
+        self.embeddings = BertEmbeddings(args)
         self.layers = nn.ModuleList(
             EncoderLayer(
-                cfg["hidden_size"],
-                cfg["num_attention_heads"],
-                cfg["intermediate_size"],
-                cfg.get("hidden_act", "gelu"),
-                cfg.get("layer_norm_eps", 1e-12),
+                args.hidden_size,
+                args.num_attention_heads,
+                args.intermediate_size,
+                args.hidden_act,
+                args.layer_norm_eps,
             )
-            for _ in range(cfg["num_hidden_layers"])
+            for _ in range(args.num_hidden_layers)
         )
 
     def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor | None:
@@ -108,7 +121,7 @@ class BertEncoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = self.embeddings(input_ids, meta.positions + self.position_offset, token_type_ids)
+        x = self.embeddings(input_ids, meta.positions + self.position_offset, token_type_ids)  # [T, H]
         attn_mask = meta.attn_mask(self.attention_bias(meta))
         for layer in self.layers:
             x = layer(x, meta, attn_mask)
@@ -151,7 +164,7 @@ class BertSequenceHead(nn.Module):
         self.classifier = nn.Linear(hidden, num_labels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.tanh(self.pooler_dense(x)))
+        return self.classifier(torch.tanh(self.pooler_dense(x)))  # [N, H] → [N, labels]
 
 
 class RobertaSequenceHead(nn.Module):
@@ -163,7 +176,7 @@ class RobertaSequenceHead(nn.Module):
         self.out_proj = nn.Linear(hidden, num_labels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(torch.tanh(self.dense(x)))
+        return self.out_proj(torch.tanh(self.dense(x)))  # [N, H] → [N, labels]
 
 
 class MaskedLMHead(nn.Module):
@@ -178,7 +191,7 @@ class MaskedLMHead(nn.Module):
         self.decoder = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.act(self.dense(x))))
+        return self.decoder(self.norm(self.act(self.dense(x))))  # [T, H] → [T, vocab]
 
 
 BERT_HEAD_RULES: dict[str, list[Rule]] = {

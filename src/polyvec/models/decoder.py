@@ -23,6 +23,7 @@ from torch import nn
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, causal_attention
 from ..layers.linear import linear_add
+from .args import DecoderArgs
 from .interface import ProjectionPacker
 from .weights import Rule
 
@@ -41,17 +42,18 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
+def rope_parameters(args: DecoderArgs) -> dict[str, Any]:
     """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`."""
-    params = dict(cfg.get("rope_scaling") or {})
-    params.update(cfg.get("rope_parameters") or {})
-    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    params = dict(args.rope_scaling or {})
+    params.update(args.rope_parameters or {})
+    params.setdefault("rope_theta", args.rope_theta)
     params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
     return params
 
 
-def rope_inv_freq(cfg: dict[str, Any], head_dim: int) -> torch.Tensor:
-    p = rope_parameters(cfg)
+def rope_inv_freq(args: DecoderArgs, head_dim: int) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2], with the config's scaling applied."""
+    p = rope_parameters(args)
     inv_freq = 1.0 / (float(p["rope_theta"]) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = p["rope_type"]
     if kind == "default":
@@ -79,29 +81,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any], index: int, head_dim: int, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, args: DecoderArgs, index: int, qkv_bias: bool, qk_norm: bool):
         super().__init__()
-        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        hidden, eps, head_dim = args.hidden_size, args.rms_norm_eps, args.head_dim
         self.index = index
-        self.num_heads, self.num_kv_heads = (
-            cfg["num_attention_heads"],
-            cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        )
+        self.num_heads, self.num_kv_heads = args.num_attention_heads, args.num_key_value_heads
         self.head_dim = head_dim
         self.input_layernorm = RMSNorm(hidden, eps)
-        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bool(cfg.get("attention_bias", False)))
+        # nn.Linear until `replace_projections` swaps in the platform's forms.
+        self.q_proj: nn.Module = nn.Linear(hidden, self.num_heads * head_dim, bias=qkv_bias)
+        self.k_proj: nn.Module = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj: nn.Module = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj: nn.Module = nn.Linear(self.num_heads * head_dim, hidden, bias=args.attention_bias)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        mlp_bias = bool(cfg.get("mlp_bias", False))
-        self.gate_proj = nn.Linear(hidden, cfg["intermediate_size"], bias=mlp_bias)
-        self.up_proj = nn.Linear(hidden, cfg["intermediate_size"], bias=mlp_bias)
-        self.down_proj = nn.Linear(cfg["intermediate_size"], hidden, bias=mlp_bias)
-        self.act = get_act_fn(cfg.get("hidden_act", "silu"))
-        self.sliding_window = _sliding_window(cfg, index)
+        self.gate_proj: nn.Module = nn.Linear(hidden, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj: nn.Module = nn.Linear(hidden, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj: nn.Module = nn.Linear(args.intermediate_size, hidden, bias=args.mlp_bias)
+        self.act = get_act_fn(args.hidden_act)
+        self.sliding_window = _sliding_window(args, index)
 
     def replace_projections(self, pack: ProjectionPacker) -> None:
         """Swap the seven projections for the platform's forms (the activation stays separate)."""
@@ -109,32 +108,31 @@ class DecoderLayer(nn.Module):
             setattr(self, name, pack(getattr(self, name)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = self.input_layernorm(x)
+        h = self.input_layernorm(x)  # [T, H]
         total = h.shape[0]
-        q = self.q_proj(h).view(total, self.num_heads, self.head_dim)
-        k = self.k_proj(h).view(total, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(h).view(total, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        q = self.q_proj(h).view(total, self.num_heads, self.head_dim)  # [T, heads, d]
+        k = self.k_proj(h).view(total, self.num_kv_heads, self.head_dim)  # [T, kv heads, d]
+        v = self.v_proj(h).view(total, self.num_kv_heads, self.head_dim)  # [T, kv heads, d]
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (Qwen3)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)
-        x = linear_add(self.o_proj, attn.reshape(total, self.num_heads * self.head_dim), x)
+        attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)  # [T, heads, d]
+        x = linear_add(self.o_proj, attn.reshape(total, self.num_heads * self.head_dim), x)  # [T, H]
         h = self.post_attention_layernorm(x)
-        return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)
+        return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)  # [T, H]
 
 
-def _sliding_window(cfg: dict[str, Any], index: int) -> int | None:
-    window = cfg.get("sliding_window")
+def _sliding_window(args: DecoderArgs, index: int) -> int | None:
+    window = args.sliding_window
     if not window:
         return None
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None:
-        return int(window) if layer_types[index] == "sliding_attention" else None
-    if cfg.get("model_type") in ("qwen2", "qwen3"):
+    if args.layer_types is not None:
+        return window if args.layer_types[index] == "sliding_attention" else None
+    if args.model_type in ("qwen2", "qwen3"):
         # Qwen applies the window only with use_sliding_window, from layer max_window_layers on.
-        use = cfg.get("use_sliding_window", False) and index >= cfg.get("max_window_layers", 0)
-        return int(window) if use else None
-    return int(window)
+        use = args.use_sliding_window and index >= args.max_window_layers
+        return window if use else None
+    return window
 
 
 class DecoderModel(nn.Module):
@@ -144,18 +142,17 @@ class DecoderModel(nn.Module):
     qkv_bias_default = False
     qk_norm = False
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, args: DecoderArgs):
         super().__init__()
-        self.cfg = cfg
-        hidden = cfg["hidden_size"]
-        self.head_dim = int(cfg.get("head_dim") or hidden // cfg["num_attention_heads"])
-        self.num_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        qkv_bias = self.qkv_bias_default or bool(cfg.get("attention_bias", False))
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
+        self.args = args
+        self.head_dim = args.head_dim
+        self.num_kv_heads = args.num_key_value_heads
+        qkv_bias = self.qkv_bias_default or args.attention_bias
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, self.head_dim, qkv_bias, self.qk_norm) for i in range(cfg["num_hidden_layers"])
+            DecoderLayer(args, i, qkv_bias, self.qk_norm) for i in range(args.num_hidden_layers)
         )
-        self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         # Not a buffer: the model is built on the meta device and only its parameters are loaded.
         self._inv_freq: torch.Tensor | None = None
 
@@ -165,15 +162,15 @@ class DecoderModel(nn.Module):
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = rope_inv_freq(self.cfg, self.head_dim).to(positions.device)
-        freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)
+            self._inv_freq = rope_inv_freq(self.args, self.head_dim).to(positions.device)
+        freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)  # [T, d/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)  # [T, H]
         cos, sin = self.rotary(meta.positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, meta)

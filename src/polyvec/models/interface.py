@@ -6,13 +6,14 @@ through `replace_projections`, which is all a model knows of the device it runs 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
     from ..layers.attention import AttentionMetadata
+    from .args import Args
 
 
 class ProjectionPacker(Protocol):
@@ -30,7 +31,11 @@ class Layer(Protocol):
 class Trunk(Protocol):
     """Packed `input_ids` [T] (+ segment ids, + attention metadata) → hidden states [T, H]."""
 
-    cfg: dict[str, Any]
+    @property
+    def args(self) -> Args:
+        """The model's typed config (`EncoderArgs` or `DecoderArgs`)."""
+        ...
+
     layers: nn.ModuleList
     """Each a `Layer`."""
     causal: bool

@@ -7,13 +7,14 @@ tensor per batch serves every sequence in the padded attention grid.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..layers.attention import AttentionMetadata
+from .args import EncoderArgs
 from .bert import _LAYER, EMBEDDING_RULES, FFN_RULES, BertEncoder
 from .weights import Rule
 
@@ -43,16 +44,16 @@ def relative_position_bucket(
 class MPNetEncoder(BertEncoder):
     position_offset_from_padding = True
 
-    def __init__(self, cfg: dict[str, Any]):
-        cfg = {**cfg, "type_vocab_size": 0}  # MPNet has no segment embeddings
-        super().__init__(cfg)
-        self.num_buckets = int(cfg.get("relative_attention_num_buckets", 32))
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, cfg["num_attention_heads"])
+    def __init__(self, args: EncoderArgs):
+        args = dataclasses.replace(args, type_vocab_size=0)  # MPNet has no segment embeddings
+        super().__init__(args)
+        self.num_buckets = args.relative_attention_num_buckets
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, args.num_attention_heads)
 
     def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor:
         length = meta.max_seqlen
         pos = torch.arange(length, device=self.relative_attention_bias.weight.device)
-        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets)
+        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets)  # [L, L]
         return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, heads, L, L]
 
 

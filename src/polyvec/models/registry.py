@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..layers.attention import AttentionMetadata
+from .args import DecoderArgs, EncoderArgs
 from .bert import (
     BERT_HEAD_RULES,
     ENCODER_RULES,
@@ -48,7 +50,7 @@ class ScoreHead(nn.Linear):
 
 @dataclass(frozen=True)
 class Family:
-    encoder: type[nn.Module]
+    encoder: type[BertEncoder] | type[DecoderModel]
     prefix: str  # base-model prefix in task checkpoints ("bert." in BertForMaskedLM)
     encoder_rules: list[Rule]
     head_rules: dict[str, list[Rule]]
@@ -65,7 +67,7 @@ FAMILIES: dict[str, Family] = {
     "Qwen2": Family(Qwen2Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
     "Qwen3": Family(Qwen3Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
 }
-CAUSAL_FAMILIES = tuple(name for name, f in FAMILIES.items() if getattr(f.encoder, "causal", False))
+CAUSAL_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.encoder.causal)
 HEADS = {
     "Model": ("embed", "token_embed"),
     "ForSequenceClassification": ("classify",),
@@ -88,27 +90,34 @@ class PoolingModel(nn.Module):
     def __init__(self, model_config: ModelConfig):
         super().__init__()
         family, head = split_architecture(model_config.architecture)
-        cfg = model_config.hf_config
-        hidden = cfg["hidden_size"]
         self.family, self.head_kind = family, head
         self.supported_tasks: tuple[str, ...] = HEADS[head]
-        self.encoder = family.encoder(cfg)
-        self.causal = bool(getattr(self.encoder, "causal", False))
+        self.encoder: BertEncoder | DecoderModel
+        if issubclass(family.encoder, DecoderModel):
+            self.encoder = family.encoder(DecoderArgs.from_hf(model_config.hf_config))
+        else:
+            self.encoder = family.encoder(EncoderArgs.from_hf(model_config.hf_config))
+        args = self.encoder.args
+        hidden = args.hidden_size
+        self.causal = bool(self.encoder.causal)
         # What transformers' classifiers read (CLS for encoders, the last token for decoders); embedders
         # usually override it through their sentence-transformers Pooling module.
         self.default_pooling = "LAST" if self.causal else "CLS"
-        self.sequence_head = self.token_head = None
+        self.sequence_head: nn.Module | None = None
+        self.token_head: nn.Module | None = None
         if head == "ForSequenceClassification":
             self.sequence_head = family.sequence_head(hidden, model_config.num_labels)
         elif head == "ForTokenClassification":
             self.token_head = nn.Linear(hidden, model_config.num_labels)
         elif head == "ForMaskedLM":
-            self.token_head = MaskedLMHead(
-                hidden, cfg["vocab_size"], cfg.get("hidden_act", "gelu"), cfg.get("layer_norm_eps", 1e-12)
-            )
+            if not isinstance(args, EncoderArgs):  # no decoder family has masked-LM weight rules
+                raise ValueError(f"architecture {model_config.architecture!r} is not supported")
+            self.token_head = MaskedLMHead(hidden, args.vocab_size, args.hidden_act, args.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta) -> torch.Tensor:
-        return self.encoder(input_ids, token_type_ids, meta)
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.encoder(input_ids, token_type_ids, meta)  # [T, H]
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)
@@ -123,6 +132,8 @@ class PoolingModel(nn.Module):
         if from_tokens:
             self._score_from_lm_head(state)
         if tied and not any(k.endswith(("predictions.decoder.weight", "lm_head.decoder.weight")) for k in state):
+            # ForMaskedLM: a MaskedLMHead on an encoder (the constructor refuses decoders)
+            assert isinstance(self.token_head, MaskedLMHead) and isinstance(self.encoder, BertEncoder)
             with torch.no_grad():  # tied decoder: the checkpoint stores the input embeddings only
                 self.token_head.decoder.weight.copy_(self.encoder.embeddings.word_embeddings.weight)
 
@@ -130,7 +141,9 @@ class PoolingModel(nn.Module):
         """A `*ForCausalLM` served with convert="classify" and no `score` weights: vLLM's
         `classifier_from_token` (hf_overrides) names the vocabulary tokens whose LM-head rows become the
         classifier (e.g. ["no", "yes"] for a yes/no reranker); their logits are the labels' logits."""
-        token_ids = self.encoder.cfg.get("classifier_from_token_ids")
+        # Only causal (decoder) classifiers get here, and their sequence head is a ScoreHead.
+        assert isinstance(self.encoder, DecoderModel) and isinstance(self.sequence_head, ScoreHead)
+        token_ids = self.encoder.args.classifier_from_token_ids
         if not token_ids:
             raise ValueError(
                 "this causal LM checkpoint has no `score` weights; to serve it with convert='classify' "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from .base import KernelOptions, Platform
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+    from ..models.interface import Layer
     from ..models.registry import PoolingModel
 
 # oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
@@ -122,12 +123,12 @@ class CpuPlatform(Platform):
         if self.onednn:
             # bf16 batches of a few rows (a query alone) run on AMX from a second copy of each projection's
             # weight (layers/linear.py); models whose projections exceed AMX_MAX_COPY_BYTES keep one copy.
-            layers = model.encoder.layers
+            layers = cast(nn.ModuleList, model.encoder.layers)  # every trunk's, each a `Layer`
             size = sum(m.weight.numel() * m.weight.element_size() for m in layers.modules() if isinstance(m, nn.Linear))
             amx = native and self.options.amx and not int8 and size <= AMX_MAX_COPY_BYTES
             projections = Projections(int8, amx)
             for layer in layers:
-                layer.replace_projections(projections)
+                cast("Layer", layer).replace_projections(projections)
         if native:
             for module in model.modules():
                 if isinstance(module, LayerNorm):

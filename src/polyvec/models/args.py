@@ -1,0 +1,117 @@
+"""Typed model arguments, read once from a checkpoint's `config.json` (gpt-fast's `ModelArgs` idea).
+
+`from_hf` holds every default and fallback polyvec applies to a transformers config, so the trunks read
+typed fields instead of `.get(key, default)` calls. Keys with no default are required (`KeyError` if absent).
+Values are taken as transformers writes them; conversions (`int`, `bool`) are applied only where the trunks
+always applied them, so a config that loads today loads the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EncoderArgs:
+    """BERT, RoBERTa, XLM-RoBERTa and MPNet."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 0
+    """Segment (token type) vocabulary; 0: the model has no segment embeddings."""
+    pad_token_id: int | None = 1
+    """fairseq-style models (RoBERTa, MPNet) number positions from pad_token_id + 1."""
+    relative_attention_num_buckets: int = 32
+    """MPNet's relative position buckets."""
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> EncoderArgs:
+        pad = config.get("pad_token_id", 1)
+        return cls(
+            hidden_size=config["hidden_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_hidden_layers=config["num_hidden_layers"],
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            max_position_embeddings=config["max_position_embeddings"],
+            hidden_act=config.get("hidden_act", "gelu"),
+            layer_norm_eps=config.get("layer_norm_eps", 1e-12),
+            type_vocab_size=int(config.get("type_vocab_size", 0) or 0),
+            # None only fails where it is used (RoBERTa, MPNet); BERT configs may leave it null.
+            pad_token_id=None if pad is None else int(pad),
+            relative_attention_num_buckets=int(config.get("relative_attention_num_buckets", 32)),
+        )
+
+
+@dataclass(frozen=True)
+class DecoderArgs:
+    """Llama, Mistral, Qwen2 and Qwen3."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    """Grouped-query attention; `num_attention_heads` when the config has none."""
+    head_dim: int
+    """Explicit in Qwen3 configs; otherwise hidden_size // num_attention_heads."""
+    num_hidden_layers: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    """Biases on q/k/v and o (Qwen2 has q/k/v biases whatever this says)."""
+    mlp_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None
+    """transformers < 5 (e.g. Llama 3's {"rope_type": "llama3", "factor": 8.0, ...})."""
+    rope_parameters: Mapping[str, Any] | None = None
+    """transformers >= 5: rope_theta and the scaling in one dict; wins over the two above."""
+    sliding_window: int | None = None
+    """Attention window in tokens (None: none); the fields below say which layers use it."""
+    layer_types: tuple[str, ...] | None = None
+    """Per layer "sliding_attention" or "full_attention"; when given, it alone decides the windowed layers."""
+    use_sliding_window: bool = False
+    """Qwen2/Qwen3: the window applies only when this is set ..."""
+    max_window_layers: int = 0
+    """... and from this layer on."""
+    model_type: str | None = None
+    classifier_from_token_ids: tuple[int, ...] = ()
+    """vLLM's `classifier_from_token` as vocabulary ids (the loader sets them): LM-head rows → classifier."""
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> DecoderArgs:
+        window = config.get("sliding_window")
+        layer_types = config.get("layer_types")
+        return cls(
+            hidden_size=config["hidden_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]),
+            num_hidden_layers=config["num_hidden_layers"],
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            hidden_act=config.get("hidden_act", "silu"),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            rope_theta=config.get("rope_theta", 10000.0),
+            rope_scaling=config.get("rope_scaling"),
+            rope_parameters=config.get("rope_parameters"),
+            sliding_window=int(window) if window else None,
+            layer_types=None if layer_types is None else tuple(layer_types),
+            use_sliding_window=bool(config.get("use_sliding_window", False)),
+            max_window_layers=config.get("max_window_layers", 0),
+            model_type=config.get("model_type"),
+            classifier_from_token_ids=tuple(config.get("classifier_from_token_ids") or ()),
+        )
+
+
+Args = EncoderArgs | DecoderArgs
