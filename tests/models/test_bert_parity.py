@@ -65,6 +65,20 @@ def test_batch_invariance(minilm_llm, cranfield_texts):
     assert (alone_t - in_batch_t).abs().max() <= 1e-5
 
 
+def test_bfloat16_batch_dependence_is_within_the_documented_bound(minilm_path, cranfield_texts):
+    """bfloat16 is not bit batch-invariant (oneDNN and the AMX path pick kernels by row count): the README
+    states the bound this asserts, a request alone vs among 63 others; float32 is the invariant path."""
+    llm = LLM(str(minilm_path), dtype="bfloat16")
+    others = cranfield_texts[10:49] + cranfield_texts[:24]
+    for probe in ["what is a stall?", "boundary layer transition at hypersonic speeds", cranfield_texts[3]]:
+        alone_e = llm.embed(probe, use_tqdm=False)[0].outputs.data.float()
+        alone_t = llm.token_embed(probe, use_tqdm=False)[0].outputs.data.float()
+        batch_e = llm.embed([*others, probe], use_tqdm=False)[-1].outputs.data.float()
+        batch_t = llm.token_embed([*others, probe], use_tqdm=False)[-1].outputs.data.float()
+        assert cosine_rows(alone_e, batch_e).item() >= 0.9999
+        assert cosine_rows(alone_t, batch_t).min().item() >= 0.9995
+
+
 def test_small_budget_gives_same_results(minilm_path, minilm_llm, cranfield_texts):
     """Batches cut differently (tiny budget, 3 sequences at most) change nothing."""
     small = LLM(str(minilm_path), dtype="float32", max_num_batched_tokens=300, max_num_seqs=3)

@@ -225,14 +225,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         p,
         "--request-body-timeout",
         30.0,
-        "seconds a request body may take to arrive; a slower one gets 408",
+        "seconds a request body may take to arrive; a slower one gets 408 (0: no limit)",
         cast=float,
     )
     _flag(
         p,
         "--max-concurrent-requests",
         512,
-        "POST requests in progress at once; more get 429 with Retry-After",
+        "POST requests in progress at once; more get 429 with Retry-After (0: no limit)",
         cast=int,
     )
     _flag(p, "--log-level", "info", "debug, info, warning or error")

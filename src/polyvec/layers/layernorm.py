@@ -2,8 +2,8 @@
 
 `nn.LayerNorm` with the same parameters (so checkpoints load unchanged); once `native` is set (the model
 runner sets it on CPU where the kernels are built, see layers/kernels.py), 2-D float32 / bfloat16 input goes
-to `torch.ops.polyvec.layer_norm` (csrc/layer_norm.cpp), which reads each row once: ~1.7x PyTorch's kernel
-in bfloat16, ~1.15x in float32. Arithmetic is float32 in both, as in PyTorch's.
+to `torch.ops.polyvec.layer_norm` (csrc/layer_norm.cpp), which reads each row once. Arithmetic is float32 in
+both dtypes, as in PyTorch's.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Linear layers with weights prepacked for oneDNN on CPU, optionally with the activation fused.
 
-PyTorch's default CPU `F.linear` re-lays the weight out on every call; oneDNN with a weight reordered once
-into its blocked format reached ~1.5x its fp32 throughput on AMD Zen 4 (on an Intel Xeon with AMX the two
-were within ±5%), and fuses GELU and the residual add into the matmul's epilogue. Each output row depends only
+PyTorch's default CPU `F.linear` re-lays the weight out on every call; oneDNN takes a weight reordered once
+into its blocked format, and fuses GELU and the residual add into the matmul's epilogue. Each output row depends only
 on its input row, so batch invariance is kept. This is the op PyTorch's inductor emits for frozen CPU linears
 (`mkldnn._linear_pointwise`); where it is missing (non-mkldnn builds) or on CUDA, layers stay plain `nn.Linear`.
 
 In bfloat16 on CPUs with AMX, batches of at most `AMX_MAX_ROWS` rows (a short query alone: ~10) go to polyvec's
 own kernel instead (csrc/amx_linear.cpp): at that size oneDNN's fixed per-call cost and the weight read are the
-whole time, and one pass over a weight kept in the tile layout is 1.1-1.75x faster. That second copy of each
+whole time, and one pass over a weight kept in the tile layout beats it. That second copy of each
 weight is why it is opt-in per layer (`amx=True`); the model runner enables it for models whose projections
 are small (see `AMX_MAX_COPY_BYTES` in platforms/cpu.py). Both paths compute the same float32 sums of
 exact bf16 products (bit-identical outputs without GELU in the tests; the two GELU approximations may round
@@ -45,8 +44,8 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
 # GELU variants polyvec's own epilogues apply (int8 dequantize, AMX): 1 erf, 2 tanh approximation.
 _GELU_CODES = {"gelu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
-# Up to this many rows, a bf16 layer with an AMX copy of its weight uses it: 1.1-1.75x oneDNN at 32-64 rows,
-# even at 128, slower beyond (MiniLM's shapes, measured in one process).
+# Up to this many rows, a bf16 layer with an AMX copy of its weight uses it (beyond, oneDNN is faster; the
+# figures are in benchmarks/RESULTS.md).
 AMX_MAX_ROWS = 64
 
 
@@ -97,7 +96,7 @@ class PackedLinear(nn.Module):
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """`residual + x @ W.T + b` with the add fused into the matmul's epilogue (a binary post-op): the
-        residual stream is not read and written once more (~10% of an fp32 projection, ~2x in bf16)."""
+        residual stream is not read and written once more."""
         assert self.attr == "none", "a binary post-op replaces the activation"
         if self._amx(x):
             return torch.ops.polyvec.amx_linear(

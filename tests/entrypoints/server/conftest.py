@@ -1,4 +1,5 @@
-"""Real `polyvec serve` processes on free loopback ports, with the real MiniLM weights."""
+"""Real `polyvec serve` processes on free loopback ports, with the real MiniLM weights (and an in-process server
+for engines a test rigs)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
 from tests.conftest import MINILM, REPO
 
@@ -86,3 +91,37 @@ def strict_server():
     )
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def tight_server():
+    """A 1 MB body limit; from the environment, a 2 s body timeout and at most 2 requests in progress."""
+    s = Server(
+        MINILM,
+        "--max-request-bytes",
+        "1000000",
+        env={"POLYVEC_REQUEST_BODY_TIMEOUT": "2", "POLYVEC_MAX_CONCURRENT_REQUESTS": "2"},
+    )
+    yield s
+    s.stop()
+
+
+@contextmanager
+def in_process_server(engine, **config) -> Iterator[str]:
+    """`build_app` over `engine` (which may be rigged) served by uvicorn in a thread; yields the base URL."""
+    from polyvec.entrypoints.server.app import ServerConfig, build_app
+
+    port = free_port()
+    app = build_app(engine, ServerConfig(**config))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

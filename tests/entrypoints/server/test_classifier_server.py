@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import torch
 
 from polyvec import LLM
-from tests.entrypoints.server.conftest import Server
+from tests.entrypoints.server.conftest import Server, in_process_server
 from tests.helpers import TINY, save_tiny_model
 
 
@@ -29,10 +30,15 @@ def classifier(tmp_path_factory, minilm_path):
 
 
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, minilm_path):
-    folder = save_tiny_model(
+def cross_encoder_folder(tmp_path_factory, minilm_path):
+    return save_tiny_model(
         "BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("ce"), minilm_path, num_labels=1, **TINY
     )
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(cross_encoder_folder):
+    folder = cross_encoder_folder
     s = Server(str(folder))
     yield s, LLM(str(folder), dtype="float32")
     s.stop()
@@ -62,6 +68,18 @@ def test_cross_encoder_score_and_rerank(cross_encoder):
     assert np.allclose([d["score"] for d in body["data"]], ref, atol=1e-6)
     ranked = s.post("/rerank", {"query": query, "documents": docs}).json()["results"]
     assert [r["index"] for r in ranked] == list(np.argsort(ref)[::-1])
+
+
+def test_cross_encoder_errors_name_the_pair(cross_encoder_folder):
+    """A cross-encoder's prompts are (query, document) pairs: an over-long one is named by both its items."""
+    llm = LLM(str(cross_encoder_folder), dtype="float32", truncation="error", max_model_len=32)
+    with in_process_server(llm.engine) as url:
+        r = httpx.post(url + "/rerank", json={"query": "wing flutter", "documents": ["short", "word " * 40]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+        assert r.json()["error"]["message"].startswith("the pair of 'query' and 'documents' item 1 has 45 tokens")
+        r = httpx.post(url + "/score", json={"text_1": ["a", "b"], "text_2": ["c", "word " * 40]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "text_2"
+        assert r.json()["error"]["message"].startswith("the pair of 'text_1' item 1 and 'text_2' item 1 has")
 
 
 @pytest.fixture(scope="module")

@@ -1,78 +1,265 @@
-"""Bad input gets a 4xx JSON error naming the problem, and the server keeps serving."""
+"""Bad input gets a 4xx JSON error naming the problem (the field, and the item where there is one), never a 5xx,
+and the server keeps serving."""
 
 from __future__ import annotations
 
+import json
+from typing import Any, NamedTuple
+
+import httpx
 import pytest
 
 OK = {"input": "a good request"}
 LONG = "turbulent boundary layer " * 4000  # ~100k characters
+AUTH = {"Authorization": "Bearer sekret"}
+UNCHECKED = "(param not checked)"
 
-# (path, body or raw bytes, status, words the message must contain)
+
+class Bad(NamedTuple):
+    path: str
+    body: Any
+    """A JSON value (sent ASCII-escaped, so lone surrogates and NaN travel as JSON can spell them), raw bytes,
+    or None for no body."""
+    status: int
+    words: str
+    """What the error message must contain."""
+    param: str | None = UNCHECKED
+    method: str = "POST"
+    headers: dict[str, str] | None = None
+    strict: bool = False
+    """Sent to strict_server (API key, truncation=error, max_model_len 64, 200 kB bodies) with its key."""
+
+
+NOT_PROMPTS = "'input' must be a string, a list of strings, a list of token ids or a list of token-id lists, not"
+TOO_DEEP = "the request body is nested too deeply"
+NESTED = b"[" * 10_000 + b"]" * 10_000
+FORM = "multipart/form-data; boundary=x"
+
 CASES = [
-    ("/v1/embeddings", {"input": 5}, 400, "field 'input'"),
-    ("/v1/embeddings", {"input": "x", "colour": "red"}, 400, "unknown field 'colour'"),
-    ("/v1/embeddings", {}, 400, "field 'input' is required"),
-    ("/v1/embeddings", {"input": []}, 400, "'input' must not be empty"),
-    ("/v1/embeddings", {"input": [[]]}, 400, "'input' item 0 is an empty list of token ids"),
-    (
+    # /v1/embeddings: types and shapes of `input`
+    Bad("/v1/embeddings", {"input": 5}, 400, f"{NOT_PROMPTS} a number", "input"),
+    Bad("/v1/embeddings", {"input": None}, 400, f"{NOT_PROMPTS} null", "input"),
+    Bad("/v1/embeddings", {"input": True}, 400, f"{NOT_PROMPTS} a boolean", "input"),
+    Bad("/v1/embeddings", {"input": {"text": "x"}}, 400, f"{NOT_PROMPTS} an object", "input"),
+    Bad("/v1/embeddings", b'{"input": NaN}', 400, f"{NOT_PROMPTS} a number", "input"),
+    Bad("/v1/embeddings", {"input": ["a", 1]}, 400, "'input' item 1 is a number, not a string", "input"),
+    Bad("/v1/embeddings", {"input": ["a", None]}, 400, "'input' item 1 is null, not a string", "input"),
+    Bad("/v1/embeddings", {"input": [[101], "a"]}, 400, "'input' item 1 is a string, but item 0 is a list", "input"),
+    Bad("/v1/embeddings", {"input": [[[101]]]}, 400, "'input' item 0 position 0 is an array, not a token id", "input"),
+    Bad("/v1/embeddings", {"input": "x", "colour": "red"}, 400, "unknown field 'colour'", "colour"),
+    Bad("/v1/embeddings", {}, 400, "field 'input' is required", "input"),
+    # empty and zero-token inputs
+    Bad("/v1/embeddings", {"input": []}, 400, "'input' must not be empty", "input"),
+    Bad("/v1/embeddings", {"input": [[]]}, 400, "'input' item 0 is an empty list of token ids", "input"),
+    Bad("/v1/embeddings", {"input": [[101], []]}, 400, "'input' item 1 is an empty list of token ids", "input"),
+    Bad(
         "/v1/embeddings",
         {"input": ["ok", "\u200b"], "add_special_tokens": False},
         400,
         "input 1 has no tokens after tokenization",
+        "input",
     ),
-    (
+    Bad(
         "/v1/embeddings",
         {"input": "\u0003", "add_special_tokens": False, "encoding_format": "base64"},
         400,
         "input 0 has no tokens after tokenization",
+        "input",
     ),
-    (
+    Bad(
         "/pooling",
         {"input": ["\u200b"], "add_special_tokens": False, "task": "token_embed"},
         400,
         "input 0 has no tokens after tokenization",
+        "input",
     ),
-    ("/v1/embeddings", {"input": [101, -5]}, 400, "field 'input'"),
-    ("/v1/embeddings", {"input": [101, 99999999]}, 400, "token ids must be integers in 0..30521"),
-    ("/v1/embeddings", {"input": "x", "dimensions": 0}, 400, "field 'dimensions'"),
-    ("/v1/embeddings", {"input": "x", "dimensions": 100}, 400, "dimensions=100 is not allowed"),
-    ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 400, "field 'encoding_format'"),
-    ("/v1/embeddings", {"input": "x", "embed_dtype": "int8"}, 400, "field 'embed_dtype'"),
-    ("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens=1000"),
-    ("/v1/embeddings", {"input": "x", "normalize": True, "use_activation": False}, 400, "conflicts"),
-    ("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist"),
-    ("/v1/embeddings", {"input": ["x"] * 5000}, 400, "the limit is 4096 per request"),
-    ("/v1/embeddings", b'{"input": [1, 2', 400, "not valid JSON"),
-    ("/v1/embeddings", b'\xff\xfe\x00{"input": "x"}', 400, "not valid JSON"),
-    ("/v1/embeddings", b"[1, 2, 3]", 400, "field 'body'"),
-    ("/pooling", {"input": "x", "task": "summarize"}, 400, "field 'task'"),
-    ("/pooling", {"input": "x", "task": "classify"}, 400, "it supports: embed, token_embed"),
-    ("/pooling", {"input": "x", "task": "embed", "activation": True}, 400, "activation is only valid"),
-    ("/pooling", {"input": "x", "task": "embed", "softmax": True}, 400, "unknown field 'softmax'"),
-    ("/classify", {"input": "x"}, 400, "it supports: embed, token_embed"),
-    ("/score", {"text_1": "x"}, 400, "text_1 and text_2 are required"),
-    ("/score", {"text_1": [], "text_2": "y"}, 400, "at least one text on each side"),
-    ("/rerank", {"query": "q", "documents": []}, 400, "'documents' must not be empty"),
-    ("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 400, "field 'top_n'"),
-    ("/v2/embed", {"texts": ["x"], "truncate": "START"}, 400, "truncate='START' is not supported"),
-    ("/v2/embed", {"texts": ["x"], "embedding_types": ["int4"]}, 400, "field 'embedding_types"),
-    ("/tokenize", {"prompt": "x", "text": "x"}, 400, "unknown field 'text'"),
-    ("/tokenize", {"text": "x"}, 400, "field 'prompt' is required"),
-    ("/nowhere", {"input": "x"}, 404, "no route /nowhere"),
+    # token ids: booleans, negatives, fractions, out of the vocabulary
+    Bad("/v1/embeddings", {"input": [True, False]}, 400, "'input' item 0 is a boolean, not a token id", "input"),
+    Bad("/v1/embeddings", {"input": [101, True]}, 400, "'input' item 1 is a boolean, not a token id", "input"),
+    Bad(
+        "/v1/embeddings", {"input": [[101, 102], [101, False]]}, 400, "'input' item 1 position 1 is a boolean", "input"
+    ),
+    Bad("/v1/embeddings", {"input": [101, -5]}, 400, "'input' item 1 is negative", "input"),
+    Bad("/v1/embeddings", {"input": [101, 1.5]}, 400, "'input' item 1 is a number with a fraction", "input"),
+    Bad("/v1/embeddings", {"input": [101.0]}, 400, "'input' item 0 is a number with a fraction", "input"),
+    Bad("/v1/embeddings", {"input": [101, 99999999]}, 400, "token ids must be integers in 0..30521", "input"),
+    Bad("/v1/embeddings", {"input": [2**70]}, 400, "token ids must be integers in 0..30521", "input"),
+    Bad("/pooling", {"input": [True], "task": "embed"}, 400, "'input' item 0 is a boolean, not a token id", "input"),
+    Bad("/classify", {"input": [[False]]}, 400, "'input' item 0 position 0 is a boolean", "input"),
+    # unicode: lone surrogates (escaped, or raw bytes decoded with surrogatepass), bad bytes, control characters
+    Bad("/v1/embeddings", {"input": "\ud800"}, 400, "'input' item 0 is not valid UTF-8 text (lone surrogate)", "input"),
+    Bad("/v1/embeddings", {"input": ["ok", "a\udfffb"]}, 400, "'input' item 1 is not valid UTF-8 text", "input"),
+    Bad("/v1/embeddings", b'{"input": "\xed\xa0\x80"}', 400, "'input' item 0 is not valid UTF-8 text", "input"),
+    Bad("/pooling", {"input": ["\udc00"], "task": "embed"}, 400, "'input' item 0 is not valid UTF-8 text", "input"),
+    Bad("/v1/embeddings", {"input": "x", "\ud800": 1}, 400, "has a key that is not valid UTF-8 text"),
+    Bad("/v1/embeddings", {"input": "x", "model": "\ud800"}, 404, "the model '\ud800' does not exist", "model"),
+    Bad("/v1/embeddings", b'{"input": "\xff"}', 400, "not valid JSON (it must be UTF-8 encoded JSON)"),
+    Bad("/v1/embeddings", b'\xff\xfe\x00{"input": "x"}', 400, "not valid JSON"),
+    Bad("/v1/embeddings", b'{"input": "a\x01b"}', 400, "not valid JSON (Invalid control character"),
+    # the body itself: empty, not an object, broken, nested, huge numbers, other content types
+    Bad("/v1/embeddings", b"", 400, "the request body is empty"),
+    Bad("/v1/embeddings", None, 400, "the request body is empty"),
+    Bad("/v1/embeddings", b"null", 400, "the request body must be a JSON object, not null"),
+    Bad("/v1/embeddings", b"[1, 2, 3]", 400, "the request body must be a JSON object, not an array"),
+    Bad("/v1/embeddings", b'"input"', 400, "the request body must be a JSON object, not a string"),
+    Bad("/v1/embeddings", b'{"input": [1, 2', 400, "not valid JSON"),
+    Bad("/v1/embeddings", b'{"input": "x",}', 400, "not valid JSON"),
+    Bad("/v1/embeddings", NESTED, 400, TOO_DEEP),
+    Bad("/v1/embeddings", b'{"input": ' + NESTED + b"}", 400, TOO_DEEP),
+    Bad("/tokenize", b'{"prompt": "x", "model": ' + b'{"a": ' * 10_000 + b"1" + b"}" * 10_001, 400, TOO_DEEP),
+    Bad("/v1/embeddings", b'{"input": [' + b"9" * 5000 + b"]}", 400, "a number with too many digits"),
+    Bad("/v1/embeddings", {"input": ["x"] * 5000}, 400, "the limit is 4096 per request", "input"),
+    Bad(
+        "/v1/embeddings",
+        b"input=hello",
+        400,
+        "not valid JSON",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    ),
+    Bad(
+        "/v1/embeddings",
+        b"--x\r\n\r\nhello\r\n--x--",
+        400,
+        "not valid JSON",
+        headers={"content-type": FORM},
+    ),
+    # other fields: out-of-range numbers, wrong types, unknown values
+    Bad("/v1/embeddings", {"input": "x", "dimensions": 0}, 400, "field 'dimensions'", "dimensions"),
+    Bad("/v1/embeddings", {"input": "x", "dimensions": -1}, 400, "field 'dimensions'", "dimensions"),
+    Bad("/v1/embeddings", {"input": "x", "dimensions": "big"}, 400, "field 'dimensions'", "dimensions"),
+    Bad("/v1/embeddings", {"input": "x", "dimensions": 100}, 400, "dimensions=100 is not allowed"),
+    Bad("/v1/embeddings", {"input": "x", "dimensions": 10**30}, 400, "is not allowed"),
+    Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens=1000"),
+    Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": -2}, 400, "field 'truncate_prompt_tokens'"),
+    Bad("/v1/embeddings", {"input": "x", "priority": float("inf")}, 400, "field 'priority'", "priority"),
+    Bad("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 400, "field 'encoding_format'"),
+    Bad("/v1/embeddings", {"input": "x", "encoding_format": None}, 400, "field 'encoding_format'"),
+    Bad("/v1/embeddings", {"input": "x", "embed_dtype": "int8"}, 400, "field 'embed_dtype'", "embed_dtype"),
+    Bad("/v1/embeddings", {"input": "x", "endianness": "middle"}, 400, "field 'endianness'", "endianness"),
+    Bad("/v1/embeddings", {"input": "x", "long_input": "slide"}, 400, "field 'long_input'", "long_input"),
+    Bad("/v1/embeddings", {"input": "x", "window_overlap": -1}, 400, "field 'window_overlap'", "window_overlap"),
+    Bad("/v1/embeddings", {"input": "x", "add_special_tokens": "maybe"}, 400, "field 'add_special_tokens'"),
+    Bad("/v1/embeddings", {"input": "x", "user": 5}, 400, "field 'user'", "user"),
+    Bad("/v1/embeddings", {"input": "x", "mm_processor_kwargs": 5}, 400, "field 'mm_processor_kwargs'"),
+    Bad("/v1/embeddings", {"input": "x", "input_type": "banana"}, 400, "input_type='banana' is not valid"),
+    Bad("/v1/embeddings", {"input": "x", "normalize": True, "use_activation": False}, 400, "conflicts"),
+    Bad("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist", "model"),
+    Bad("/v1/embeddings", {"input": "x", "a" * 500: 1}, 400, "unknown field 'aaaa"),
+    Bad("/v1/embeddings", {"input": ["x", "word " * 100]}, 400, "prompt 1 has 102 tokens", "input", strict=True),
+    Bad("/v1/embeddings", {"input": LONG * 2}, 413, "larger than the limit of 200000 bytes", strict=True),
+    # /pooling and /classify
+    Bad("/pooling", {"input": "x", "task": "summarize"}, 400, "field 'task'", "task"),
+    Bad("/pooling", {"input": "x", "task": "classify"}, 400, "it supports: embed, token_embed"),
+    Bad("/pooling", {"input": "x", "task": "embed", "activation": True}, 400, "activation is only valid"),
+    Bad("/pooling", {"input": "x", "task": "embed", "softmax": True}, 400, "unknown field 'softmax'"),
+    Bad("/pooling", {"input": "x", "task": "embed", "dimensions": 0}, 400, "field 'dimensions'"),
+    Bad("/classify", {"input": "x"}, 400, "it supports: embed, token_embed"),
+    Bad("/classify", {}, 400, "field 'input' is required", "input"),
+    # /score and /rerank
+    Bad("/score", {"text_1": "x"}, 400, "text_1 and text_2 are required"),
+    Bad("/score", {"text_1": [], "text_2": "y"}, 400, "'text_1' must not be empty", "text_1"),
+    Bad("/score", {"text_1": 5, "text_2": "y"}, 400, "'text_1' must be a string or a list of strings", "text_1"),
+    Bad("/score", {"text_1": "x", "text_2": ["a", 5]}, 400, "'text_2' item 1 is a number, not a string", "text_2"),
+    Bad("/score", {"text_1": "\ud800", "text_2": "y"}, 400, "'text_1' item 0 is not valid UTF-8 text", "text_1"),
+    Bad("/v1/score", {"queries": "x", "documents": ["\ud800"]}, 400, "'documents' item 0 is not valid UTF-8"),
+    Bad("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 400, "text_1 has 2 items and text_2 has 3"),
+    Bad("/score", {"text_1": "x", "text_2": "y", "use_activation": "yes please"}, 400, "field 'use_activation'"),
+    Bad(
+        "/score",
+        {"text_1": "q", "text_2": ["short", "word " * 100]},
+        400,
+        "'text_2' item 1 has 102 tokens",
+        "text_2",
+        strict=True,
+    ),
+    Bad("/rerank", {"query": "q", "documents": []}, 400, "'documents' must not be empty", "documents"),
+    Bad("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 400, "field 'top_n'", "top_n"),
+    Bad("/rerank", {"query": "q"}, 400, "field 'documents' is required", "documents"),
+    Bad("/rerank", {"documents": ["a"]}, 400, "field 'query' is required", "query"),
+    Bad("/rerank", {"query": "q", "documents": "a"}, 400, "'documents' must be a list of strings, not a string"),
+    Bad("/rerank", {"query": "q", "documents": ["a", None]}, 400, "'documents' item 1 is null", "documents"),
+    Bad("/rerank", {"query": 5, "documents": ["a"]}, 400, "'query' must be a string, not a number", "query"),
+    Bad("/rerank", {"query": "\ud800", "documents": ["a"]}, 400, "'query' is not valid UTF-8 text", "query"),
+    Bad("/v1/rerank", {"query": "q", "documents": ["a"], "return_documents": "sure"}, 400, "'return_documents'"),
+    Bad("/v2/rerank", {"query": "q", "documents": ["a"], "model": "nope"}, 404, "the model 'nope' does not exist"),
+    Bad(
+        "/rerank",
+        {"query": "q", "documents": ["short", "word " * 100]},
+        400,
+        "'documents' item 1 has 102 tokens",
+        "documents",
+        strict=True,
+    ),
+    Bad("/rerank", {"query": "word " * 100, "documents": ["a"]}, 400, "'query' has 102 tokens", "query", strict=True),
+    # /v2/embed
+    Bad("/v2/embed", {"texts": ["x"], "truncate": "START"}, 400, "truncate='START' is not supported", "truncate"),
+    Bad("/v2/embed", {"texts": ["x"], "embedding_types": ["int4"]}, 400, "field 'embedding_types' item 0"),
+    Bad("/v2/embed", {"texts": []}, 400, "'texts' must not be empty", "texts"),
+    Bad("/v2/embed", {"texts": "x"}, 400, "'texts' must be a list of strings, not a string", "texts"),
+    Bad("/v2/embed", {"texts": ["ok", "\ud800"]}, 400, "'texts' item 1 is not valid UTF-8 text", "texts"),
+    Bad("/v2/embed", {"texts": ["x"], "output_dimension": 0}, 400, "field 'output_dimension'"),
+    Bad("/v2/embed", {"texts": ["x"], "max_tokens": 0}, 400, "field 'max_tokens'", "max_tokens"),
+    Bad("/v2/embed", {"texts": ["x", "word " * 300], "truncate": "NONE"}, 400, "'texts' item 1 has 302 tokens"),
+    # /tokenize and /detokenize
+    Bad("/tokenize", {"prompt": "x", "text": "x"}, 400, "unknown field 'text'", "text"),
+    Bad("/tokenize", {"text": "x"}, 400, "field 'prompt' is required", "prompt"),
+    Bad("/tokenize", {"prompt": "\ud800"}, 400, "'prompt' is not valid UTF-8 text (lone surrogate)", "prompt"),
+    Bad("/tokenize", {"prompt": 5}, 400, "'prompt' must be a string, not a number", "prompt"),
+    Bad("/tokenize", {"prompt": ["a"]}, 400, "'prompt' must be a string, not an array", "prompt"),
+    Bad("/tokenize", {"prompt": "x", "model": "nope"}, 404, "the model 'nope' does not exist", "model"),
+    Bad("/detokenize", {"tokens": [True]}, 400, "'tokens' item 0 is a boolean, not a token id", "tokens"),
+    Bad("/detokenize", {"tokens": [7592, -1]}, 400, "'tokens' item 1 is negative", "tokens"),
+    Bad("/detokenize", {"tokens": [1.5]}, 400, "'tokens' item 0 is a number with a fraction", "tokens"),
+    Bad("/detokenize", {"tokens": "101"}, 400, "'tokens' must be a list of token ids, not a string", "tokens"),
+    Bad("/detokenize", {"tokens": [99999999]}, 400, "outside the vocabulary", "tokens"),
+    Bad("/detokenize", {}, 400, "field 'tokens' is required", "tokens"),
+    # methods and routes
+    Bad("/v1/embeddings", None, 405, "method GET not allowed here", method="GET"),
+    Bad("/v1/embeddings", b"{}", 405, "method PUT not allowed here", method="PUT"),
+    Bad("/pooling", None, 405, "method DELETE not allowed here", method="DELETE"),
+    Bad("/health", b"{}", 405, "method POST not allowed here"),
+    Bad("/v1/models", OK, 405, "method POST not allowed here"),
+    Bad("/nowhere", {"input": "x"}, 404, "no route /nowhere"),
+    Bad("/V1/EMBEDDINGS", {"input": "x"}, 404, "no route /V1/EMBEDDINGS"),
+    Bad("/nowhere", None, 404, "no route /nowhere", method="GET"),
+    # API keys
+    Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": ""}, strict=True),
+    Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer x"}, strict=True),
+    Bad("/pooling", OK, 401, "missing or invalid API key", headers={"Authorization": "sekret"}, strict=True),
+    Bad("/rerank", OK, 401, "missing or invalid API key", headers={"Authorization": "Basic c2Vrcmv0"}, strict=True),
+    Bad("/tokenize", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer"}, strict=True),
+    Bad(
+        "/v1/models", None, 401, "missing or invalid API key", method="GET", headers={"Authorization": ""}, strict=True
+    ),
+    Bad("/nowhere", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer sekret2"}, strict=True),
 ]
 
 
-@pytest.mark.parametrize("path,body,status,words", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_bad_input(server, path, body, status, words):
-    if isinstance(body, bytes):
-        r = server.post(path, content=body, headers={"content-type": "application/json"})
-    else:
-        r = server.post(path, body)
-    assert r.status_code == status, r.text
+def _send(server, case: Bad) -> httpx.Response:
+    headers = {"content-type": "application/json", **(AUTH if case.strict else {}), **(case.headers or {})}
+    headers = {k: v for k, v in headers.items() if v}  # an empty value: leave the header out
+    content = case.body if case.body is None or isinstance(case.body, bytes) else json.dumps(case.body).encode()
+    return httpx.request(case.method, server.url + case.path, content=content, headers=headers, timeout=120)
+
+
+def test_the_table_is_large_and_distinct():
+    assert len(CASES) >= 80
+    assert len({(c.method, c.path, repr(c.body), tuple((c.headers or {}).items())) for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.method}{c.path}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input(request, case: Bad):
+    server = request.getfixturevalue("strict_server" if case.strict else "server")
+    r = _send(server, case)
+    assert r.status_code == case.status, r.text
     err = r.json()["error"]
-    assert words in err["message"], err
-    assert err["code"] == status and err["type"] and "Traceback" not in r.text
-    assert server.post("/v1/embeddings", OK).status_code == 200
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert case.words in err["message"], err
+    assert err["code"] == case.status and err["type"] and "Traceback" not in r.text
+    if case.param != UNCHECKED:
+        assert err["param"] == case.param, err
+    good = server.post("/v1/embeddings", OK, headers=AUTH if case.strict else None)
+    assert good.status_code == 200 and len(good.json()["data"][0]["embedding"]) == 384
 
 
 def test_empty_and_blank_strings_are_inputs(server, minilm_llm):
@@ -92,9 +279,12 @@ def test_long_input_is_truncated_by_default(server):
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 256
 
 
-def test_wrong_method(server):
+def test_wrong_method_says_which_are_allowed(server):
     r = server.get("/v1/embeddings")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
+    assert r.headers["allow"] == "POST"
+    r = server.post("/health")
+    assert r.status_code == 405 and "GET" in r.headers["allow"].split(", ")
 
 
 def test_api_key(strict_server):

@@ -2,29 +2,32 @@
 
 Endpoints and their bodies follow vLLM's pooling server (`/pooling`, `/classify`, `/score`, `/rerank`,
 `/tokenize`, ...), the OpenAI embeddings API (`/v1/embeddings`) and Cohere's embed v2 (`/v2/embed`). Errors
-are `{"error": {"message", "type", "param", "code"}}` with a 4xx status for anything the client sent wrong;
-the engine keeps serving the other requests. This module assembles the app (settings, lifespan, middleware,
-error handlers); the endpoints live in `routes/`, what they share in `serving.py`.
+are `{"error": {"message", "type", "param", "code"}}` with a 4xx status for anything the client sent wrong
+(and 500, logged, for a fault of the server's own); the engine keeps serving the other requests, and the
+connection stays usable. This module assembles the app (settings, lifespan, middleware, error handlers, the
+OpenAPI document); the endpoints live in `routes/`, what they share in `serving.py`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ... import __version__
 from ...engine.engine import Engine
-from .errors import APIError, error_response, validation_message
+from .errors import APIError, error_response, json_type, validation_message
 from .metrics import ServerMetrics
 from .routes import ROUTERS
 from .serving import ServerState
@@ -42,98 +45,181 @@ class ServerConfig:
     """Bodies larger than this get 413."""
     max_inputs_per_request: int = 4096
     """Inputs (texts, token lists, documents) in one request; more get 400."""
+    request_body_timeout: float = 30.0
+    """Seconds a request's whole body may take to arrive; a slower one gets 408 and its connection closed
+    (0: no limit)."""
+    max_concurrent_requests: int = 512
+    """POST requests in progress at once; more get 429 with Retry-After instead of queueing without bound
+    (0: no limit)."""
+
+
+_CLOSE = {"Connection": "close"}
+"""When a body stalls, the rest of it may still come: the connection cannot carry another request."""
+
+_BODY_SIZE = "polyvec.body_size"
+"""Scope key: the size of the body the middleware read (tells an empty body from a JSON null)."""
 
 
 class ServerMiddleware:
-    """Pure ASGI (so handlers still see client disconnects): API key, body limit, JSON bodies, metrics.
+    """Pure ASGI (so handlers still see client disconnects): API key, overload, the body, errors, metrics.
 
     - every route but /health needs `Authorization: Bearer KEY` when a key is set (401);
-    - bodies over the limit get 413 before they are buffered (Content-Length or streamed size);
+    - beyond `max_concurrent_requests` POST requests in progress, another gets 429 with Retry-After;
+    - the body is read here, before routing: over the limit it gets 413 (declared Content-Length or streamed
+      size), not all there within `request_body_timeout` 408 (and the connection closed); the handler then
+      sees it as one message;
     - every POST body is read as JSON whatever content type the client declared (`curl -d` says form data);
+    - an unexpected exception becomes a logged 500 error body and is not re-raised, so the connection stays
+      usable (Starlette's ServerErrorMiddleware would re-raise it, and uvicorn then drops the connection);
     - requests are counted by route and status, and timed.
     """
 
-    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: ServerMetrics):
+    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: ServerMetrics, paths: Collection[str] = ()):
         self.app, self.config, self.metrics = app, config, metrics
+        self.paths = frozenset(paths)
+        self.in_progress = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        headers = dict(scope.get("headers") or [])
-        status = {"code": 500}
+        response = {"status": 499, "started": False}  # 499 (client closed request) until a response starts
 
         async def send_recording(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                response["status"], response["started"] = message["status"], True
             await send(message)
 
-        def record(endpoint: str) -> None:
-            self.metrics.requests.labels(endpoint, str(status["code"])).inc()
+        counted = False
+        try:
+            self._check_access(scope)
+            counted = scope["method"] == "POST"
+            if counted:
+                self.in_progress += 1
+            body = await self._read_body(receive)
+            if body is None:  # the client left mid-body: nobody to answer
+                return
+            scope[_BODY_SIZE] = len(body)
+            await self.app(scope, _replay(body, receive), send_recording)
+        except APIError as exc:
+            if response["started"]:
+                raise
+            await error_response(exc.status, exc.message, exc.param, exc.headers)(scope, receive, send_recording)
+        except Exception as exc:
+            logger.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            if response["started"]:  # half a response cannot be replaced; the connection has to go
+                raise
+            await error_response(500, f"internal error: {exc.__class__.__name__}")(scope, receive, send_recording)
+        finally:
+            if counted:
+                self.in_progress -= 1
+            route = getattr(scope.get("route"), "path", None)
+            endpoint = route or (scope["path"] if scope["path"] in self.paths else "unmatched")
+            self.metrics.requests.labels(endpoint, str(response["status"])).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
+    def _check_access(self, scope: Scope) -> None:
+        """Refuse a request before its body is read: no API key, a declared size over the limit, overload."""
+        headers = dict(scope.get("headers") or [])
         key = self.config.api_key
         if key and scope["path"] != "/health":
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), key.encode()):
-                await error_response(
+                raise APIError(
                     401,
                     "missing or invalid API key (Authorization: Bearer ...)",
                     headers={"WWW-Authenticate": "Bearer"},
-                )(scope, receive, send_recording)
-                return record(scope["path"])
-
+                )
         limit = self.config.max_request_bytes
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await error_response(413, f"request body is larger than the limit of {limit} bytes")(
-                scope, receive, send_recording
+            raise APIError(413, f"request body is larger than the limit of {limit} bytes")
+        most = self.config.max_concurrent_requests
+        if scope["method"] == "POST" and 0 < most <= self.in_progress:
+            raise APIError(
+                429,
+                f"the server is at its limit of {most} requests in progress; retry later",
+                headers={"Retry-After": "1"},
             )
-            return record(scope["path"])
-        if scope.get("method") == "POST" and not headers.get(b"content-type", b"").startswith(b"application/json"):
+        if scope["method"] == "POST" and not headers.get(b"content-type", b"").startswith(b"application/json"):
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
                 (b"content-type", b"application/json")
             ]
-        seen = 0
 
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise APIError(413, f"request body is larger than the limit of {limit} bytes")
-            return message
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, within the size and time limits; None if the client disconnected.
 
+        A body over the limit is read on to its end and dropped, so that the 413 reaches a client still
+        sending (closing on unread data would reset the connection under the response).
+        """
+        limit, timeout = self.config.max_request_bytes, self.config.request_body_timeout
+        too_large = APIError(413, f"request body is larger than the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
         try:
-            await self.app(scope, limited_receive, send_recording)
-        finally:
-            route = scope.get("route")
-            record(getattr(route, "path", "unmatched"))
+            async with asyncio.timeout(timeout if timeout > 0 else None):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size <= limit:
+                        chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            if size > limit:
+                too_large.headers = _CLOSE
+                raise too_large from None
+            raise APIError(408, f"the request body did not arrive within {timeout:g} seconds", headers=_CLOSE) from None
+        if size > limit:
+            raise too_large
+        return b"".join(chunks)
 
 
-async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body as one message; later calls go to the server's receive (so a disconnect is still seen)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _on_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
     message, param = validation_message(exc)
+    if message.startswith("the request body is empty") and request.scope.get(_BODY_SIZE):
+        message = f"the request body must be a JSON object, not {json_type(exc.body)}"
     return error_response(400, message, param)
 
 
-async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _on_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
     message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}.get(
         exc.status_code, str(exc.detail)
     )
-    if exc.status_code == 400 and "parsing the body" in message:  # undecodable bytes
-        message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
-    return error_response(exc.status_code, message)
+    if exc.status_code == 400 and "parsing the body" in message:  # FastAPI's wrap of a json.loads failure
+        cause = exc.__cause__
+        if isinstance(cause, RecursionError):
+            message = "the request body is nested too deeply (JSON arrays or objects inside each other)"
+        elif isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+            message = "the request body has a number with too many digits"
+        else:  # undecodable bytes
+            message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
+    return error_response(exc.status_code, message, headers=exc.headers)  # 405 carries Allow
 
 
-async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc.status, exc.message, exc.param)
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unexpected error on %s", request.url.path)
-    return error_response(500, f"internal error: {exc.__class__.__name__}")
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc.status, exc.message, exc.param, exc.headers)
 
 
 @asynccontextmanager
@@ -144,20 +230,37 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine.stop()
 
 
+class _App(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document less its 422 responses: validation failures here are 400 (the error schema)."""
+        schema = super().openapi()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        schemas = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        return schema
+
+
 def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
     state = ServerState.create(engine, config)
-    app = FastAPI(
+    app = _App(
         title="polyvec",
         version=__version__,
         lifespan=lifespan,
         description="Pooling-model server: embeddings, multi-vector, classification, scoring.",
     )
     app.state.server = state
-    app.add_exception_handler(RequestValidationError, _on_validation)
-    app.add_exception_handler(StarletteHTTPException, _on_http)
-    app.add_exception_handler(APIError, _on_api_error)
-    app.add_exception_handler(Exception, _on_unexpected)
+    handlers: dict[type[Exception], Callable[[Request, Exception], Any]] = {
+        RequestValidationError: _on_validation,
+        StarletteHTTPException: _on_http,
+        APIError: _on_api_error,
+    }
+    for exc_class, handler in handlers.items():
+        app.add_exception_handler(exc_class, handler)
     for router in ROUTERS:
         app.include_router(router)
-    app.add_middleware(ServerMiddleware, config=config, metrics=state.metrics)
+    paths = [getattr(r, "path", "") for r in app.routes]
+    app.add_middleware(ServerMiddleware, config=config, metrics=state.metrics, paths=paths)
     return app

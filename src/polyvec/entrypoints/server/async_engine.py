@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any, TypeVar
 
 from ...engine.engine import Engine
 from ...engine.request import Request
 from ...outputs import PoolingRequestOutput
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _resolve(fut: asyncio.Future, value=None, exc: BaseException | None = None) -> None:
@@ -76,6 +79,11 @@ class AsyncEngine:
         """Tokenize and verify in the thread pool (ValueError on bad input)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, partial(self.engine.process, prompts, params, task, **kwargs))
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run other tokenizer work (/tokenize, /detokenize) in the same thread pool, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
 
     async def run(self, requests: list[Request]) -> list[PoolingRequestOutput]:
         loop = asyncio.get_running_loop()

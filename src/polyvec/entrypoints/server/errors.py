@@ -1,21 +1,25 @@
 """Error bodies: every failure answers `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
 
 `APIError` is what route code raises for a request it refuses; app.py's exception handlers turn it, FastAPI's
-validation errors and Starlette's 404/405 into these bodies.
+validation errors and Starlette's 404/405 into these bodies. `ErrorResponse` is the body's schema in the OpenAPI
+document, and `error_responses` the statuses a route documents.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
 _ERROR_TYPES = {
@@ -23,17 +27,90 @@ _ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowed",
+    408: "RequestTimeout",
     413: "RequestEntityTooLarge",
+    429: "TooManyRequests",
     500: "InternalServerError",
     503: "ServiceUnavailable",
 }
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    message: str
+    """What was wrong, naming the field (and the item index) where one is at fault."""
+    type: str
+    """The error class, e.g. BadRequestError, RequestEntityTooLarge, TooManyRequests."""
+    param: str | None
+    """The request field at fault, when there is one (else null)."""
+    code: int
+    """The HTTP status again."""
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "Invalid request: malformed or empty JSON body, an invalid or unknown field, input the model cannot take",
+    401: "Missing or invalid API key (only when the server runs with --api-key)",
+    404: "The body names a model this server does not serve",
+    408: "The request body did not arrive within --request-body-timeout",
+    413: "The request body is larger than --max-request-bytes",
+    429: "More requests in progress than --max-concurrent-requests; retry after the Retry-After header's seconds",
+    500: "Internal error; the request was not processed",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each with the `ErrorResponse` schema."""
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+# What every POST route can answer; the body-level ones (401, 408, 413, 429) come from app.py's middleware.
+POST_ERRORS = error_responses(400, 401, 404, 408, 413, 429, 500)
+
+
+class _ErrorJSON(JSONResponse):
+    """ASCII-escaped, so that a message quoting a client's lone surrogate still encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def error_response(
     status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return _ErrorJSON(body, status_code=status, headers=headers)
+
+
+INPUT_ERROR = "polyvec_input"
+"""The pydantic error type protocol.py's validators raise: its ctx carries the whole message and the field."""
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """A client's string quoted in a message, cut so that a huge one does not come back whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_loc(loc: list[Any]) -> str:
+    """('tokens', 3) → "'tokens' item 3"; ('mm_processor_kwargs', 'a') → "'mm_processor_kwargs.a'"."""
+    names, items = [], []
+    for part in loc:
+        if isinstance(part, int):
+            items.append(f" item {part}")
+        elif items:  # a field inside a list item
+            items.append(f".{shorten(str(part))}")
+        else:
+            names.append(shorten(str(part)))
+    return f"'{'.'.join(names)}'" + "".join(items)
+
+
+_JSON_TYPES = {"dict_type": "an object", "model_attributes_type": "an object", "model_type": "an object"}
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -42,14 +119,46 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    kind = first.get("type")
+    ctx = first.get("ctx") or {}
+    if kind == INPUT_ERROR:
+        return ctx["message"], ctx["param"]
+    if kind == "json_invalid":
+        return f"the request body is not valid JSON ({ctx.get('error', 'parse error')})", None
     # Union members add their type names to the location; keep the field path only.
-    path = ".".join(x for x in loc if not x.startswith(("str", "list[", "function-", "constrained-")))
-    if first.get("type") == "extra_forbidden":
-        return f"unknown field '{path}'", path
-    if first.get("type") == "missing":
-        return f"field '{path}' is required", path
-    msg = first.get("msg", "invalid value")
-    return f"invalid value for field '{path or 'body'}': {msg}", path or None
+    loc = [
+        x
+        for x in first.get("loc", ())
+        if x != "body" and not (isinstance(x, str) and x.startswith(("str", "list[", "function-", "constrained-")))
+    ]
+    if kind == "string_unicode":  # pydantic cannot take a lone surrogate in an object key
+        where = f"field {_describe_loc(loc)}" if loc else "the request body"
+        return f"{where} has a key that is not valid UTF-8 text (lone surrogate)", str(loc[0]) if loc else None
+    if not loc:
+        if kind == "missing":
+            return "the request body is empty; send a JSON object", None
+        return f"the request body must be a JSON object, not {json_type(first.get('input'))}", None
+    param = shorten(str(loc[0]))
+    where = _describe_loc(loc)
+    if kind == "extra_forbidden":
+        return f"unknown field {where}", param
+    if kind == "missing":
+        return f"field {where} is required", param
+    if kind in _JSON_TYPES:
+        return f"invalid value for field {where}: it must be {_JSON_TYPES[kind]}", param
+    return f"invalid value for field {where}: {first.get('msg', 'invalid value')}", param
+
+
+def json_type(value: Any) -> str:
+    """How a decoded JSON value is called in messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

@@ -2,18 +2,110 @@
 
 Field docstrings are the OpenAPI documentation. Unknown fields are rejected (400, naming the field) rather than
 silently ignored, so a typo never changes results; vLLM's scheduling-only fields are accepted and ignored.
+Input fields (texts and token ids) are checked strictly: booleans are not token ids, lists must not be empty,
+and a lone surrogate is not text; each refusal names the field and the item index.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, WrapValidator
+from pydantic_core import PydanticCustomError
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
-PoolingInput = str | list[str] | TokenIds | list[TokenIds]
+from .errors import INPUT_ERROR, json_type
+
+_SHAPES = {
+    "prompts": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "text_or_texts": "a string or a list of strings",
+    "texts": "a list of strings",
+    "text": "a string",
+    "ids": "a list of token ids",
+}
+
+
+def _refuse(message: str, field: str) -> NoReturn:
+    raise PydanticCustomError(INPUT_ERROR, "{message}", {"message": message, "param": field})
+
+
+def _check_token(value: Any, where: str, field: str) -> None:
+    if isinstance(value, bool):
+        _refuse(f"{where} is a boolean, not a token id (a non-negative integer)", field)
+    if not isinstance(value, int):
+        what = "a number with a fraction or exponent" if isinstance(value, float) else json_type(value)
+        _refuse(f"{where} is {what}, not a token id (a non-negative integer)", field)
+    if value < 0:
+        _refuse(f"{where} is negative; token ids are non-negative integers", field)
+
+
+def _diagnose(value: Any, field: str, kind: str) -> None:
+    """Refuse `value` with a message naming the field and the first item at fault (it failed validation)."""
+    name, shape = f"'{field}'", _SHAPES[kind]
+    if kind == "text" or (isinstance(value, str) and kind != "texts"):
+        _refuse(f"{name} must be {shape}, not {json_type(value)}", field)
+    if not isinstance(value, list):
+        _refuse(f"{name} must be {shape}, not {json_type(value)}", field)
+    if not value and kind != "ids":
+        _refuse(f"{name} must not be empty", field)
+    first = value[0] if value else None
+    if kind == "ids" or (kind == "prompts" and isinstance(first, int | float)):  # bool is an int
+        for i, t in enumerate(value):
+            _check_token(t, f"{name} item {i}", field)
+    elif kind == "prompts" and isinstance(first, list):
+        for i, ids in enumerate(value):
+            if not isinstance(ids, list):
+                _refuse(
+                    f"{name} item {i} is {json_type(ids)}, but item 0 is a list of token ids ({name} is {shape})", field
+                )
+            if not ids:
+                _refuse(f"{name} item {i} is an empty list of token ids", field)
+            for j, t in enumerate(ids):
+                _check_token(t, f"{name} item {i} position {j}", field)
+    else:
+        for i, t in enumerate(value):
+            if not isinstance(t, str):
+                _refuse(f"{name} item {i} is {json_type(t)}, not a string ({name} is {shape})", field)
+
+
+def _check_utf8(value: Any, field: str, kind: str) -> None:
+    """Refuse text with a lone surrogate (JSON can escape one, UTF-8 cannot encode it, tokenizers fail on it)."""
+    # A validated list is all texts or all token ids: the first item tells which.
+    texts = [value] if isinstance(value, str) else value if value and isinstance(value[0], str) else []
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        for i, t in enumerate(texts):
+            if not t.isascii():
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError:
+                    item = "" if kind == "text" else f" item {i}"
+                    _refuse(f"'{field}'{item} is not valid UTF-8 text (lone surrogate)", field)
+
+
+def _inputs(kind: str) -> WrapValidator:
+    """A field of texts or token ids: pydantic checks the type (fast, in Rust); a failure is diagnosed in full."""
+
+    def validate(value: Any, handler: Any, info: ValidationInfo) -> Any:
+        field = info.field_name or "input"
+        try:
+            out = handler(value)
+        except ValidationError:
+            _diagnose(value, field, kind)
+            raise
+        if kind != "ids":
+            _check_utf8(out, field, kind)
+        return out
+
+    return WrapValidator(validate)
+
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Texts = Annotated[list[str], Field(min_length=1)]
+PoolingInput = Annotated[str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)], _inputs("prompts")]
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 EmbedDType = Literal["float32", "float16", "bfloat16"]
 Endianness = Literal["native", "big", "little"]
@@ -106,7 +198,7 @@ class ClassificationRequest(PoolingBase):
     """Older name of use_activation."""
 
 
-ScoreInput = str | list[str]
+ScoreInput = Annotated[str | Texts, _inputs("text_or_texts")]
 
 
 class ScoreRequest(PoolingBase):
@@ -127,21 +219,22 @@ class ScoreRequest(PoolingBase):
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
 
-    def sides(self) -> tuple[ScoreInput, ScoreInput]:
+    def sides(self) -> tuple[tuple[str, ScoreInput], tuple[str, ScoreInput]]:
+        """The two sides as (field name, value), from the first pair of field names the body gives."""
         pairs = [("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items")]
         given = [(a, b) for a, b in pairs if getattr(self, a) is not None and getattr(self, b) is not None]
         if not given:
             raise ValueError("text_1 and text_2 are required (or data_1/data_2, queries/documents)")
         a, b = given[0]
-        return getattr(self, a), getattr(self, b)
+        return (a, getattr(self, a)), (b, getattr(self, b))
 
 
 class RerankRequest(PoolingBase):
     """Jina / Cohere rerank: `POST /rerank`, `/v1/rerank`, `/v2/rerank`."""
 
-    query: str
+    query: Annotated[str, _inputs("text")]
     """The query text."""
-    documents: list[str]
+    documents: Annotated[Texts, _inputs("texts")]
     """Documents to order by relevance to the query."""
     top_n: Annotated[int, Field(ge=0)] = 0
     """Return only the best top_n documents (0: all)."""
@@ -156,7 +249,7 @@ class CohereEmbedRequest(StrictModel):
 
     model: str | None = None
     """Served model name."""
-    texts: list[str]
+    texts: Annotated[Texts, _inputs("texts")]
     """Texts to embed."""
     input_type: str | None = None
     """search_query, search_document, classification or clustering."""
@@ -174,7 +267,7 @@ class CohereEmbedRequest(StrictModel):
 
 class TokenizeRequest(StrictModel):
     model: str | None = None
-    prompt: str
+    prompt: Annotated[str, _inputs("text")]
     """Text to tokenize."""
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens."""
@@ -184,7 +277,7 @@ class TokenizeRequest(StrictModel):
 
 class DetokenizeRequest(StrictModel):
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: Annotated[list[TokenId], _inputs("ids")]
     """Token ids to turn back into text."""
 
 

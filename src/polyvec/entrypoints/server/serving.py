@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Awaitable
+import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -25,7 +26,7 @@ from ...pooling_params import PoolingParams
 from . import protocol as P
 from .async_engine import AsyncEngine
 from .encoding import encode_bytes, encode_json
-from .errors import APIError
+from .errors import APIError, shorten
 from .metrics import ServerMetrics
 
 if TYPE_CHECKING:  # app.py imports the routes, which import this module
@@ -68,13 +69,14 @@ State = Annotated[ServerState, Depends(server_state)]
 def check_model(state: ServerState, name: str | None) -> str:
     """The model name responses report; 404 if the request names a model this server does not serve."""
     if name is not None and name not in state.names:
-        raise APIError(404, f"the model '{name}' does not exist; served: {', '.join(state.names)}", "model")
+        raise APIError(404, f"the model '{shorten(name)}' does not exist; served: {', '.join(state.names)}", "model")
     return state.names[0]
 
 
 def prompts_of(state: ServerState, value: Any, field_name: str = "input") -> list:
     """A body's input as a list of prompts (texts or token-id lists), within the per-request limit."""
     limit = state.config.max_inputs_per_request
+    prompts: list[Any]
     if isinstance(value, str):
         prompts = [value]
     elif value and all(isinstance(x, int) for x in value):
@@ -102,19 +104,41 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     return PoolingParams(**{**values, **renamed})
 
 
+# The engine names an input by its position in the prompts it was given: "prompt 2 has ...", "input 0 has ...".
+_PROMPT_INDEX = re.compile(r"(?:prompt|input) (\d+)\b")
+
+Locate = Callable[[int], tuple[str, str]]
+"""Prompt index → (how messages name it, the request field), for routes whose prompts are not one field's items."""
+
+
 async def run_pooling(
     state: ServerState,
     raw: Request,
     prompts: list,
     params: PoolingParams | list[PoolingParams],
     task: str,
+    *,
+    field: str = "input",
+    locate: Locate | None = None,
     **kwargs: Any,
 ) -> list:
-    """Run one request's prompts through the engine; a rejected parameter or input is a 400."""
+    """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
+    input is a 400 that names the field and item."""
     try:
         requests = await state.async_engine.process(prompts, params, task, **kwargs)
     except (ValueError, TypeError) as exc:
-        raise APIError(400, str(exc)) from None
+        message, param = str(exc), None
+        found = _PROMPT_INDEX.match(message)
+        if found is not None:
+            index = int(found.group(1))
+            if locate is not None:
+                where, param = locate(index)
+                message = where + message[found.end() :]
+            else:
+                param = field
+                if field != "input":  # the engine's own words already name the items of `input`
+                    message = f"'{field}' item {index}" + message[found.end() :]
+        raise APIError(400, message, param) from None
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
     return outputs

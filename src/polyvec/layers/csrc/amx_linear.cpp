@@ -1,13 +1,10 @@
 // act(x W^T + b) [+ residual] in bfloat16 on AMX tiles, for batches of a few rows (a short query alone).
 //
-// At ~10 rows a projection is bound by reading its weight and by per-call overhead, not by arithmetic: oneDNN's
-// prepacked matmul took 45-140 us per MiniLM projection (10 rows, 2 threads), about 2.2 ms of a 4.4 ms query.
-// Here the weight is packed once, at load time, in the layout of AMX's B tiles, and each call is one pass over
+// At ~10 rows a projection is bound by reading its weight and by per-call overhead, not by arithmetic, and
+// oneDNN's prepacked matmul spends about half of a short query's time there. Here the weight is packed once, at load time, in the layout of AMX's B tiles, and each call is one pass over
 // it: blocks of 32 (or 16) rows x 32 outputs (four or two float32 accumulator tiles) run over all of K, two
-// threads take half the outputs each, and the next weight blocks are prefetched. Measured against oneDNN on
-// MiniLM's four projection shapes (interleaved in one process, bias only): 1.1-1.75x at 32-64 rows, the 24
-// projections of a 10-row query ~2x (1.0-1.25 ms vs 2.2); at thousands of rows oneDNN is faster (0.75-1.0x),
-// so layers/linear.py routes only batches of up to AMX_MAX_ROWS rows here.
+// threads take half the outputs each, and the next weight blocks are prefetched. At thousands of rows oneDNN
+// is faster, so layers/linear.py routes only batches of up to AMX_MAX_ROWS rows here.
 //
 // Layout: W [N, K] is packed as [N/16][K/32][16][16][2]: for 16 outputs and 32 inputs, 16 rows of 16 (input
 // pair) entries, the VNNI layout the tile multiply reads. The float32 sums of a block are stored to a thread
@@ -34,10 +31,10 @@ using namespace polyvec_cpu;
 #if defined(CPU_CAPABILITY_AVX512) && (defined(__GNUC__) || defined(__clang__))
 #define POLYVEC_AMX_LINEAR 1
 
-constexpr int kPrefetch = 2;  // K blocks ahead; 2 measured best of 0/2/4/8 (-15-20% time vs none)
+constexpr int kPrefetch = 2;  // K blocks ahead (the best of 0/2/4/8 when it was chosen)
 
-// c [16 R x 32] = a [16 R rows, K] x (b0 | b1) [K, 16 + 16], float32 sums. R = 1 for blocks of at most 16 rows:
-// a 10-row query's projections took 1.2 ms instead of 1.75 with half the tile multiplies.
+// c [16 R x 32] = a [16 R rows, K] x (b0 | b1) [K, 16 + 16], float32 sums. R = 1 for blocks of at most 16 rows,
+// which need half the tile multiplies.
 template <int R>
 __attribute__((target("amx-tile,amx-bf16"))) void tile_block(const uint16_t* a, int64_t lda, const uint16_t* b0,
                                                               const uint16_t* b1, int64_t k_blocks, float* c) {

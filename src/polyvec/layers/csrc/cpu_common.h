@@ -64,7 +64,7 @@ inline void transpose16x16(__m512i r[16]) {
 
 // dst[c][r] = src[r][c] for the m (<= 16) rows of a block of 32-bit elements, `width` (a multiple of 16) per
 // row; src rows src_stride elements apart, dst rows dst_stride apart; dst[c][m, 16) = 0. The attention kernels'
-// key transposes (float32 keys, bf16 key pairs): element by element, the strided stores were ~10% of a kernel.
+// key transposes (float32 keys, bf16 key pairs), whose strided stores element by element were costly.
 inline void transpose_rows16(const uint32_t* src, int64_t src_stride, int64_t m, int64_t width, uint32_t* dst,
                              int64_t dst_stride) {
   for (int64_t c0 = 0; c0 < width; c0 += 16) {
@@ -102,7 +102,7 @@ inline __m512 recip16(__m512 d) {
 
 // act: 0 none, 1 GELU (erf), 2 GELU (tanh approximation).
 // GELU without libm: erf as a rational function (11 FMAs and a reciprocal; GELU within 1e-6 of PyTorch's, and
-// ~30% faster than Abramowitz & Stegun 7.1.26 with an exp, measured), tanh(z) = 1 - 2 / (exp(2z) + 1).
+// cheaper than Abramowitz & Stegun 7.1.26 with an exp), tanh(z) = 1 - 2 / (exp(2z) + 1).
 inline __m512 gelu16(__m512 x, int act) {
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
   if (act == 1) {  // erf(z) as an odd rational function on [-4, 4] (XLA's float erf; ±1 beyond): FMAs only

@@ -5,7 +5,7 @@
 // (a symmetric grid wastes half its levels there); one grid per row so that a token's result cannot depend
 // on the other tokens of the batch (a per-tensor scale would). The weights are int8 per output channel,
 // symmetric (u8 x s8 is the native VNNI / AMX int8 product; oneDNN runs s8 x s8 on VNNI-only CPUs in its
-// reference kernel, ~1000x slower), so with y' = q . Wq^T * w_scale (what oneDNN computes, exact in int32
+// reference kernel, far slower), so with y' = q . Wq^T * w_scale (what oneDNN computes, exact in int32
 // before the scale):
 //
 //     x . W^T = s * y' + o * colsum(W)        (colsum over the dequantized weight's input dimension)

@@ -3,9 +3,8 @@
 // y = (x - mean) / sqrt(var + eps) * gamma + beta per row, in float32 arithmetic whatever the storage dtype
 // (float32 or bfloat16 in, the same dtype out), as PyTorch's LayerNorm computes it. A row (1.5 KB for MiniLM)
 // comes from memory once, for its sum; the variance (two-pass, about the mean) and the output pass read it
-// again from L1. Against PyTorch's kernel, interleaved: 8,192 x 384 bf16 2.15 -> 1.24 ms, 4,096 x 384 float32
-// 0.86 -> 0.74 ms; encoder layers call LayerNorm twice on every token, ~5% of a bf16 batch (MiniLM, 2 cores)
-// and ~2.5% of a float32 one before. Rows are independent: batch invariant.
+// again from L1 (PyTorch's kernel reads it from memory more often; encoder layers call LayerNorm twice on
+// every token). Rows are independent: batch invariant.
 //
 // Registered as torch.ops.polyvec.layer_norm; built with the attention kernel by polyvec/layers/kernels.py.
 
@@ -50,8 +49,7 @@ using polyvec_cpu::load16;
 using polyvec_cpu::store16;
 
 // AVX-512, h a multiple of 16: 16 rows at a time, their sums and then their squared deviations reduced together
-// (reduce_rows16) rather than row by row with a horizontal reduction, a square root and a divide each: -16%
-// (bf16) and -13% (float32) with the input hot in cache, as it is after the projection that wrote it.
+// (reduce_rows16) rather than row by row with a horizontal reduction, a square root and a divide each.
 // Each row's arithmetic is the same in any lane, so rows stay independent.
 template <typename T>
 void layer_norm_block16(const T* x, const T* gamma, const T* beta, T* y, int64_t rows, int64_t h, float eps) {

@@ -138,8 +138,8 @@ void query_block(const float* q, int64_t q_stride, const float* kt, const float*
 }
 
 // kt[c][r] = k[r][c] for the m (<= kW) keys of a block, k being kW rows of `cols` floats and kt's rows n_pad
-// apart; kt[c][m, kW) = 0. AVX-512: 16 x 16 blocks transposed in registers, -5% of the float32 kernel's time
-// against element by element (4k-token batch, interleaved, bit-identical).
+// apart; kt[c][m, kW) = 0. AVX-512: 16 x 16 blocks transposed in registers (bit-identical to element by
+// element, whose strided stores cost more).
 inline void transpose_keys(const float* k, int64_t m, int64_t cols, float* kt, int64_t n_pad) {
 #if defined(CPU_CAPABILITY_AVX512)
   transpose_rows16(reinterpret_cast<const uint32_t*>(k), cols, m, cols, reinterpret_cast<uint32_t*>(kt), n_pad);
@@ -321,7 +321,7 @@ void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int6
       to_float(row + 2 * hidden, buf.v.data() + i * cols, cols, 1.f);
     }
     // every kW keys (and after the last), transpose them into kt: kW rows x `cols` stays in L1, and each
-    // feature's kW keys are one contiguous store (a scatter across n_pad-strided lines per key was ~10%)
+    // feature's kW keys are one contiguous store (not a scatter across n_pad-strided lines per key)
     if (i < n_keys && (i % kW == kW - 1 || i == n_keys - 1)) {
       const int64_t i0 = i / kW * kW;
       transpose_keys(buf.k.data(), i - i0 + 1, cols, buf.kt.data() + i0, n_pad);
@@ -353,8 +353,6 @@ void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int6
 // 3 x hidden apart, a stride no hardware prefetcher follows), keys transposed straight from qkv into kt, and
 // values copied head by head into contiguous [n_keys][d] slices: value rows a qkv row apart (or all heads
 // apart) fall in a few L1 sets, and one head's, read once per block of queries, did not stay in L1.
-// Against the generic path (float32 copies of q, k and v, one query_block function): -26% of the kernel's
-// time (MiniLM-L6 shapes, 4k-token batches of Cranfield lengths, interleaved A/B in one process).
 void attend_f32(const float* qkv, float* out, int64_t start, int64_t n, int64_t n_keys, int64_t h0, int64_t h1,
                 int64_t heads, int64_t d, float scale, const float* bias, int64_t bias_len, Buffers& buf) {
   constexpr int R = kRows;
@@ -428,7 +426,7 @@ inline uint32_t pair_at(const uint16_t* p) {
 // logits scale * s + bias, then exp, the sum and the bf16 store from registers; the per-row maxima and sums of
 // all rows are reduced together (reduce_rows16). The logits are recomputed in the second pass rather than
 // stored: float32 scores written and read back, and passes of their own for the scale and the bf16
-// conversion, were 9-12% of the bf16 kernel. Without a bias (and scale > 0), the maximum is taken over the raw
+// conversion, cost more than the recomputation. Without a bias (and scale > 0), the maximum is taken over the raw
 // scores and each exponent is (s * scale - max) * log2(e) in one FMA; masks only on the last vector of real keys.
 __attribute__((target("avx512bf16"))) inline void softmax_to_bf16(const float* s, uint16_t* p16, int rows,
                                                                   int64_t n_keys, int64_t n_pad, float scale,

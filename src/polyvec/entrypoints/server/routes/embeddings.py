@@ -6,13 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import protocol as P
-from ..errors import APIError
+from ..errors import POST_ERRORS, APIError
 from ..serving import State, check_model, encoded_response, pooling_params, prompts_of, run_pooling
 
 router = APIRouter()
 
 
-@router.post("/v1/embeddings", summary="OpenAI embeddings")
+@router.post("/v1/embeddings", summary="OpenAI embeddings", responses=POST_ERRORS)
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     multi = state.engine.is_late_interaction
@@ -28,7 +28,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
-@router.post("/pooling", summary="vLLM pooling: any task")
+@router.post("/pooling", summary="vLLM pooling: any task", responses=POST_ERRORS)
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     supported = state.engine.supported_tasks
@@ -43,7 +43,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
     return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
 
 
-@router.post("/classify", summary="vLLM classification")
+@router.post("/classify", summary="vLLM classification", responses=POST_ERRORS)
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     outputs = await run_pooling(

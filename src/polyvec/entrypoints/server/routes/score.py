@@ -9,38 +9,56 @@ from fastapi.responses import JSONResponse, Response
 
 from ....scoring import plan_scores
 from .. import protocol as P
-from ..errors import APIError
+from ..errors import POST_ERRORS, APIError
 from ..serving import ServerState, State, check_model, pooling_params, prompts_of, run_pooling
 
 router = APIRouter()
 
 
+Side = tuple[str, P.ScoreInput]
+"""One side of a score request: (body field name, one text or a list)."""
+
+
 async def score_pairs(
-    state: ServerState, raw: Request, text_1: P.ScoreInput, text_2: P.ScoreInput, req: P.ScoreRequest | P.RerankRequest
+    state: ServerState, raw: Request, side_1: Side, side_2: Side, req: P.ScoreRequest | P.RerankRequest
 ) -> tuple[list[float], int]:
     """One score per (text_1, text_2) pair, by the model's kind (see scoring.py), and the tokens it took."""
     engine = state.engine
+    (name_1, text_1), (name_2, text_2) = side_1, side_2
     try:
         plan = plan_scores(
             text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.is_late_interaction
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    for side, value in (("text_1", text_1), ("text_2", text_2)):
-        prompts_of(state, value, side)
+    for name, value in side_1, side_2:
+        prompts_of(state, value, name)
+
+    def item(side: Side, i: int) -> str:
+        return f"'{side[0]}'" if isinstance(side[1], str) else f"'{side[0]}' item {i}"
+
+    def locate(k: int) -> tuple[str, str]:
+        """The body item(s) behind prompt k: both sides are one prompt list to the engine (or one pair each)."""
+        if plan.task == "classify":
+            i, j = plan.pairs[k]
+            return f"the pair of {item(side_1, i)} and {item(side_2, j)}", name_2
+        if k < plan.n1:
+            return item(side_1, k), name_1
+        return item(side_2, k - plan.n1), name_2
+
     # A score body's use_activation is the cross-encoder's sigmoid; embedding scores keep the model's default.
     params = pooling_params(req, use_activation=req.use_activation if plan.task == "classify" else None)
-    outputs = await run_pooling(state, raw, plan.prompts, plan.params(params), plan.task)
+    outputs = await run_pooling(state, raw, plan.prompts, plan.params(params), plan.task, locate=locate)
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
 
 async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     try:
-        text_1, text_2 = req.sides()
+        side_1, side_2 = req.sides()
     except ValueError as exc:
         raise APIError(400, str(exc), "text_1") from None
-    scores, tokens = await score_pairs(state, raw, text_1, text_2, req)
+    scores, tokens = await score_pairs(state, raw, side_1, side_2, req)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
     return JSONResponse(P.envelope("score", model, data, tokens))
 
@@ -48,7 +66,7 @@ async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
 async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     prompts_of(state, req.documents, "documents")
-    scores, tokens = await score_pairs(state, raw, req.query, req.documents, req)
+    scores, tokens = await score_pairs(state, raw, ("query", req.query), ("documents", req.documents), req)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     if req.top_n:
         order = order[: req.top_n]
@@ -70,6 +88,6 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
 
 # One handler per family under several paths; the names stay `_score` / `_rerank` so OpenAPI operation ids hold.
 for _path in ("/score", "/v1/score"):
-    router.post(_path, summary="vLLM score (1:1, 1:N, N:N)")(_score)
+    router.post(_path, summary="vLLM score (1:1, 1:N, N:N)", responses=POST_ERRORS)(_score)
 for _path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-    router.post(_path, summary="Jina / Cohere rerank")(_rerank)
+    router.post(_path, summary="Jina / Cohere rerank", responses=POST_ERRORS)(_rerank)

@@ -1,8 +1,13 @@
 """Tokenizer, model listing and operations: `/tokenize`, `/detokenize`, `/v1/models`, `/health`, `/version`,
-`/metrics` (Prometheus)."""
+`/metrics` (Prometheus).
+
+Tokenizing and detokenizing run in the engine's tokenizer thread pool, and their (possibly huge) JSON bodies
+are rendered there too, so that a maximum-size prompt never stalls the event loop (and /health with it).
+"""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -11,38 +16,83 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .... import __version__
+from ....tokenizer import PolyTokenizer
 from .. import protocol as P
-from ..errors import APIError
+from ..errors import POST_ERRORS, APIError, error_responses
 from ..serving import State, check_model
 
 router = APIRouter()
 
-
-# response_model=None: the dict annotations must not add response schemas to the OpenAPI document.
-@router.post("/tokenize", summary="Tokenize text", response_model=None)
-async def tokenize(req: P.TokenizeRequest, state: State) -> dict[str, Any]:
-    check_model(state, req.model)
-    ids, strs = state.engine.tokenizer.tokenize(req.prompt, req.add_special_tokens)
-    return {
-        "count": len(ids),
-        "max_model_len": state.model_config.max_model_len,
-        "tokens": ids,
-        "token_strs": strs if req.return_token_strs else None,
-    }
+_SLICE = 16384
+"""List items rendered per json.dumps call: each call holds the GIL, the loop between them lets it go."""
 
 
-@router.post("/detokenize", summary="Detokenize token ids", response_model=None)
-async def detokenize(req: P.DetokenizeRequest, state: State) -> dict[str, Any]:
-    check_model(state, req.model)
-    tokenizer = state.engine.tokenizer
+def render_json(content: dict[str, Any]) -> bytes:
+    """A flat dict as JSON, its long lists a slice at a time (one json.dumps of millions of items would hold
+    the GIL, and so block the event loop, until it is done)."""
+    parts = []
+    for key, value in content.items():
+        if isinstance(value, list) and len(value) > _SLICE:
+            items = ",".join(
+                json.dumps(value[i : i + _SLICE], ensure_ascii=False)[1:-1] for i in range(0, len(value), _SLICE)
+            )
+            parts.append(f"{json.dumps(key)}:[{items}]")
+        else:
+            parts.append(f"{json.dumps(key)}:{json.dumps(value, ensure_ascii=False)}")
+    return ("{" + ",".join(parts) + "}").encode("utf-8")
+
+
+def _tokenize(tokenizer: PolyTokenizer, req: P.TokenizeRequest, max_model_len: int) -> bytes:
+    # Through the batch encoder: `tokenizers` releases the GIL in encode_batch, not in encode (tokenize()).
+    (enc,) = tokenizer.encode([req.prompt], 1 << 62, truncate=False, add_special_tokens=req.add_special_tokens)
+    ids = enc.input_ids
+    return render_json(
+        {
+            "count": len(ids),
+            "max_model_len": max_model_len,
+            "tokens": ids,
+            "token_strs": [tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None,
+        }
+    )
+
+
+def _detokenize(tokenizer: PolyTokenizer, tokens: list[int]) -> bytes:
     vocab = tokenizer.vocab_size
-    bad = [t for t in req.tokens if t >= vocab]
+    bad = [t for t in tokens if t >= vocab]
     if bad:
         raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary (size {vocab})", "tokens")
-    return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    # `tokenizers` releases the GIL in decode_batch, not in decode (which PolyTokenizer.decode calls).
+    (text,) = tokenizer._base.decode_batch([tokens], skip_special_tokens=False)
+    return render_json({"prompt": text})
 
 
-@router.get("/v1/models", summary="Served models", response_model=None)
+_TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+    **POST_ERRORS,
+}
+
+
+@router.post("/tokenize", summary="Tokenize text", response_class=Response, responses=_TOKENIZE_RESPONSES)
+async def tokenize(req: P.TokenizeRequest, state: State) -> Response:
+    """`{"count", "max_model_len", "tokens", "token_strs"}`: the prompt's token ids (and their strings when
+    `return_token_strs`)."""
+    check_model(state, req.model)
+    body = await state.async_engine.call(_tokenize, state.engine.tokenizer, req, state.model_config.max_model_len)
+    return Response(body, media_type="application/json")
+
+
+@router.post("/detokenize", summary="Detokenize token ids", response_class=Response, responses=_TOKENIZE_RESPONSES)
+async def detokenize(req: P.DetokenizeRequest, state: State) -> Response:
+    """`{"prompt"}`: the text of the token ids (special tokens kept)."""
+    check_model(state, req.model)
+    body = await state.async_engine.call(_detokenize, state.engine.tokenizer, req.tokens)
+    return Response(body, media_type="application/json")
+
+
+_GET_ERRORS = error_responses(401, 500)
+
+
+@router.get("/v1/models", summary="Served models", response_model=None, responses=_GET_ERRORS)
 async def models(state: State) -> dict[str, Any]:
     created = int(time.time())
     mc = state.model_config
@@ -64,16 +114,27 @@ async def models(state: State) -> dict[str, Any]:
     }
 
 
-@router.get("/health", summary="Liveness")
+@router.get(
+    "/health",
+    summary="Liveness",
+    response_class=Response,
+    response_description="The server is up; the body is empty (no API key needed)",
+)
 async def health() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/version", summary="polyvec version", response_model=None)
+@router.get("/version", summary="polyvec version", response_model=None, responses=_GET_ERRORS)
 async def version() -> dict[str, str]:
     return {"version": __version__}
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    response_description="Prometheus text exposition format",
+    responses=_GET_ERRORS,
+)
 async def prometheus(state: State) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

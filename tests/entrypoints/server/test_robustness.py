@@ -1,0 +1,212 @@
+"""Hostile and unlucky clients: an internal error keeps its keep-alive connection, streamed and stalled bodies are
+bounded, tokenizing a huge prompt leaves /health answering, overload gets 429, and the OpenAPI document lists
+the statuses the server really sends."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from polyvec.entrypoints.cli import build_parser
+from tests.entrypoints.server.conftest import in_process_server
+
+OK = {"input": "a good request"}
+
+
+class _FaultyEngine:
+    """The real engine, except that the prompt "raise" makes `process` fail the way a bug would."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def process(self, prompts, *args, **kwargs):
+        if "raise" in prompts:
+            raise RuntimeError("injected fault")
+        return self._engine.process(prompts, *args, **kwargs)
+
+
+def _local_port(response: httpx.Response) -> int:
+    return response.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+
+def test_internal_error_is_a_logged_500_and_the_connection_stays_usable(minilm_llm, caplog):
+    with (
+        in_process_server(_FaultyEngine(minilm_llm.engine)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        bad = client.post("/v1/embeddings", json={"input": "raise"})
+        assert bad.status_code == 500
+        assert bad.json() == {
+            "error": {
+                "message": "internal error: RuntimeError",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+        }
+        port = _local_port(bad)
+        good = client.post("/v1/embeddings", json=OK)  # on the same keep-alive connection
+        assert good.status_code == 200 and len(good.json()["data"][0]["embedding"]) == 384
+        assert _local_port(good) == port
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR and "unexpected error" in r.getMessage()]
+    assert logged and logged[0].exc_info[0] is RuntimeError
+
+
+def test_streamed_body_over_the_limit_is_413(tight_server):
+    def chunks():  # 1.2 MB of JSON whitespace without a Content-Length (chunked)
+        for _ in range(12):
+            yield b" " * 100_000
+
+    r = httpx.post(
+        tight_server.url + "/v1/embeddings",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413, r.text
+    assert "larger than the limit of 1000000 bytes" in r.json()["error"]["message"]
+    assert tight_server.post("/v1/embeddings", OK).status_code == 200
+
+
+def _stalled(server, path: str = "/v1/embeddings") -> socket.socket:
+    """A connection that sends its headers and half its body, then nothing."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
+        + b'{"input": "half'
+    )
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_stalled_body_gets_408_and_its_connection_closed(tight_server):
+    sock = _stalled(tight_server)
+    start = time.monotonic()
+    with sock:
+        response = _read_all(sock)  # the server closes the connection after answering
+    assert response.startswith(b"HTTP/1.1 408 "), response
+    assert b"the request body did not arrive within 2 seconds" in response
+    assert b'"type":"RequestTimeout"' in response and b'"code":408' in response
+    assert 1.5 < time.monotonic() - start < 20
+    assert tight_server.post("/v1/embeddings", OK).status_code == 200
+
+
+def test_overload_gets_429_with_retry_after(tight_server):
+    stalled = [_stalled(tight_server) for _ in range(2)]  # the server's limit: 2 requests in progress
+    try:
+        time.sleep(0.2)
+        r = tight_server.post("/v1/embeddings", OK)
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["type"] == "TooManyRequests" and err["code"] == 429 and "limit of 2 requests" in err["message"]
+        assert tight_server.get("/health").status_code == 200  # not counted
+    finally:
+        for sock in stalled:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while (r := tight_server.post("/v1/embeddings", OK)).status_code == 429 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.status_code == 200
+
+
+def test_tokenize_runs_off_the_event_loop(tight_server):
+    """A maximum-size /tokenize (about a second of tokenizing) leaves /health answering within 100 ms."""
+    prompt = "turbulent boundary layer over a flat plate " * (990_000 // 44)
+    result = {}
+
+    def tokenize():
+        result["r"] = httpx.post(tight_server.url + "/tokenize", json={"prompt": prompt}, timeout=120)
+
+    worker = threading.Thread(target=tokenize)
+    latencies = []
+    with httpx.Client(base_url=tight_server.url, timeout=30) as probe:
+        probe.get("/health")  # connect before measuring
+        worker.start()
+        while worker.is_alive():
+            start = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.01)
+    worker.join()
+    body = result["r"].json()
+    assert result["r"].status_code == 200 and body["count"] == len(body["tokens"]) > 100_000
+    assert len(latencies) >= 5, "the probes did not overlap the tokenization"
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+
+
+def test_detokenize_runs_off_the_event_loop(tight_server):
+    r = tight_server.post("/detokenize", {"tokens": [7592, 2088] * 50_000})
+    assert r.status_code == 200 and r.json()["prompt"].startswith("hello world hello")
+
+
+def test_new_flags_have_defaults_and_environment_variables(monkeypatch):
+    args = build_parser().parse_args(["serve"])
+    assert args.request_body_timeout == 30.0 and args.max_concurrent_requests == 512
+    monkeypatch.setenv("POLYVEC_MAX_CONCURRENT_REQUESTS", "7")
+    args = build_parser().parse_args(["serve", "--request-body-timeout", "2.5"])
+    assert args.request_body_timeout == 2.5 and args.max_concurrent_requests == 7
+
+
+ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+def test_openapi_documents_the_statuses_and_the_error_schema(server):
+    doc = server.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas and "ValidationError" not in schemas
+    assert schemas["ErrorResponse"]["properties"]["error"] == {"$ref": "#/components/schemas/ErrorDetail"}
+    assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
+    posts = 0
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "422" not in responses, (method, path)
+            if method == "post":
+                posts += 1
+                for status in ("400", "401", "404", "408", "413", "429", "500"):
+                    assert responses[status]["content"]["application/json"]["schema"] == ERROR_REF, (path, status)
+            elif path != "/health":
+                assert responses["401"]["content"]["application/json"]["schema"] == ERROR_REF, path
+    assert posts == 11
+    health = doc["paths"]["/health"]["get"]["responses"]
+    assert list(health) == ["200"] and "content" not in health["200"]
+    assert "empty" in health["200"]["description"]
+
+
+def _arrays(schema: dict) -> list[dict]:
+    return [s for s in schema.get("anyOf", [schema]) if s.get("type") == "array"]
+
+
+@pytest.mark.parametrize(
+    "model,field",
+    [
+        ("EmbeddingRequest", "input"),
+        ("PoolingRequest", "input"),
+        ("ClassificationRequest", "input"),
+        ("RerankRequest", "documents"),
+        ("CohereEmbedRequest", "texts"),
+        ("ScoreRequest", "text_1"),
+        ("ScoreRequest", "documents"),
+    ],
+)
+def test_openapi_lists_that_must_not_be_empty(server, model, field):
+    schemas = server.get("/openapi.json").json()["components"]["schemas"]
+    arrays = _arrays(schemas[model]["properties"][field])
+    assert arrays and all(a.get("minItems") == 1 for a in arrays), arrays
+    for inner in (a["items"] for a in arrays if a["items"].get("type") == "array"):  # each token-id list
+        assert inner.get("minItems") == 1, inner
