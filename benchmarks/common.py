@@ -29,12 +29,14 @@ def collection(name: str) -> Path:
 
 
 def load_passages(names=("cranfield", "vaswani"), limit: int | None = None) -> list[str]:
+    from polyvec.eval import document_text  # here, not at the top: workers may import an older polyvec
+
     texts = []
     for name in names:
         with open(collection(name) / "corpus.jsonl", encoding="utf-8") as f:
             for line in f:
                 row = json.loads(line)
-                text = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
+                text = document_text(row)
                 if text:
                     texts.append(text)
     return texts[:limit] if limit else texts

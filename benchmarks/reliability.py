@@ -56,7 +56,9 @@ def passages() -> tuple[list[str], str]:
         return load_passages(("cranfield",)), str(DATA / "cranfield")
     path = REPO / "tests" / "data" / "cranfield" / "corpus.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    texts = [" ".join(x for x in (r.get("title", ""), r.get("text", "")) if x).strip() for r in rows]
+    from polyvec.eval import document_text
+
+    texts = [document_text(r) for r in rows]
     return [t for t in texts if t], "tests/data/cranfield (slice)"
 
 

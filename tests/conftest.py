@@ -18,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+from polyvec.eval import document_text
 from polyvec.loader import resolve_model_path
 from tests.packaged import mpnet_path as mpnet_path_of_wheels
 from tests.packaged import splade_tiny_path
@@ -52,9 +53,7 @@ def cranfield_texts() -> list[str]:
     path = DATA / "cranfield" / "corpus.jsonl"
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
     # Every 28th document of the 1,400: 50 spread over the collection.
-    return [
-        " ".join(x for x in (r.get("title", ""), r.get("text", "")) if x) for r in rows if (int(r["_id"]) - 1) % 28 == 0
-    ]
+    return [document_text(r) for r in rows if (int(r["_id"]) - 1) % 28 == 0]
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..eval import document_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -36,7 +37,7 @@ def read_texts(path: str, limit: int | None = None) -> list[str]:
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                line = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
+                line = document_text(row)
             texts.append(line)
             if limit is not None and len(texts) >= limit:
                 break

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..scoring import iter_maxsim
+from . import document_text
 
 
 @dataclass
@@ -35,7 +36,7 @@ def load_beir(folder: str | Path) -> BeirData:
         for line in f:
             row = json.loads(line)
             doc_ids.append(str(row["_id"]))
-            docs.append(" ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip() or ".")
+            docs.append(document_text(row) or ".")
     qrels: dict[str, dict[str, int]] = {}
     with open(folder / "qrels.tsv", encoding="utf-8") as f:
         for i, line in enumerate(f):
