@@ -224,6 +224,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
     _flag(
         p,
+        "--max-tokens-per-request",
+        1024 * 1024,
+        "most tokens of all inputs in one request, after tokenization and truncation; more get 413 (0: no limit)",
+        cast=int,
+    )
+    _flag(
+        p,
+        "--max-windows-per-input",
+        64,
+        "most windows (of max-model-len tokens) one long_input=window input is split into; more get 413 (0: no limit)",
+        cast=int,
+    )
+    _flag(
+        p,
         "--request-body-timeout",
         30.0,
         "seconds a request body may take to arrive; a slower one gets 408 (0: no limit)",
@@ -333,6 +347,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_request_bytes=args.max_request_bytes,
             max_inputs_per_request=args.max_inputs_per_request,
+            max_tokens_per_request=args.max_tokens_per_request,
+            max_windows_per_input=args.max_windows_per_input,
             request_body_timeout=args.request_body_timeout,
             max_concurrent_requests=args.max_concurrent_requests,
         ),

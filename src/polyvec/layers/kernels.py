@@ -133,7 +133,7 @@ def _build(target: Path, cap: str) -> None:
         for stale in folder.glob("build-*"):  # left by a build that was killed; its lock died with it
             shutil.rmtree(stale, ignore_errors=True)
         logger.warning(
-            "compiling polyvec's CPU kernels once for this environment (under a minute on 2 cores; cached in %s)",
+            "compiling polyvec's CPU kernels once for this environment (about a minute on 2 cores; cached in %s)",
             folder,
         )
         start = time.monotonic()

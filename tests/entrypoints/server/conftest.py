@@ -80,13 +80,18 @@ def server():
 
 @pytest.fixture(scope="session")
 def strict_server():
-    """API key from the environment, truncation=error, a small body limit."""
+    """API key from the environment, truncation=error, a small body limit; at most 10,000 tokens per request
+    and 150 windows per input."""
     s = Server(
         MINILM,
         "--truncation",
         "error",
         "--max-request-bytes",
         "200000",
+        "--max-tokens-per-request",
+        "10000",
+        "--max-windows-per-input",
+        "150",
         env={"POLYVEC_API_KEY": "sekret", "POLYVEC_MAX_MODEL_LEN": "64"},
     )
     yield s

@@ -45,6 +45,11 @@ class ServerConfig:
     """Bodies larger than this get 413."""
     max_inputs_per_request: int = 4096
     """Inputs (texts, token lists, documents) in one request; more get 400."""
+    max_tokens_per_request: int = 1024 * 1024
+    """Tokens of all a request's inputs after tokenization and truncation; more get 413 (0: no limit)."""
+    max_windows_per_input: int = 64
+    """Windows of max_model_len tokens one `long_input="window"` input may be split into; more get 413
+    (0: no limit)."""
     request_body_timeout: float = 30.0
     """Seconds a request's whole body may take to arrive; a slower one gets 408 and its connection closed
     (0: no limit)."""

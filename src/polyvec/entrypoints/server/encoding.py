@@ -5,15 +5,24 @@ byte order, flattened; multi-vector outputs add their `shape` so clients can reb
 answer with `application/octet-stream`; `bytes` adds a `metadata` header (JSON: id, created, model, usage and
 per item index, embed_dtype, endianness, start, end, shape), `bytes_only` sends the body alone. Cohere's embed
 v2 types (float, base64, binary, ubinary) are built by `encode_by_type`.
+
+JSON bodies that carry vectors are rendered by `VectorJSONResponse` (orjson): a float vector stays a float64
+numpy array (`float_array`) up to the wire, so no Python float objects are made and json.dumps' per-float
+repr is skipped. float64, not the model's float32: orjson writes a float32 array's elements as their shortest
+float32 repr ("0.1"), which a client parses to a different float64 than the float32's exact value that
+tensor.tolist() + json.dumps sent; widening first keeps every number a client parses bit-for-bit as before.
 """
 
 from __future__ import annotations
 
 import base64
 import sys
+from typing import Any
 
 import numpy as np
+import orjson
 import torch
+from fastapi.responses import JSONResponse
 
 from ...config import DTYPES
 
@@ -41,10 +50,29 @@ def from_bytes(data: bytes, shape: list[int] | tuple[int, ...], embed_dtype: str
     return t.reshape(tuple(shape)).float()
 
 
+class VectorJSONResponse(JSONResponse):
+    """JSONResponse rendered by orjson, numpy arrays (from `float_array`) included. Same JSON as json.dumps for
+    these bodies (compact, UTF-8, keys in insertion order). orjson writes a non-finite float as null where
+    JSONResponse raised; `float_array` raises for vectors, the scores are finite by construction."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def float_array(tensor: torch.Tensor) -> np.ndarray | float:
+    """A tensor for `VectorJSONResponse`: float64 (the values tolist() gives, exactly), any shape; a 0-d tensor is
+    a Python float. NaN or infinity, which JSON cannot spell, is a RuntimeError (a 500, as JSONResponse gave; not a
+    ValueError, which the Cohere route reports as a bad embedding_types)."""
+    array = tensor.detach().to(torch.float64).contiguous().numpy()  # orjson takes C-contiguous arrays only
+    if not np.isfinite(array).all():
+        raise RuntimeError("the model output a NaN or infinite value, which JSON cannot carry")
+    return array if array.ndim else float(array)
+
+
 def encode_json(tensor: torch.Tensor, encoding_format: str, embed_dtype: str, endianness: str):
-    """float → nested lists; base64 → a string of the raw bytes."""
+    """float → a float64 array (JSON nested lists, by `VectorJSONResponse`); base64 → a string of the raw bytes."""
     if encoding_format == "float":
-        return tensor.tolist()
+        return float_array(tensor)
     return base64.b64encode(to_bytes(tensor, embed_dtype, endianness)).decode("ascii")
 
 

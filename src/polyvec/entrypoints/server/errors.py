@@ -59,7 +59,10 @@ _DESCRIPTIONS = {
     401: "Missing or invalid API key (only when the server runs with --api-key)",
     404: "The body names a model this server does not serve",
     408: "The request body did not arrive within --request-body-timeout",
-    413: "The request body is larger than --max-request-bytes",
+    413: (
+        "The request body is larger than --max-request-bytes, or its tokenized inputs exceed "
+        "--max-tokens-per-request or --max-windows-per-input"
+    ),
     429: "More requests in progress than --max-concurrent-requests; retry after the Retry-After header's seconds",
     500: "Internal error; the request was not processed",
 }

@@ -12,7 +12,16 @@ import time
 import uuid
 from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, WrapValidator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from .errors import INPUT_ERROR, json_type
@@ -102,6 +111,15 @@ def _inputs(kind: str) -> WrapValidator:
     return WrapValidator(validate)
 
 
+def _integral(value: Any) -> Any:
+    """5.0 is the integer 5 in JSON (and for the schema's "integer"); "5", true and 5.5 stay refused (strict)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+INTEGRAL = BeforeValidator(_integral)
+"""Last in an integer body field's Annotated (after its Field constraints, which then stay in the JSON schema);
+not for token ids, which must be written as integers (see `_inputs`)."""
+
 TokenId = Annotated[StrictInt, Field(ge=0)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Texts = Annotated[list[str], Field(min_length=1)]
@@ -116,13 +134,15 @@ def random_id(prefix: str) -> str:
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, protected_namespaces=())
+    # strict: a body's values have the documented JSON types ("true" or 1 is not a boolean, "5" or 5.5 not an
+    # integer; 5.0 is, see INTEGRAL), as the OpenAPI document says; lax coercion accepted bodies it rejects.
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True, protected_namespaces=())
 
 
 class VLLMCompatFields(StrictModel):
     """Fields vLLM clients may send that change nothing here (scheduling and multimodal hints)."""
 
-    priority: int = 0
+    priority: Annotated[int, INTEGRAL] = 0
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
     """Accepted for vLLM compatibility; responses carry their own id."""
@@ -137,8 +157,11 @@ class PoolingBase(VLLMCompatFields):
     """Served model name; must match `--served-model-name` when given."""
     user: str | None = None
     """End-user identifier (OpenAI field); recorded nowhere, accepted for compatibility."""
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
-    """Keep at most this many tokens per input (special tokens included); -1 = the model's maximum."""
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, json_schema_extra={"not": {"const": 0}}), INTEGRAL] | None = (
+        None
+    )
+    """Keep at most this many tokens per input (special tokens included), up to max_model_len; -1 = the model's
+    maximum (0 is refused)."""
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens ([CLS] ... [SEP]) to text inputs."""
 
@@ -158,7 +181,7 @@ class EmbeddingRequest(PoolingBase, EncodingFields):
 
     input: PoolingInput
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
-    dimensions: Annotated[int, Field(ge=1)] | None = None
+    dimensions: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size (only for models trained for it)."""
     use_activation: bool | None = None
     """L2-normalize the output (default true)."""
@@ -172,7 +195,7 @@ class EmbeddingRequest(PoolingBase, EncodingFields):
     """Encoder input longer than the model's maximum: "truncate" it, or split it into "window"s (embed: the
     token-weighted mean of the windows, then normalized; token_embed: one vector per input token). Default:
     the server's --long-input."""
-    window_overlap: Annotated[int, Field(ge=0)] | None = None
+    window_overlap: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     """long_input="window": tokens shared by consecutive windows (default: the server's --window-overlap)."""
 
 
@@ -236,7 +259,7 @@ class RerankRequest(PoolingBase):
     """The query text."""
     documents: Annotated[Texts, _inputs("texts")]
     """Documents to order by relevance to the query."""
-    top_n: Annotated[int, Field(ge=0)] = 0
+    top_n: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Return only the best top_n documents (0: all)."""
     return_documents: bool = True
     """Include each document's text in the results."""
@@ -257,11 +280,11 @@ class CohereEmbedRequest(StrictModel):
     """Output types to return (default ["float"])."""
     truncate: Literal["NONE", "START", "END"] = "END"
     """END cuts over-long input at the end; NONE rejects it; START is not supported."""
-    output_dimension: Annotated[int, Field(ge=1)] | None = None
+    output_dimension: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size."""
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Truncate each text to this many tokens."""
-    priority: int = 0
+    priority: Annotated[int, INTEGRAL] = 0
     """Accepted for compatibility; ignored."""
 
 
@@ -282,6 +305,140 @@ class DetokenizeRequest(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------- responses
+
+
+# Response bodies: documentation only (the routes build dicts, or raw bytes); each describes what
+# /openapi.json promises for a 200, which tests/entrypoints/server/test_openapi_contract.py checks.
+
+Vector = float | list[float] | list[list[float]] | str
+"""A float vector (a token matrix for multi-vector outputs, a bare number for a scalar output), or base64."""
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: dict[str, Any] | None = None
+
+
+class EmbeddingItem(BaseModel):
+    index: int
+    object: str
+    embedding: Vector
+    shape: list[int] | None = None
+    """Multi-vector (late-interaction) outputs: [n_tokens, dim]."""
+    input_type: str | None = None
+
+
+class PoolingItem(BaseModel):
+    index: int
+    object: str
+    data: Vector
+    shape: list[int] | None = None
+    input_type: str | None = None
+
+
+class ClassificationItem(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ScoreItem(BaseModel):
+    index: int
+    object: str
+    score: float
+
+
+class _Envelope(BaseModel):
+    id: str
+    object: str
+    created: int
+    model: str
+    usage: Usage
+
+
+class EmbeddingResponse(_Envelope):
+    data: list[EmbeddingItem]
+
+
+class PoolingResponse(_Envelope):
+    data: list[PoolingItem]
+
+
+class ClassificationResponse(_Envelope):
+    data: list[ClassificationItem]
+
+
+class ScoreResponse(_Envelope):
+    data: list[ScoreItem]
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+    """With return_documents."""
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+class CohereEmbedResponse(BaseModel):
+    id: str
+    embeddings: dict[str, list[Any]]
+    """Per requested type: float vectors (token matrices for multi-vector models), base64 strings, or
+    binary / ubinary bit-packed integers."""
+    texts: list[str]
+    shapes: list[list[int]] | None = None
+    input_type: str | None = None
+    meta: dict[str, Any]
+    response_type: str
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    root: str
+    parent: str | None
+    max_model_len: int
+    permission: list[Any]
+
+
+class ModelList(BaseModel):
+    object: str
+    data: list[ModelCard]
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 def usage(tokens: int) -> dict[str, int | None]:

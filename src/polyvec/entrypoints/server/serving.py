@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from ...config import ModelConfig
@@ -25,7 +25,7 @@ from ...engine.engine import Engine
 from ...pooling_params import PoolingParams
 from . import protocol as P
 from .async_engine import AsyncEngine
-from .encoding import encode_bytes, encode_json
+from .encoding import VectorJSONResponse, encode_bytes, encode_json
 from .errors import APIError, shorten
 from .metrics import ServerMetrics
 
@@ -59,7 +59,9 @@ class ServerState:
         return self.engine.model_config
 
 
-def server_state(request: Request) -> ServerState:
+async def server_state(request: Request) -> ServerState:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a thread hop (queue put, wake-up, GIL
+    # hand-off) per request for one attribute read
     return request.app.state.server
 
 
@@ -111,6 +113,34 @@ Locate = Callable[[int], tuple[str, str]]
 """Prompt index → (how messages name it, the request field), for routes whose prompts are not one field's items."""
 
 
+def check_limits(state: ServerState, requests: list, field: str = "input", locate: Locate | None = None) -> None:
+    """413 before anything is queued when the tokenized request is over --max-windows-per-input (one
+    long_input="window" input split into too many windows) or --max-tokens-per-request (all its inputs)."""
+    config = state.config
+    most_windows = config.max_windows_per_input
+    if most_windows > 0:
+        for i, r in enumerate(requests):
+            if r.windows and len(r.windows) > most_windows:
+                where, param = locate(i) if locate is not None else (f"'{field}' item {i}", field)
+                raise APIError(
+                    413,
+                    f"{where} has {r.num_tokens} tokens, split into {len(r.windows)} windows of "
+                    f"{state.model_config.max_model_len} tokens; the limit is {most_windows} windows per input "
+                    "(--max-windows-per-input)",
+                    param,
+                )
+    most_tokens = config.max_tokens_per_request
+    if most_tokens > 0:
+        total = sum(r.num_tokens for r in requests)
+        if total > most_tokens:
+            raise APIError(
+                413,
+                f"the request's inputs have {total} tokens after tokenization and truncation; the limit is "
+                f"{most_tokens} tokens per request (--max-tokens-per-request)",
+                None if locate is not None else field,
+            )
+
+
 async def run_pooling(
     state: ServerState,
     raw: Request,
@@ -139,6 +169,7 @@ async def run_pooling(
                 if field != "input":  # the engine's own words already name the items of `input`
                     message = f"'{field}' item {index}" + message[found.end() :]
         raise APIError(400, message, param) from None
+    check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
     return outputs
@@ -165,7 +196,7 @@ def encoded_response(
         if outputs[i].input_type is not None:
             item["input_type"] = outputs[i].input_type
         data.append(item)
-    return JSONResponse(P.envelope(prefix, model, data, tokens))
+    return VectorJSONResponse(P.envelope(prefix, model, data, tokens))
 
 
 async def until_disconnect(raw: Request, work: Awaitable[T]) -> T:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .. import protocol as P
-from ..encoding import encode_by_type
+from ..encoding import VectorJSONResponse, encode_by_type
 from ..errors import POST_ERRORS, APIError
 from ..serving import State, check_model, pooling_params, prompts_of, run_pooling
 
 router = APIRouter()
 
 
-@router.post("/v2/embed", summary="Cohere embed v2", responses=POST_ERRORS)
+@router.post("/v2/embed", summary="Cohere embed v2", responses={200: {"model": P.CohereEmbedResponse}, **POST_ERRORS})
 async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) -> Response:
     check_model(state, req.model)
     if req.truncate == "START":
@@ -47,4 +47,4 @@ async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) ->
         "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
         "response_type": "embeddings_by_type",
     }
-    return JSONResponse(body)
+    return VectorJSONResponse(body)

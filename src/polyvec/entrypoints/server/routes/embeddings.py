@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .. import protocol as P
+from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
 from ..serving import State, check_model, encoded_response, pooling_params, prompts_of, run_pooling
 
 router = APIRouter()
 
 
-@router.post("/v1/embeddings", summary="OpenAI embeddings", responses=POST_ERRORS)
+def _encoded(model: type) -> dict[int | str, dict[str, Any]]:
+    """encoding_format bytes / bytes_only answers raw bytes instead of the JSON body (see encoded_response)."""
+    return {
+        200: {
+            "model": model,
+            "description": "The JSON body, or with encoding_format bytes / bytes_only the raw vectors (bytes adds "
+            "a `metadata` header)",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **POST_ERRORS,
+    }
+
+
+@router.post("/v1/embeddings", summary="OpenAI embeddings", responses=_encoded(P.EmbeddingResponse))
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     multi = state.engine.is_late_interaction
@@ -28,7 +44,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
-@router.post("/pooling", summary="vLLM pooling: any task", responses=POST_ERRORS)
+@router.post("/pooling", summary="vLLM pooling: any task", responses=_encoded(P.PoolingResponse))
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     supported = state.engine.supported_tasks
@@ -43,7 +59,11 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
     return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
 
 
-@router.post("/classify", summary="vLLM classification", responses=POST_ERRORS)
+@router.post(
+    "/classify",
+    summary="vLLM classification",
+    responses={200: {"model": P.ClassificationResponse}, **POST_ERRORS},
+)
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     outputs = await run_pooling(
@@ -63,8 +83,8 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
             {
                 "index": i,
                 "label": id2label.get(label, str(label)),
-                "probs": probs.tolist(),
+                "probs": float_array(probs),
                 "num_classes": int(probs.shape[-1]),
             }
         )
-    return JSONResponse(P.envelope("classify", model, data, sum(len(o.prompt_token_ids) for o in outputs)))
+    return VectorJSONResponse(P.envelope("classify", model, data, sum(len(o.prompt_token_ids) for o in outputs)))

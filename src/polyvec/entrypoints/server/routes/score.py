@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ....scoring import plan_scores
 from .. import protocol as P
+from ..encoding import VectorJSONResponse
 from ..errors import POST_ERRORS, APIError
 from ..serving import ServerState, State, check_model, pooling_params, prompts_of, run_pooling
 
@@ -60,7 +61,7 @@ async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
         raise APIError(400, str(exc), "text_1") from None
     scores, tokens = await score_pairs(state, raw, side_1, side_2, req)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
-    return JSONResponse(P.envelope("score", model, data, tokens))
+    return VectorJSONResponse(P.envelope("score", model, data, tokens))
 
 
 async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
@@ -76,7 +77,7 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         if req.return_documents:
             item["document"] = {"text": req.documents[i]}
         results.append(item)
-    return JSONResponse(
+    return VectorJSONResponse(
         {
             "id": P.random_id("rerank"),
             "model": model,
@@ -86,8 +87,11 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     )
 
 
+_SCORE: dict[int | str, dict[str, Any]] = {200: {"model": P.ScoreResponse}, **POST_ERRORS}
+_RERANK: dict[int | str, dict[str, Any]] = {200: {"model": P.RerankResponse}, **POST_ERRORS}
+
 # One handler per family under several paths; the names stay `_score` / `_rerank` so OpenAPI operation ids hold.
 for _path in ("/score", "/v1/score"):
-    router.post(_path, summary="vLLM score (1:1, 1:N, N:N)", responses=POST_ERRORS)(_score)
+    router.post(_path, summary="vLLM score (1:1, 1:N, N:N)", responses=_SCORE)(_score)
 for _path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-    router.post(_path, summary="Jina / Cohere rerank", responses=POST_ERRORS)(_rerank)
+    router.post(_path, summary="Jina / Cohere rerank", responses=_RERANK)(_rerank)

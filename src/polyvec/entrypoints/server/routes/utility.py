@@ -66,10 +66,8 @@ def _detokenize(tokenizer: PolyTokenizer, tokens: list[int]) -> bytes:
     return render_json({"prompt": text})
 
 
-_TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-    **POST_ERRORS,
-}
+_TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": P.TokenizeResponse}, **POST_ERRORS}
+_DETOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": P.DetokenizeResponse}, **POST_ERRORS}
 
 
 @router.post("/tokenize", summary="Tokenize text", response_class=Response, responses=_TOKENIZE_RESPONSES)
@@ -81,7 +79,7 @@ async def tokenize(req: P.TokenizeRequest, state: State) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.post("/detokenize", summary="Detokenize token ids", response_class=Response, responses=_TOKENIZE_RESPONSES)
+@router.post("/detokenize", summary="Detokenize token ids", response_class=Response, responses=_DETOKENIZE_RESPONSES)
 async def detokenize(req: P.DetokenizeRequest, state: State) -> Response:
     """`{"prompt"}`: the text of the token ids (special tokens kept)."""
     check_model(state, req.model)
@@ -92,7 +90,9 @@ async def detokenize(req: P.DetokenizeRequest, state: State) -> Response:
 _GET_ERRORS = error_responses(401, 500)
 
 
-@router.get("/v1/models", summary="Served models", response_model=None, responses=_GET_ERRORS)
+@router.get(
+    "/v1/models", summary="Served models", response_model=None, responses={200: {"model": P.ModelList}, **_GET_ERRORS}
+)
 async def models(state: State) -> dict[str, Any]:
     created = int(time.time())
     mc = state.model_config
@@ -124,7 +124,12 @@ async def health() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/version", summary="polyvec version", response_model=None, responses=_GET_ERRORS)
+@router.get(
+    "/version",
+    summary="polyvec version",
+    response_model=None,
+    responses={200: {"model": P.VersionResponse}, **_GET_ERRORS},
+)
 async def version() -> dict[str, str]:
     return {"version": __version__}
 

@@ -1,0 +1,58 @@
+"""Per-request limits on tokenized input (strict_server: max_model_len 64, --max-tokens-per-request 10000,
+--max-windows-per-input 150): over either, 413 with the error body naming the limit and its flag, before anything
+is queued; under them, the same requests succeed."""
+
+from __future__ import annotations
+
+AUTH = {"Authorization": "Bearer sekret"}
+WORDS_60 = "word " * 60  # 62 tokens with [CLS] and [SEP]: fits in max_model_len 64
+
+
+def _error(r) -> dict:
+    assert r.status_code == 413, r.text
+    error = r.json()["error"]
+    assert error["code"] == 413 and error["type"] == "RequestEntityTooLarge"
+    return error
+
+
+def test_tokens_per_request(strict_server):
+    s = strict_server
+    ok = s.post("/v1/embeddings", {"input": [WORDS_60] * 161}, headers=AUTH)  # 9982 tokens
+    assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 9982, ok.text
+    error = _error(s.post("/v1/embeddings", {"input": [WORDS_60] * 162}, headers=AUTH))  # 10044 tokens
+    assert error["message"] == (
+        "the request's inputs have 10044 tokens after tokenization and truncation; the limit is 10000 tokens per "
+        "request (--max-tokens-per-request)"
+    )
+    assert error["param"] == "input"
+    # Counted after truncation: 162 inputs cut to 32 tokens each are 5184 tokens.
+    cut = s.post("/v1/embeddings", {"input": [WORDS_60] * 162, "truncate_prompt_tokens": 32}, headers=AUTH)
+    assert cut.status_code == 200, cut.text
+    # Every pooling route: Cohere's texts, a rerank's query and documents together.
+    error = _error(s.post("/v2/embed", {"texts": [WORDS_60] * 162, "embedding_types": ["float"]}, headers=AUTH))
+    assert "--max-tokens-per-request" in error["message"] and error["param"] == "texts"
+    error = _error(s.post("/rerank", {"query": WORDS_60, "documents": [WORDS_60] * 161}, headers=AUTH))
+    assert "10044 tokens" in error["message"] and "--max-tokens-per-request" in error["message"]
+    assert s.post("/v1/embeddings", {"input": "still fine"}, headers=AUTH).status_code == 200
+
+
+def test_windows_per_input(strict_server):
+    s = strict_server
+    # 62 content tokens per window of 64: 9300 words are 150 windows, 9301 words 151.
+    fits = s.post("/v1/embeddings", {"input": "word " * 9300, "long_input": "window"}, headers=AUTH)
+    assert fits.status_code == 200 and fits.json()["usage"]["prompt_tokens"] == 9302, fits.text
+    body = {"input": ["short", "word " * 9301], "long_input": "window"}
+    error = _error(s.post("/v1/embeddings", body, headers=AUTH))
+    assert error["message"] == (
+        "'input' item 1 has 9303 tokens, split into 151 windows of 64 tokens; the limit is 150 windows per input "
+        "(--max-windows-per-input)"
+    )
+    assert error["param"] == "input"
+    pooled = s.post("/pooling", {**body, "task": "token_embed"}, headers=AUTH)
+    assert _error(pooled)["message"].startswith("'input' item 1 has 9303 tokens, split into 151 windows")
+
+
+def test_limits_are_documented(strict_server):
+    doc = strict_server.get("/openapi.json", headers=AUTH).json()
+    described = doc["paths"]["/v1/embeddings"]["post"]["responses"]["413"]["description"]
+    assert "--max-tokens-per-request" in described and "--max-windows-per-input" in described
