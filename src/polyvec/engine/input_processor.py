@@ -131,7 +131,7 @@ class InputProcessor:
                 elif "prompt" in prompt:
                     prompt = prompt["prompt"]
                 else:
-                    raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids'")
+                    raise PromptError(i, " is a dict without 'prompt' or 'prompt_token_ids'")
             if isinstance(prompt, str) or _is_text_pair(prompt):
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 text_groups.setdefault((max_len, truncate), []).append(i)
@@ -145,7 +145,7 @@ class InputProcessor:
                     [tokenized[i] for i in members], max_len, truncate, add_special_tokens=add_special_tokens
                 )
             except PromptTooLongError as exc:
-                raise ValueError(_too_long(members[exc.index], exc.num_tokens, max_len)) from None
+                raise _too_long(members[exc.index], exc.num_tokens, max_len) from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
 
@@ -153,9 +153,11 @@ class InputProcessor:
         for i in range(n):
             ids, types, num_input = tokenized[i]
             if not ids:  # text the tokenizer drops entirely, without special tokens around it
-                raise ValueError(
-                    f"input {i} has no tokens after tokenization (add_special_tokens is off and the "
-                    f"tokenizer keeps nothing of the text)"
+                raise PromptError(
+                    i,
+                    " has no tokens after tokenization (add_special_tokens is off and the tokenizer keeps nothing"
+                    " of the text)",
+                    subject="input",
                 )
             request = Request(
                 request_id=request_ids[i],
@@ -170,9 +172,10 @@ class InputProcessor:
             if self.causal:
                 request.chunkable = True
                 if request.num_tokens > self.kv_cache_tokens:
-                    raise ValueError(
-                        f"prompt {i} has {request.num_tokens} tokens, more than the KV cache holds "
-                        f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes"
+                    raise PromptError(
+                        i,
+                        f" has {request.num_tokens} tokens, more than the KV cache holds "
+                        f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes",
                     )
                 if self.prefix_caching:
                     request.block_hashes = block_hashes(request.prompt_token_ids)
@@ -242,25 +245,35 @@ class InputProcessor:
     def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool) -> tuple[list[int], None, int]:
         ids = list(prompt)
         if not ids:
-            raise ValueError(f"prompt {i} has no tokens")
+            raise PromptError(i, " has no tokens")
         vocab = self.tokenizer.vocab_size
         vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt {i}: token ids must be integers in 0..{vocab - 1}")
+            raise PromptError(i, f": token ids must be integers in 0..{vocab - 1}")
         num_input = len(ids)
         if num_input > max_len:
             if not truncate:
-                raise ValueError(_too_long(i, num_input, max_len))
+                raise _too_long(i, num_input, max_len)
             # Keep a closing special token ([SEP], </s>) as tokenizer truncation would.
             ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self.special_ids and max_len > 1 else ids[:max_len]
         return ids, None, num_input
 
 
-def _too_long(index: int, num_tokens: int, max_len: int) -> str:
-    return (
-        f"prompt {index} has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
+class PromptError(ValueError):
+    """A bad prompt, with its position, so a caller can name it in its own terms (the server: a field's item);
+    the message is `f"{subject} {index}{detail}"`."""
+
+    def __init__(self, index: int, detail: str, subject: str = "prompt"):
+        super().__init__(f"{subject} {index}{detail}")
+        self.index, self.detail, self.subject = index, detail, subject
+
+
+def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
+    return PromptError(
+        index,
+        f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
         f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
-        f"run with truncation='auto', or (encoder models) split it with long_input='window'"
+        f"run with truncation='auto', or (encoder models) split it with long_input='window'",
     )
 
 

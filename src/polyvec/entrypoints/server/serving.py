@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -22,6 +21,7 @@ from pydantic import BaseModel
 
 from ...config import ModelConfig
 from ...engine.engine import Engine
+from ...engine.input_processor import PromptError
 from ...pooling_params import PoolingParams
 from . import protocol as P
 from .async_engine import AsyncEngine
@@ -106,9 +106,6 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     return PoolingParams(**{**values, **renamed})
 
 
-# The engine names an input by its position in the prompts it was given: "prompt 2 has ...", "input 0 has ...".
-_PROMPT_INDEX = re.compile(r"(?:prompt|input) (\d+)\b")
-
 Locate = Callable[[int], tuple[str, str]]
 """Prompt index → (how messages name it, the request field), for routes whose prompts are not one field's items."""
 
@@ -156,19 +153,16 @@ async def run_pooling(
     input is a 400 that names the field and item."""
     try:
         requests = await state.async_engine.process(prompts, params, task, **kwargs)
+    except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
+        if locate is not None:
+            where, param = locate(exc.index)
+        elif field == "input":  # the engine's own words already name the items of `input`
+            where, param = f"{exc.subject} {exc.index}", field
+        else:
+            where, param = f"'{field}' item {exc.index}", field
+        raise APIError(400, where + exc.detail, param) from None
     except (ValueError, TypeError) as exc:
-        message, param = str(exc), None
-        found = _PROMPT_INDEX.match(message)
-        if found is not None:
-            index = int(found.group(1))
-            if locate is not None:
-                where, param = locate(index)
-                message = where + message[found.end() :]
-            else:
-                param = field
-                if field != "input":  # the engine's own words already name the items of `input`
-                    message = f"'{field}' item {index}" + message[found.end() :]
-        raise APIError(400, message, param) from None
+        raise APIError(400, str(exc)) from None
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
