@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +72,20 @@ def cpu_s(pid: int | str = "self") -> float:
     """utime + stime of a whole process (all threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name of a process (threads of one name summed)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def header(title: str, args: argparse.Namespace, source: str) -> None:
@@ -121,6 +137,19 @@ class Server:
         text = Path(self.log.name).read_text(errors="replace")
         n = sum(1 for line in text.splitlines() if "ERROR" in line or "Traceback" in line)
         return f"server log {self.log.name}: {n} ERROR/Traceback lines"
+
+
+async def settle(server: Server, limit: float = 120) -> float:
+    """Wait until the server's CPU use stops (its warm-up done); returns the seconds waited."""
+    t0 = time.monotonic()
+    last = cpu_s(server.pid)
+    while time.monotonic() - t0 < limit:
+        await asyncio.sleep(0.5)
+        now = cpu_s(server.pid)
+        if now - last < 0.02:
+            break
+        last = now
+    return time.monotonic() - t0
 
 
 async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
@@ -182,7 +211,10 @@ def build(kind: str, n: int, texts: list[str]) -> tuple[str, dict]:
 
 async def soak(args: argparse.Namespace, server: Server, texts: list[str]) -> None:
     records: list[tuple[float, float, bool, int]] = []  # (start, latency, bad request?, status; 0 = transport)
-    rss: list[float] = []
+    samples: list[tuple[float, float]] = []  # (seconds since start, server RSS MiB), once a second
+    idle_rss = rss_mib(server.pid)
+    waited = await settle(server)  # the start-up warm-up (kernels for every batch size) runs while idle
+    warm_rss = rss_mib(server.pid)
     start = time.monotonic()
     deadline = start + args.minutes * 60
 
@@ -203,27 +235,37 @@ async def soak(args: argparse.Namespace, server: Server, texts: list[str]) -> No
                 records.append((t0 - start, time.monotonic() - t0, bad, status))
 
     async def monitor() -> None:
+        # Sampled every second: one sample lands anywhere in the allocator's cycle (a batch's activations
+        # live, or just trimmed), so an interval is summed up by its median and its peak.
         while time.monotonic() < deadline:
-            await asyncio.sleep(min(args.interval, max(0.0, deadline - time.monotonic())))
-            rss.append(rss_mib(server.pid))
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            samples.append((time.monotonic() - start, rss_mib(server.pid)))
 
     await asyncio.gather(monitor(), *(client(i) for i in range(args.clients)))
+    n_intervals = max(1, math.ceil(args.minutes * 60 / args.interval))
+    rss = [[r for t, r in samples if min(int(t // args.interval), n_intervals - 1) == k] for k in range(n_intervals)]
+    print(f"server RSS when /health first answered: {idle_rss:.0f} MiB; after its warm-up ({waited:.1f} s, idle): "
+          f"{warm_rss:.0f} MiB\n")  # fmt: skip
     print("| interval | requests | errors (5xx/transport) | 4xx on bad requests | unexpected status | req/s "
-          "| p50 ms | p99 ms | server RSS MiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| p50 ms | p99 ms | server RSS MiB, median | peak |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     errors = unexpected = 0
     for k, r in enumerate(rss):
-        rows = [x for x in records if min(int(x[0] // args.interval), len(rss) - 1) == k]
+        rows = [x for x in records if min(int(x[0] // args.interval), n_intervals - 1) == k]
         err = sum(1 for x in rows if x[3] == 0 or x[3] >= 500)
         bad4 = sum(1 for x in rows if x[2] and 400 <= x[3] < 500)
         odd = sum(1 for x in rows if 0 < x[3] < 500 and (x[3] != 200 if not x[2] else not 400 <= x[3] < 500))
         lat = [x[1] for x in rows if not x[2]]
         span = min(args.interval, args.minutes * 60 - k * args.interval)
         errors, unexpected = errors + err, unexpected + odd
+        med, top = statistics.median(r or [math.nan]), max(r or [math.nan])
         print(f"| {k + 1} | {len(rows)} | {err} | {bad4} | {odd} | {len(rows) / span:.1f} | {pct(lat, 50)} "
-              f"| {pct(lat, 99)} | {r:.0f} |")  # fmt: skip
-    growth = (rss[-1] / rss[0] - 1) * 100 if rss else float("nan")
-    print(f"\nRSS {rss[0]:.0f} -> {rss[-1]:.0f} MiB ({growth:+.1f}%) over {args.minutes:g} min, {args.clients} clients")
+              f"| {pct(lat, 99)} | {med:.0f} | {top:.0f} |")  # fmt: skip
+    first, last = statistics.median(rss[0] or [math.nan]), statistics.median(rss[-1] or [math.nan])
+    growth = (last / first - 1) * 100
+    peak = (max(rss[-1] or [math.nan]) / max(rss[0] or [math.nan]) - 1) * 100
+    print(f"\nRSS median {first:.0f} -> {last:.0f} MiB ({growth:+.1f}%), peak {peak:+.1f}%, first to last "
+          f"interval, over {args.minutes:g} min, {args.clients} clients")  # fmt: skip
     short = "" if args.minutes >= 10 else f"; ran {args.minutes:g} min, shorter than the goal's 10"
     detail = f"{errors} errors, {unexpected} unexpected statuses, RSS growth {growth:+.1f}%{short}"
     verdict(errors == unexpected == 0 and growth < 5, "0 errors, RSS growth < 5% over 10 minutes", detail)
@@ -232,6 +274,7 @@ async def soak(args: argparse.Namespace, server: Server, texts: list[str]) -> No
 async def disconnects(args: argparse.Namespace, server: Server, texts: list[str]) -> None:
     body = {"input": texts[: args.batch], "task": "token_embed"}
     rng = random.Random(0)
+    await settle(server)  # the server's own start-up warm-up first
     async with httpx.AsyncClient(base_url=server.url, timeout=args.timeout) as c:
         # Warm-up with one full-size request, answered (base64: a smaller body), so RSS before is after warm-up.
         (await c.post("/pooling", json={**body, "encoding_format": "base64"})).raise_for_status()
@@ -396,9 +439,11 @@ async def overhead(args: argparse.Namespace, server: Server, texts: list[str]) -
         r.raise_for_status()
         return time.perf_counter() - t0, r.json()["usage"]["prompt_tokens"]
 
+    await settle(server)  # the server compiles its kernels while idle after start; not part of the figure
     await fan_out(server, args.clients, args.timeout, work[:64], one)  # warm-up
-    c0, w0, own = cpu_s(server.pid), time.perf_counter(), cpu_s()
+    c0, w0, own, t0 = cpu_s(server.pid), time.perf_counter(), cpu_s(), thread_cpu(server.pid)
     done = await fan_out(server, args.clients, args.timeout, work, one)
+    threads = {k: v - t0.get(k, 0.0) for k, v in thread_cpu(server.pid).items()}
     srv = {"cpu": cpu_s(server.pid) - c0, "wall": time.perf_counter() - w0, "tokens": sum(x[1] for x in done)}
     own, latencies = cpu_s() - own, [x[0] for x in done]
     server.stop()  # the offline run gets the cores to itself, as the server had them
@@ -420,6 +465,8 @@ async def overhead(args: argparse.Namespace, server: Server, texts: list[str]) -
     ratio = per[f"server, {args.clients} clients"] / per["offline LLM.embed"]
     print(f"\ndtype {args.dtype}; the clients (this process) used {own:.2f} CPU s on the same cores; "
           f"server/offline CPU per token {ratio:.2f}x")  # fmt: skip
+    busy = sorted(((v, k) for k, v in threads.items() if v >= 0.05), reverse=True)
+    print("server CPU s by thread: " + ", ".join(f"{k} {v:.2f}" for v, k in busy))
     verdict(ratio <= 1.15, "server CPU per token <= 1.15x offline", f"{ratio:.2f}x")
 
 

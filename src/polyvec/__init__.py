@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": ".entrypoints.llm",
     "PoolingParams": ".pooling_params",
+    "LateChunkingParams": ".late_chunking",
     "PoolerConfig": ".config",
     "EngineConfig": ".config",
     "ModelConfig": ".config",
@@ -30,6 +31,7 @@ _EXPORTS = {
 __all__ = [
     "LLM",
     "PoolingParams",
+    "LateChunkingParams",
     "PoolerConfig",
     "EngineConfig",
     "ModelConfig",
@@ -47,6 +49,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig, PoolerConfig
     from .entrypoints.llm import LLM
+    from .late_chunking import LateChunkingParams
     from .outputs import (
         ClassificationOutput,
         ClassificationRequestOutput,

@@ -27,6 +27,7 @@ POOLING_TASKS = tuple(t.value for t in PoolingTask)
 EMBED_TASKS = (PoolingTask.EMBED.value, PoolingTask.TOKEN_EMBED.value)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names
 
 # EngineConfig's choices (checked in its __post_init__, for callers that pass plain strings).
 Truncation = Literal["auto", "error"]
@@ -39,31 +40,72 @@ Activation = Literal["identity", "tanh", "relu", "gelu", "sigmoid", "softmax"]
 
 @dataclass
 class PoolerConfig:
-    """Overrides of the pooling behaviour the checkpoint's files describe (vLLM's `PoolerConfig`).
-
-    Any field left as None keeps what the model's files say.
+    """Overrides of the pooling behaviour the checkpoint's files describe: vLLM 0.34's `PoolerConfig`
+    (`LLM(pooler_config=...)`, `--pooler-config JSON`). Any field left as None keeps what the model's files say.
     """
 
+    task: str | None = None
+    """The task a request that names none gets (`/pooling`, `LLM.encode`): embed, classify, token_embed or
+    token_classify; it must be one the model supports."""
     pooling_type: str | None = None
-    """CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN, WEIGHTED_MEAN (sequence tasks) or ALL, STEP (token tasks)."""
+    """Shorthand for one of the two below: a sequence type sets `seq_pooling_type`, ALL / STEP `tok_pooling_type`."""
+    seq_pooling_type: str | None = None
+    """CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN or WEIGHTED_MEAN: how embed and classify pool the tokens."""
+    tok_pooling_type: str | None = None
+    """ALL or STEP: which tokens token_embed and token_classify return."""
     use_activation: bool | None = None
     """Default for every request: normalize (embed tasks) or softmax/sigmoid (classify tasks)."""
     dimensions: int | None = None
     """Default Matryoshka output size for embed tasks."""
+    enable_chunked_processing: bool | None = None
+    """Inputs longer than max_model_len are split into windows and combined (polyvec's `long_input="window"`)
+    instead of truncated."""
+    max_embed_len: int | None = None
+    """With chunked processing: the most tokens one input may have (longer ones are rejected)."""
     step_tag_id: int | None = None
     """STEP pooling: only tokens with this id are returned (all tokens when None)."""
     returned_token_ids: list[int] | None = None
     """STEP pooling: only these output columns are returned."""
 
     def __post_init__(self) -> None:
+        if self.task is not None and self.task not in POOLING_TASKS:
+            removed = {"score": "classify", "encode": "token_embed or token_classify"}
+            if self.task in removed:
+                raise ValueError(f"`{self.task}` task was removed; use {removed[self.task]} instead.")
+            raise ValueError(f"task={self.task!r} is not valid; allowed: {', '.join(POOLING_TASKS)}")
+        for name, allowed in (
+            ("pooling_type", POOLING_TYPES),
+            ("seq_pooling_type", SEQ_POOLING_TYPES),
+            ("tok_pooling_type", TOKEN_POOLING_TYPES),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                value = str(value).upper()
+                if value not in allowed:
+                    raise ValueError(f"{name}={value!r} is not valid; allowed: {', '.join(allowed)}")
+                setattr(self, name, value)
         if self.pooling_type is not None:
-            self.pooling_type = str(self.pooling_type).upper()
-            if self.pooling_type not in POOLING_TYPES:
-                raise ValueError(
-                    f"pooling_type={self.pooling_type!r} is not valid; allowed: {', '.join(POOLING_TYPES)}"
-                )
-        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
-            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+            target = "seq_pooling_type" if self.pooling_type in SEQ_POOLING_TYPES else "tok_pooling_type"
+            if getattr(self, target) not in (None, self.pooling_type):
+                raise ValueError(f"Cannot set both `pooling_type` and `{target}`")
+            setattr(self, target, self.pooling_type)
+        for name in ("dimensions", "max_embed_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PoolerConfig:
+        """From JSON (`--pooler-config`), refusing unknown keys by name, as vLLM does."""
+        if not isinstance(values, dict):
+            raise ValueError(f"the pooler config must be a JSON object, got {values!r}")
+        if "normalize" in values:
+            raise ValueError("Parameter `normalize` was removed; use `use_activation` instead.")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown pooler config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -145,6 +187,11 @@ class ModelConfig:
     @property
     def model_type(self) -> str:
         return str(self.hf_config.get("model_type", ""))
+
+    @property
+    def embedding_size(self) -> int:
+        """vLLM's name for the width of an embed output (the upper bound of `dimensions`)."""
+        return self.embed_dim
 
     @property
     def embed_dim(self) -> int:
@@ -238,6 +285,7 @@ def resolve_dtype(dtype: str | torch.dtype, platform: Platform, checkpoint_dtype
         return dtype
     if dtype == "auto":
         return platform.default_dtype(checkpoint_dtype)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

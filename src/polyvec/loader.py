@@ -218,6 +218,7 @@ def load_model_config(
     revision: str | None = None,
     download_dir: str | None = None,
     convert: str | None = None,
+    tokenizer: str | None = None,
 ) -> ModelConfig:
     """`convert` (vLLM's name) serves a `*ForCausalLM` checkpoint as a pooling model: "embed" (the default
     for causal LMs: LM head dropped, LAST pooling) or "classify" (a `score` head, from the checkpoint or
@@ -289,8 +290,17 @@ def load_model_config(
         tokenizer_path = root / "tokenizer.json"
     if not tokenizer_path.is_file() and (tdir / "vocab.txt").is_file():
         tokenizer_path = tdir / "vocab.txt"
+    if tokenizer is not None:  # vLLM's --tokenizer: another folder or hub id holds the tokenizer
+        tok_root = resolve_model_path(tokenizer, None, download_dir)
+        tokenizer_path = next(
+            (p for p in (tok_root / "tokenizer.json", tok_root / "vocab.txt") if p.is_file()),
+            tok_root / "tokenizer.json",
+        )
+        tdir_note = str(tok_root)
+    else:
+        tdir_note = str(tdir)
     if not tokenizer_path.is_file():
-        raise ValueError(f"no tokenizer.json (or vocab.txt) in {tdir}")
+        raise ValueError(f"no tokenizer.json (or vocab.txt) in {tdir_note}")
     if convert == "classify" and hf_config.get("classifier_from_token"):
         hf_config["classifier_from_token_ids"] = _token_ids(tokenizer_path, hf_config["classifier_from_token"])
         hf_config["num_labels"] = len(hf_config["classifier_from_token_ids"])
@@ -298,8 +308,9 @@ def load_model_config(
     do_lower_case = bool(st_cfg.get("do_lower_case", False))
 
     id2label = {int(k): v for k, v in (hf_config.get("id2label") or {}).items()}
+    # transformers 5 saves neither num_labels nor id2label when they are at its default of two labels
     num_labels = (
-        int(hf_config.get("num_labels", len(id2label) or 0))
+        int(hf_config.get("num_labels") or len(id2label) or 2)
         if architecture.endswith(("ForSequenceClassification", "ForTokenClassification"))
         else 0
     )
@@ -310,7 +321,7 @@ def load_model_config(
     pooler_config = pooler_config or PoolerConfig()
     if st["pooling"] is not None:
         sources["pooling_type"] = "modules.json Pooling"
-    if pooler_config.pooling_type is not None:
+    if pooler_config.seq_pooling_type is not None:
         sources["pooling_type"] = "pooler_config"
     sources["dtype"] = "argument"
 

@@ -11,6 +11,8 @@ from typing import Generic, TypedDict, TypeVar
 
 import torch
 
+from .late_chunking import LateChunkingMetadata
+
 
 @dataclass
 class PoolingOutput:
@@ -63,6 +65,8 @@ class PoolingRequestOutput(Generic[OutputT]):
     task: str = ""
     input_type: str | None = None
     """ColBERT models: the mode used ("query" or "document")."""
+    late_chunking: LateChunkingMetadata | None = None
+    """With late_chunking_params: the token and character span of each output row."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
+from .late_chunking import LateChunkingParams
 
 LONG_INPUT_MODES = ("truncate", "window")
 INPUT_TYPES = {
@@ -58,6 +59,10 @@ class PoolingParams:
     """long_input="window": tokens shared by consecutive windows (each token's vector is taken from the
     window where it is farther from the edge). None: the engine's setting (default 0)."""
 
+    late_chunking_params: LateChunkingParams | None = None
+    """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
+    chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
+
     def clone(self) -> PoolingParams:
         return dataclasses.replace(self)
 
@@ -72,11 +77,13 @@ class PoolingParams:
             raise ValueError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
         if task not in supported_tasks:
             raise ValueError(
-                f"task={task!r} is not supported by this model ({model_config.architecture}); "
+                f"Unsupported task: task={task!r} is not supported by this model ({model_config.architecture}); "
                 f"it supports: {', '.join(supported_tasks)}"
             )
         if self.softmax is not None:
             raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
+        if self.late_chunking_params is not None and task != "token_embed":
+            raise ValueError("Late chunking requires token_embed")
 
         is_embed = task in EMBED_TASKS
         use_activation = self.use_activation

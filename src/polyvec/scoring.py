@@ -46,14 +46,29 @@ class ScorePlan:
         right = vecs[[self.n1 + j for _, j in self.pairs]]
         return F.cosine_similarity(left.float(), right.float(), dim=-1).tolist()
 
-    def params(self, base=None) -> list:
-        """Per-prompt PoolingParams: late interaction encodes text_1 as queries and text_2 as documents."""
+    def params(self, base=None, max_query_tokens: int = 0, max_doc_tokens: int = 0) -> list:
+        """Per-prompt PoolingParams: late interaction encodes text_1 as queries and text_2 as documents;
+        `max_*_tokens` (vLLM's max_tokens_per_query / _per_doc, 0: none) truncate each side on its own."""
         from .pooling_params import PoolingParams
 
         base = base or PoolingParams()
-        if self.task != "token_embed":
+        if self.task == "classify":
+            if max_query_tokens or max_doc_tokens:
+                raise ValueError(
+                    "max_tokens_per_query and max_tokens_per_doc apply to embedding and late-interaction models; "
+                    "a cross-encoder reads each pair as one input (use truncate_prompt_tokens)"
+                )
             return [base] * len(self.prompts)
-        query, doc = (dataclasses.replace(base, input_type=t) for t in ("query", "document"))
+
+        def side(limit: int, input_type: str | None) -> PoolingParams:
+            p = dataclasses.replace(base, input_type=input_type) if input_type else base
+            if limit and (p.truncate_prompt_tokens is None or p.truncate_prompt_tokens > limit):
+                p = dataclasses.replace(p, truncate_prompt_tokens=limit)
+            return p
+
+        late = self.task == "token_embed"
+        query = side(max_query_tokens, "query" if late else None)
+        doc = side(max_doc_tokens, "document" if late else None)
         return [query] * self.n1 + [doc] * (len(self.prompts) - self.n1)
 
     def pair_outputs(self, outputs: list) -> list[tuple]:

@@ -132,8 +132,10 @@ def test_prompt_validation(minilm_llm):
 def test_constructor_arguments(minilm_path):
     with pytest.raises(TypeError, match="unexpected arguments: bogus"):
         LLM(str(minilm_path), bogus=1)
-    with pytest.raises(ValueError, match="runner='pooling'"):
+    with pytest.raises(ValueError, match="polyvec runs pooling models only"):
         LLM(str(minilm_path), runner="generate")
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported"):
+        LLM(str(minilm_path), tensor_parallel_size=2)
     with pytest.raises(ValueError, match="max_num_batched_tokens=100 is smaller than max_model_len=256"):
         LLM(str(minilm_path), max_num_batched_tokens=100)
     with pytest.raises(ValueError, match="dtype must be auto or one of float32, bfloat16, float16"):

@@ -73,6 +73,25 @@ def test_sequence_classification(family, num_labels, tmp_path, minilm_path):
         assert len(o.outputs.probs) == num_labels == o.outputs.num_classes
 
 
+def test_two_label_classifier_saved_without_label_fields(tmp_path, minilm_path):
+    """transformers 5 leaves num_labels and id2label out of config.json at its default of two labels."""
+    import json
+
+    import transformers
+
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, **TINY)
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("num_labels", "id2label", "label2id"):
+        cfg.pop(key, None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ref_model = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    assert ref_model.config.num_labels == 2
+    raw = LLM(str(folder), dtype="float32").classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in raw], 0)
+    for r, ref_logits in zip(raw, ref):
+        assert r.outputs.data.shape == (2,) and torch.allclose(r.outputs.data, ref_logits, atol=1e-5)
+
+
 def test_token_classification(family, tmp_path, minilm_path):
     import transformers
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingState
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
-from ..tokenizer import PolyTokenizer
+from ..tokenizer import PolyTokenizer, TruncationSide
 from .input_processor import InputProcessor, Prompt
 from .late_interaction import LateInteractionRecipe
 from .long_input import merge_windows
@@ -102,8 +102,20 @@ class Engine:
             prefix_caching=self.prefix_cache is not None,
         )
         self.stats = EngineStats()
+        task = model_config.pooler_config.task
+        if task is not None and task not in self.supported_tasks:
+            raise ValueError(f"Unsupported task: {task!r} Supported tasks: {list(self.supported_tasks)}")
 
     # ------------------------------------------------------------------------------------------ requests
+
+    @property
+    def pooling_task(self) -> str:
+        """The task of a request that names none (vLLM's instance task): PoolerConfig.task, else the first the
+        model supports of embed, classify, token_embed, token_classify."""
+        if self.model_config.pooler_config.task is not None:
+            return self.model_config.pooler_config.task
+        order = ("embed", "classify", "token_embed", "token_classify")
+        return next(t for t in order if t in self.supported_tasks)
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:
@@ -146,11 +158,22 @@ class Engine:
         *,
         add_special_tokens: bool = True,
         truncation: str | None = None,
+        truncation_side: TruncationSide | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts (see `InputProcessor.process`); thread-safe."""
         return self.input_processor.process(
-            prompts, params, task, request_ids, add_special_tokens=add_special_tokens, truncation=truncation
+            prompts,
+            params,
+            task,
+            request_ids,
+            add_special_tokens=add_special_tokens,
+            truncation=truncation,
+            truncation_side=truncation_side,
         )
+
+    def warmup(self) -> Iterator[int]:
+        """Steps that compile the kernels of every batch size this engine can run (see ModelRunner.warmup)."""
+        return self.runner.warmup(self.engine_config.max_num_batched_tokens)
 
     def add_requests(self, requests: list[Request]) -> None:
         for r in requests:

@@ -35,8 +35,11 @@ def create_engine(
     enable_prefix_caching: bool | None = None,
     quantization: Quantization | None = None,
     kernels: KernelOptions | None = None,
+    tokenizer: str | None = None,
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
+    if pooler_config is not None and pooler_config.enable_chunked_processing and long_input == "truncate":
+        long_input = "window"  # vLLM's chunked processing of long inputs is polyvec's windows
     checked = EngineConfig(
         max_num_batched_tokens=max_num_batched_tokens or 1,
         max_num_seqs=max_num_seqs,
@@ -60,6 +63,7 @@ def create_engine(
         revision=revision,
         download_dir=download_dir,
         convert=convert,
+        tokenizer=tokenizer,
     )
     budget = max_num_batched_tokens or platform.default_max_num_batched_tokens(model_config, quantization)
     return Engine(model_config, dataclasses.replace(checked, max_num_batched_tokens=budget))

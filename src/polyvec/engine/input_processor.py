@@ -12,10 +12,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..config import SEQ_POOLING_TYPES, EngineConfig, ModelConfig
+from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec
 from ..pooling_params import PoolingParams, token_pooling_type
-from ..tokenizer import PolyTokenizer, PromptTooLongError
+from ..tokenizer import PolyTokenizer, PromptTooLongError, TruncationSide
 from .late_interaction import LateInteractionRecipe
 from .long_input import split_windows
 from .prefix_cache import block_hashes
@@ -62,8 +62,8 @@ class InputProcessor:
 
     def default_pooling(self, task: str) -> tuple[str, ...]:
         """Sequence pooling of a task: the user's PoolerConfig, else the ST Pooling module, else the model's."""
-        override = self.model_config.pooler_config.pooling_type
-        if override in SEQ_POOLING_TYPES:
+        override = self.model_config.pooler_config.seq_pooling_type
+        if override is not None:
             return (override,)
         if task == "embed" and self.model_config.st_pooling:
             return self.model_config.st_pooling
@@ -90,11 +90,16 @@ class InputProcessor:
         *,
         add_special_tokens: bool = True,
         truncation: str | None = None,
+        truncation_side: TruncationSide | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
-        `truncation` ("auto" / "error") overrides the engine's setting for these prompts.
+        `truncation` ("auto" / "error") overrides the engine's setting for these prompts; `truncation_side`
+        ("right", the default, or "left": keep the last tokens) is the end that truncation cuts.
         """
+        if truncation_side not in (None, "left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
+        side: TruncationSide = truncation_side or "right"
         n = len(prompts)
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
         if len(per_prompt) != n:
@@ -120,12 +125,20 @@ class InputProcessor:
             max_len = p.truncate_prompt_tokens or limit
             if windowed[i] and p.truncate_prompt_tokens is None:
                 max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
+                if self.model_config.pooler_config.max_embed_len:  # vLLM's cap on chunked inputs: longer is an error
+                    max_len = self.model_config.pooler_config.max_embed_len
             if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type)) - 1
             # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
             # a ColBERT recipe always truncates to its query/document length, as its reference does.
             truncate = not error_mode or p.truncate_prompt_tokens is not None or self.colbert is not None
+            if windowed[i] and max_len != 1 << 62 and p.truncate_prompt_tokens is None:
+                truncate = False
             if isinstance(prompt, dict):
+                if prompt.get("multi_modal_data"):  # never drop an image silently
+                    raise PromptError(
+                        i, " carries multi_modal_data; this model reads text only (images are not supported yet)"
+                    )
                 if "prompt_token_ids" in prompt:
                     prompt = prompt["prompt_token_ids"]
                 elif "prompt" in prompt:
@@ -138,11 +151,15 @@ class InputProcessor:
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
-                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate)
+                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
         for (max_len, truncate), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode(
-                    [tokenized[i] for i in members], max_len, truncate, add_special_tokens=add_special_tokens
+                    [tokenized[i] for i in members],
+                    max_len,
+                    truncate,
+                    add_special_tokens=add_special_tokens,
+                    truncation_side=side,
                 )
             except PromptTooLongError as exc:
                 raise _too_long(members[exc.index], exc.num_tokens, max_len) from None
@@ -196,7 +213,7 @@ class InputProcessor:
         if task in ("embed", "classify"):
             pooling = self.default_pooling(task)
         else:
-            pooling = (token_pooling_type(params, self.model_config.pooler_config.pooling_type or "ALL"),)
+            pooling = (token_pooling_type(params, self.model_config.pooler_config.tok_pooling_type or "ALL"),)
         if params.returned_token_ids is not None:
             width = self.output_width(task)
             bad = [i for i in params.returned_token_ids if i >= width]
@@ -242,20 +259,27 @@ class InputProcessor:
         name = params.input_type or self.model_config.default_prompt_name
         return prompts.get(name, "") + text if name else text
 
-    def _token_prompt(self, i: int, prompt: Sequence[int], max_len: int, truncate: bool) -> tuple[list[int], None, int]:
+    def _token_prompt(
+        self, i: int, prompt: Sequence[int], max_len: int, truncate: bool, side: TruncationSide = "right"
+    ) -> tuple[list[int], None, int]:
         ids = list(prompt)
         if not ids:
             raise PromptError(i, " has no tokens")
         vocab = self.tokenizer.vocab_size
         vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise PromptError(i, f": token ids must be integers in 0..{vocab - 1}")
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            oov = f": token id {bad} is out of vocabulary (" if type(bad) is int else ": ("
+            raise PromptError(i, f"{oov}token ids must be integers in 0..{vocab - 1})")
         num_input = len(ids)
         if num_input > max_len:
             if not truncate:
                 raise _too_long(i, num_input, max_len)
-            # Keep a closing special token ([SEP], </s>) as tokenizer truncation would.
-            ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self.special_ids and max_len > 1 else ids[:max_len]
+            if side == "left":  # keep an opening special token ([CLS], <s>) and the last tokens
+                head = 1 if ids[0] in self.special_ids and max_len > 1 else 0
+                ids = ids[:head] + ids[num_input - max_len + head :]
+            else:  # keep a closing special token ([SEP], </s>) as tokenizer truncation would
+                ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self.special_ids and max_len > 1 else ids[:max_len]
         return ids, None, num_input
 
 
@@ -266,15 +290,21 @@ class PromptError(ValueError):
     def __init__(self, index: int, detail: str, subject: str = "prompt"):
         super().__init__(f"{subject} {index}{detail}")
         self.index, self.detail, self.subject = index, detail, subject
+        self.num_tokens: int | None = None
+        """For an over-long prompt: its tokens, and the most it may have (`max_len`)."""
+        self.max_len: int | None = None
 
 
 def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
-    return PromptError(
+    error = PromptError(
         index,
         f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
-        f"(max_model_len, or truncate_prompt_tokens when set); shorten it, pass truncate_prompt_tokens, "
-        f"run with truncation='auto', or (encoder models) split it with long_input='window'",
+        f"(this model's maximum context length, max_model_len, or truncate_prompt_tokens when set); shorten it, "
+        f"pass truncate_prompt_tokens, run with truncation='auto', or (encoder models) split it with "
+        f"long_input='window'",
     )
+    error.num_tokens, error.max_len = num_tokens, max_len
+    return error
 
 
 def _is_text_pair(prompt: Any) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -107,6 +108,28 @@ class ModelRunner:
     def allocate_kv_cache(self, num_tokens: int) -> KVCache:
         layers, heads, dim = self._decoder.kv_shape()
         return KVCache(layers, num_tokens, heads, dim, self.model_config.dtype, self.device)
+
+    def bucket_sizes(self, max_tokens: int) -> list[int]:
+        """Every token count a batch of at most `max_tokens` tokens is padded to (empty without buckets)."""
+        if not self.pad_to_bucket:
+            return []
+        max_len = self.model_config.max_model_len
+        return sorted({n + sum(bucket_padding(n, max_len)) for n in range(1, max_tokens + 1)})
+
+    def warmup(self, max_tokens: int) -> Iterator[int]:
+        """Compile every shape-specific kernel a batch can need, one bucket size per step (yields the size), so
+        serving reaches its steady-state memory and speed before traffic does. A server runs it while idle."""
+        sizes = self.bucket_sizes(max_tokens)
+        if not sizes:
+            return
+        with torch.inference_mode():  # one short real forward shows the platform which kernels the model calls
+            n = min(sizes[0], self.model_config.max_model_len)
+            ids = torch.zeros(n, dtype=torch.long, device=self.device)
+            self.model(ids, None, AttentionMetadata.build([n], self.device, None, packed=self.packed_attention))
+        for size in sizes:
+            self.platform.warm_kernels(self.model, size)
+            yield size
+        self.platform.release_memory()
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk[Request]]) -> tuple[list[torch.Tensor | None], torch.Tensor]:

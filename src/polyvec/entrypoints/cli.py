@@ -159,8 +159,21 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         p,
         "--dtype",
         "auto",
-        "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32 (half = float16, float = float32)",
+        choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
+    )
+    _flag(p, "--tokenizer", help="folder or hub id to read the tokenizer from (default: the model's)")
+    _flag(
+        p,
+        "--hf-overrides",
+        help="JSON object of config.json values to replace, e.g. '{\"matryoshka_dimensions\": [256]}' "
+        "(also vLLM's dotted form --hf-overrides.KEY VALUE)",
+    )
+    _flag(
+        p,
+        "--pooler-config",
+        help='JSON object of pooling overrides (vLLM\'s PoolerConfig), e.g. \'{"seq_pooling_type": "CLS"}\' '
+        "(also --pooler-config.KEY VALUE)",
     )
     _flag(p, "--quantization", help=QUANTIZATION_HELP, choices=["int8"])
     _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N")
@@ -203,8 +216,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(
         p,
         "--convert",
-        help="serve a *ForCausalLM checkpoint as an embedding model or a classifier",
-        choices=["embed", "classify"],
+        help="serve a *ForCausalLM checkpoint as an embedding model or a classifier (auto, none: as the files say)",
+        choices=["auto", "none", "embed", "classify"],
     )
     _flag(
         p,
@@ -250,7 +263,72 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "POST requests in progress at once; more get 429 with Retry-After (0: no limit)",
         cast=int,
     )
+    var = env_name("--enforce-eager")
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=_truthy(os.environ[var]) if var in os.environ else False,
+        help="do not compile kernels for every batch size while idle after start; they then compile when a "
+        f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
+    )
     _flag(p, "--log-level", "info", "debug, info, warning or error")
+    add_vllm_args(p)
+
+
+def add_vllm_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's serve flags a pasted command line may carry: some mean what they mean in vLLM, the rest change
+    nothing here and are named in one warning at start; those that would change results are refused."""
+    from . import vllm_compat
+
+    g = p.add_argument_group("vLLM compatibility")
+    g.add_argument("--runner", help="auto or pooling (polyvec runs pooling models only)")
+    g.add_argument("--uvicorn-log-level", help="same as --log-level")
+    g.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="send an X-Request-Id header with every response (the client's own, else a new id)",
+    )
+    g.add_argument("--chat-template", help="Jinja chat template (file or inline) for chat-style (messages) requests")
+    g.add_argument(
+        "--trust-request-chat-template", action="store_true", help="let a request carry its own chat_template"
+    )
+    g.add_argument(
+        "--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", help="the default; see --no-..."
+    )
+    for name in vllm_compat.PARALLEL:
+        flags = [f"--{name.replace('_', '-')}"] + ({"tensor_parallel_size": ["-tp"]}.get(name) or [])
+        flags += {"pipeline_parallel_size": ["-pp"], "data_parallel_size": ["-dp"]}.get(name) or []
+        g.add_argument(*flags, type=int, dest=name, help="only 1: polyvec runs a model whole on one device")
+    for name in ("ssl_keyfile", "ssl_certfile"):
+        g.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS)
+    for name, takes_value in {**vllm_compat.IGNORED, **vllm_compat.IGNORED_SERVER}.items():
+        flag = f"--{name.replace('_', '-')}"
+        if takes_value:
+            g.add_argument(flag, dest=name, help="accepted from vLLM; no effect here")
+        else:
+            g.add_argument(
+                flag, dest=name, action="store_true", default=None, help="accepted from vLLM; no effect here"
+            )
+
+
+def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the vLLM flags (CommandError for a refused one, one warning for those with no effect) and return
+    the engine arguments they carry."""
+    from ..config import PoolerConfig
+    from . import vllm_compat
+
+    try:
+        ignored = vllm_compat.check(vars(args))
+        hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
+        pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
+        pooler_config = PoolerConfig.from_dict(pooler) if pooler is not None else None
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
+    if ignored:
+        logging.getLogger("polyvec").warning(
+            "vLLM flags with no effect in polyvec: %s", ", ".join("--" + n.replace("_", "-") for n in ignored)
+        )
+    return {"hf_overrides": hf_overrides, "pooler_config": pooler_config, "tokenizer": args.tokenizer}
 
 
 def load_engine(args: argparse.Namespace, **kwargs):
@@ -266,6 +344,7 @@ def load_engine(args: argparse.Namespace, **kwargs):
             quantization=args.quantization,
             revision=args.revision,
             download_dir=args.download_dir,
+            **vllm_options(args),
             **kwargs,
         )
     except ModelNotFoundError as exc:
@@ -294,6 +373,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .server.app import ServerConfig, build_app
 
+    if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
+        args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("polyvec.serve")
     engine = load_engine(
@@ -351,6 +432,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_windows_per_input=args.max_windows_per_input,
             request_body_timeout=args.request_body_timeout,
             max_concurrent_requests=args.max_concurrent_requests,
+            warmup=not args.enforce_eager,
+            request_id_headers=args.enable_request_id_headers,
+            chat_template=args.chat_template,
+            trust_request_chat_template=args.trust_request_chat_template,
         ),
     )
     server = uvicorn.Server(
@@ -436,6 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .vllm_compat import expand_dotted
+
+    try:
+        argv = expand_dotted(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as exc:
+        print(f"polyvec: error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

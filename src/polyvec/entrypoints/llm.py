@@ -6,6 +6,7 @@ names, arguments and output fields, so switching is an import change.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import warnings
@@ -15,9 +16,11 @@ from typing import Any, cast
 
 import torch
 
+from .. import late_chunking
 from ..config import LongInput, PoolerConfig, Quantization, Truncation
 from ..engine.engine import Engine, Prompt
 from ..engine.factory import create_engine
+from ..late_chunking import LateChunkingParams
 from ..loader import DEFAULT_MODEL
 from ..outputs import (
     ClassificationRequestOutput,
@@ -30,22 +33,9 @@ from ..outputs import (
 from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
 from ..scoring import plan_scores
+from . import vllm_compat
 
 logger = logging.getLogger(__name__)
-
-# vLLM engine arguments that have no effect here; accepted so vLLM code runs unchanged.
-_IGNORED_VLLM_ARGS = {
-    "runner",
-    "task",
-    "trust_remote_code",
-    "enforce_eager",
-    "seed",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "disable_log_stats",
-    "swap_space",
-    "tokenizer_mode",
-}
 
 PromptsType = Prompt | Sequence[Prompt]
 
@@ -62,7 +52,8 @@ class LLM:
             model's position limit).
         max_num_batched_tokens: token budget of one forward pass.
         max_num_seqs: most sequences in one forward pass.
-        pooler_config: overrides of the pooling the model's files describe.
+        pooler_config: overrides of the pooling the model's files describe (`PoolerConfig`, or a dict of its
+            fields as vLLM's `--pooler-config` JSON).
         truncation: "auto" cuts over-long input to max_model_len; "error" rejects it.
         hf_overrides: values that replace entries of config.json (e.g. {"is_matryoshka": True}).
         download_dir: Hugging Face cache folder to resolve hub ids in (default: the standard cache).
@@ -76,6 +67,9 @@ class LLM:
             scales; faster, cosine ≥ 0.99 against float32 instead of exact (see EngineConfig.quantization).
         kernels: which of polyvec's native CPU paths may run (`KernelOptions(native=, onednn=, amx=)`; default
             all, less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off).
+        tokenizer: a folder or hub id to read the tokenizer from instead of the model's.
+        runner, tensor_parallel_size, ...: vLLM's other arguments are accepted where they change nothing here
+            (`entrypoints/vllm_compat.py`); a runner other than pooling, or more than one device, is refused.
     """
 
     def __init__(
@@ -87,7 +81,7 @@ class LLM:
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int = 256,
-        pooler_config: PoolerConfig | None = None,
+        pooler_config: PoolerConfig | dict[str, Any] | None = None,
         truncation: Truncation = "auto",
         hf_overrides: dict[str, Any] | None = None,
         revision: str | None = None,
@@ -100,13 +94,18 @@ class LLM:
         enable_prefix_caching: bool | None = None,
         quantization: Quantization | None = None,
         kernels: KernelOptions | None = None,
+        tokenizer: str | None = None,
         **kwargs: Any,
     ):
-        unknown = set(kwargs) - _IGNORED_VLLM_ARGS
+        known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner"}
+        unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
-        if kwargs.get("runner", "pooling") != "pooling":
-            raise ValueError("polyvec runs pooling models only (runner='pooling')")
+        ignored = vllm_compat.check(kwargs)
+        if ignored:
+            logger.warning("vLLM arguments with no effect in polyvec: %s", ", ".join(ignored))
+        if isinstance(pooler_config, dict):
+            pooler_config = PoolerConfig.from_dict(pooler_config)
         self.engine = create_engine(
             model,
             dtype=dtype,
@@ -127,6 +126,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
             kernels=kernels,
+            tokenizer=tokenizer,
         )
         self.model_config = self.engine.model_config
 
@@ -160,10 +160,22 @@ class LLM:
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         prompts = _as_prompt_list(prompts)
-        truncate_prompt_tokens = _truncation_from_kwargs(tokenization_kwargs, truncate_prompt_tokens)
+        truncate_prompt_tokens, options = _tokenization_options(
+            tokenization_kwargs, truncate_prompt_tokens, self.model_config.max_model_len
+        )
         if truncate_prompt_tokens is not None:
             params = _with_truncation(params, truncate_prompt_tokens)
-        requests = self.engine.process(prompts, params, task)
+        late = self._late_chunking(prompts, params, task)
+        if late:  # raw token vectors, whole documents; the chunks are pooled below
+            per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+            params = [
+                dataclasses.replace(p or PoolingParams(), use_activation=False, late_chunking_params=None)
+                if i in late
+                else p or PoolingParams()
+                for i, p in enumerate(per_prompt)
+            ]
+            options["truncation"] = "error"
+        requests = self.engine.process(prompts, params, task, **options)
         self.engine.add_requests(requests)
         done: dict[str, PoolingRequestOutput] = {}
         bar = None
@@ -185,7 +197,33 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        return [done[r.request_id] for r in requests]
+        outputs = [done[r.request_id] for r in requests]
+        for i, (text, chunking, normalize) in late.items():
+            out = outputs[i]
+            enc = self.engine.tokenizer._base.encode(text, add_special_tokens=options.get("add_special_tokens", True))
+            special = [bool(m) for m in enc.special_tokens_mask]
+            data, out.late_chunking = late_chunking.pool(
+                out.outputs.data, list(enc.offsets), special, chunking.chunk_size, normalize
+            )
+            out.outputs.data = data
+        return outputs
+
+    def _late_chunking(self, prompts: list, params, task: str) -> dict[int, tuple[str, LateChunkingParams, bool]]:
+        """Prompts whose params ask for late chunking: index → (text, params, normalize); checked as vLLM does."""
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        found = {}
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+            if p is None or p.late_chunking_params is None:
+                continue
+            text = late_chunking.check(
+                p,
+                task,
+                prompt,
+                late_interaction=self.engine.is_late_interaction,
+                lower_case=self.model_config.do_lower_case,
+            )
+            found[i] = (text, p.late_chunking_params, p.use_activation is not False)
+        return found
 
     def iter_encode(
         self,
@@ -247,6 +285,8 @@ class LLM:
         if pooling_task is None:
             first = pooling_params[0] if isinstance(pooling_params, Sequence) and pooling_params else pooling_params
             pooling_task = getattr(first, "task", None)
+        if pooling_task is None:
+            pooling_task = self.model_config.pooler_config.task
         if pooling_task is None:
             for candidate in ("token_embed", "token_classify"):
                 if candidate in self.supported_tasks:
@@ -342,16 +382,31 @@ class LLM:
         return results
 
 
-def _truncation_from_kwargs(kwargs: dict[str, Any] | None, truncate: int | None) -> int | None:
-    """vLLM >= 0.11 passes truncation as tokenization_kwargs={"truncation": True, "max_length": n}."""
+def _tokenization_options(
+    kwargs: dict[str, Any] | None, truncate: int | None, max_model_len: int
+) -> tuple[int | None, dict[str, Any]]:
+    """vLLM's `tokenization_kwargs`: the truncation length, and the keyword arguments for `Engine.process`.
+    Keys that change nothing here (padding, needs_detokenization, ...) are ignored with a warning, as vLLM
+    ignores those it does not know."""
     if not kwargs:
-        return truncate
-    unknown = set(kwargs) - {"truncation", "max_length"}
-    if unknown:
-        raise ValueError(f"tokenization_kwargs supports truncation and max_length, not {', '.join(sorted(unknown))}")
-    if kwargs.get("truncation") and kwargs.get("max_length") is not None:
-        return int(kwargs["max_length"])
-    return truncate
+        return truncate, {}
+    options: dict[str, Any] = {}
+    if kwargs.get("truncation") not in (None, False, "do_not_truncate") and kwargs.get("max_length") is not None:
+        truncate = int(kwargs["max_length"])
+    if kwargs.get("truncate_prompt_tokens") is not None:
+        k = int(kwargs["truncate_prompt_tokens"])
+        truncate = max_model_len if k == -1 else k
+    if "add_special_tokens" in kwargs:
+        options["add_special_tokens"] = bool(kwargs["add_special_tokens"])
+    if kwargs.get("truncation_side") is not None:
+        if kwargs["truncation_side"] not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {kwargs['truncation_side']!r}")
+        options["truncation_side"] = kwargs["truncation_side"]
+    used = {"truncation", "max_length", "truncate_prompt_tokens", "add_special_tokens", "truncation_side"}
+    ignored = sorted(set(kwargs) - used)
+    if ignored:
+        logger.warning("tokenization_kwargs with no effect in polyvec, ignored: %s", ", ".join(ignored))
+    return truncate, options
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:

@@ -85,11 +85,13 @@ class PackedLinear(nn.Module):
             self.amx_weight = pack_amx_weight(linear.weight.detach())
             self.amx_bias = None if self.bias is None else self.bias.float()
             self.amx_act = _GELU_CODES[activation] if activation else 0
+        self.forms: set[str] = set()  # "plain" / "add": the oneDNN primitives this layer's model calls
 
     def _amx(self, x: torch.Tensor) -> bool:
         return self.amx_weight is not None and x.dim() == 2 and x.shape[0] <= AMX_MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forms.add("plain")
         if self._amx(x):
             return torch.ops.polyvec.amx_linear(x.contiguous(), self.amx_weight, self.amx_bias, None, self.amx_act)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
@@ -98,11 +100,27 @@ class PackedLinear(nn.Module):
         """`residual + x @ W.T + b` with the add fused into the matmul's epilogue (a binary post-op): the
         residual stream is not read and written once more."""
         assert self.attr == "none", "a binary post-op replaces the activation"
+        self.forms.add("add")
         if self._amx(x):
             return torch.ops.polyvec.amx_linear(
                 x.contiguous(), self.amx_weight, self.amx_bias, residual.contiguous(), 0
             )
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+
+    def primitive_keys(self) -> list[tuple]:
+        """What oneDNN keys this layer's primitives on, besides the row count (one per form called)."""
+        shape = (self.in_features, self.out_features, self.weight.dtype, self.bias is None, self.attr, self.algorithm)
+        return [(form, *shape) for form in sorted(self.forms)]
+
+    @torch.inference_mode()
+    def warm(self, form: str, rows: int) -> None:
+        """Run the oneDNN primitive of `form` for `rows` rows once (on zeros), so it is compiled and cached."""
+        x = torch.zeros(rows, self.in_features, dtype=self.weight.dtype)
+        if form == "add":
+            torch.ops.mkldnn._linear_pointwise.binary(x, torch.zeros(rows, self.out_features, dtype=x.dtype),
+                                                      self.weight, self.bias, "add")  # fmt: skip
+        else:
+            torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
 
     def extra_repr(self) -> str:
         amx = ", amx" if self.amx_weight is not None else ""

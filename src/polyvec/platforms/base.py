@@ -71,5 +71,11 @@ class Platform:
         """Whether batches are rounded up to recurring token counts (kernels compiled per shape stay cached)."""
         return False
 
+    def warm_kernels(self, model: PoolingModel, rows: int) -> None:
+        """Compile and cache the kernels a batch of `rows` tokens runs (where kernels are built per shape)."""
+
     def after_batch(self) -> None:
         """Upkeep between batches."""
+
+    def release_memory(self) -> None:
+        """Return memory freed by the allocator to the OS where it keeps it (after a warm-up)."""

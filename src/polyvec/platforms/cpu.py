@@ -17,7 +17,14 @@ from torch import nn
 
 from ..layers import kernels
 from ..layers.layernorm import LayerNorm
-from ..layers.linear import can_fuse, int8_available, onednn_available, pack_linear
+from ..layers.linear import (
+    AMX_MAX_ROWS,
+    PackedLinear,
+    can_fuse,
+    int8_available,
+    onednn_available,
+    pack_linear,
+)
 from .base import KernelOptions, Platform
 
 if TYPE_CHECKING:
@@ -26,10 +33,12 @@ if TYPE_CHECKING:
     from ..models.registry import PoolingModel
 
 # oneDNN caches a compiled primitive per matmul shape; the model runner rounds batches up to one of 112 bucket
-# sizes (engine/model_runner.py), and with four projection shapes per layer 512 entries hold every primitive a
-# model can run, so none is rebuilt while serving. oneDNN reads it when it first runs, so it is set when this
-# module is imported (with the model runner, before polyvec's first matmul); a value set by the user wins.
-PRIMITIVE_CACHE_CAPACITY = 512
+# sizes (engine/model_runner.py), and a model has four projection shapes per size, each taking two entries (the
+# inner product and the matmul inside it): 1024 entries hold every primitive a model can run, so none is rebuilt
+# while serving (512 held half, and a server cycling through sizes rebuilt one most steps). oneDNN reads it when
+# it first runs, so it is set when this module is imported (with the model runner, before polyvec's first
+# matmul); a value set by the user wins.
+PRIMITIVE_CACHE_CAPACITY = 1024
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 # The most memory the AMX copies of the projections may take (MiniLM-L6: 21 MiB, MPNet-base: 162 MiB).
@@ -134,13 +143,28 @@ class CpuPlatform(Platform):
                 if isinstance(module, LayerNorm):
                     module.native = True
 
+    def warm_kernels(self, model: PoolingModel, rows: int) -> None:
+        # oneDNN keys a primitive on the shapes, not the weights: one call per distinct projection and form.
+        seen: set[tuple] = set()
+        for module in model.modules():
+            if not isinstance(module, PackedLinear) or (module.amx_weight is not None and rows <= AMX_MAX_ROWS):
+                continue
+            for key in module.primitive_keys():
+                if key not in seen:
+                    seen.add(key)
+                    module.warm(key[0], rows)
+
     def pads_to_bucket(self, packed_attention: bool) -> bool:
         # Dummy sequences attend only to themselves, which needs the packed kernel (no grid to pad).
         return self.onednn and packed_attention
 
     def after_batch(self) -> None:
         self._batches += 1
-        if _MALLOC_TRIM is not None and self._batches % TRIM_EVERY == 0:
+        if self._batches % TRIM_EVERY == 0:
             # Batches allocate tensors of ever-different sizes; glibc keeps the freed ones in its heap, so a
             # long offline run's RSS would creep up. Trimming every few batches keeps it flat.
+            self.release_memory()
+
+    def release_memory(self) -> None:
+        if _MALLOC_TRIM is not None:
             _MALLOC_TRIM(0)

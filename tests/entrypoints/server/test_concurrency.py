@@ -64,6 +64,41 @@ def test_cancelled_request_is_dropped_from_the_queue(minilm_llm):
     engine.stop()
 
 
+def test_requests_are_served_while_the_engine_warms_up(minilm_llm, cranfield_texts):
+    """The warm-up runs between requests, one batch size per step: a request sent at start does not wait for
+    the rest of it, gets the same vectors as offline, and the warm-up then finishes."""
+    engine = AsyncEngine(minilm_llm.engine, warmup=True)
+    sizes = len(minilm_llm.engine.runner.bucket_sizes(minilm_llm.engine.engine_config.max_num_batched_tokens))
+    assert sizes >= 90  # float32: up to 4,096 tokens
+    engine.start()
+
+    async def main():
+        requests = await engine.process(cranfield_texts[:3], None, "embed")
+        outputs = await engine.run(requests)
+        return outputs, engine._warmup_steps
+
+    try:
+        outputs, steps = asyncio.run(main())
+        assert steps < sizes, "the request waited for the whole warm-up"
+        assert engine.warmed_up.wait(300), "the warm-up did not finish"
+        assert engine._warmup_steps == sizes
+    finally:
+        engine.stop()
+    offline = minilm_llm.embed(cranfield_texts[:3], use_tqdm=False)
+    for got, want in zip(outputs, offline):
+        assert torch.equal(got.outputs.data, want.outputs.data)
+
+
+def test_stop_during_the_warm_up_returns_at_once(minilm_llm):
+    engine = AsyncEngine(minilm_llm.engine, warmup=True)
+    engine.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    engine.stop()
+    assert not engine._thread.is_alive() and time.monotonic() - t0 < 10
+    assert not engine.warmed_up.is_set()
+
+
 def test_disconnected_clients_do_not_block_others(server):
     """Clients that give up mid-request have their queued work dropped; the next request is answered fast.
 

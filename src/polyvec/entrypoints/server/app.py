@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,9 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ... import __version__
 from ...engine.engine import Engine
+from . import protocol as P
 from .errors import APIError, error_response, json_type, validation_message
 from .metrics import ServerMetrics
-from .routes import ROUTERS
+from .routes import ROUTERS, tei
 from .serving import ServerState
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,16 @@ class ServerConfig:
     max_concurrent_requests: int = 512
     """POST requests in progress at once; more get 429 with Retry-After instead of queueing without bound
     (0: no limit)."""
+    chat_template: str | None = None
+    """--chat-template: a file or the template itself, for chat-style requests (default: the model's own)."""
+    trust_request_chat_template: bool = False
+    """Let a request carry its own chat_template (vLLM's --trust-request-chat-template)."""
+    request_id_headers: bool = False
+    """Send X-Request-Id with every response: the client's own, else a new id (vLLM's
+    --enable-request-id-headers)."""
+    warmup: bool = True
+    """Compile the kernels of every batch size while idle after start (vLLM's CUDA-graph capture, which
+    `--enforce-eager` turns off, plays the same role)."""
 
 
 _CLOSE = {"Connection": "close"}
@@ -89,10 +101,15 @@ class ServerMiddleware:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         response = {"status": 499, "started": False}  # 499 (client closed request) until a response starts
+        client_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
+        P.REQUEST_ID.set(client_id)  # response ids carry it (each request runs in its own context)
+        echo = (client_id or uuid.uuid4().hex).encode("latin-1") if self.config.request_id_headers else None
 
         async def send_recording(message: Message) -> None:
             if message["type"] == "http.response.start":
                 response["status"], response["started"] = message["status"], True
+                if echo is not None:
+                    message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", echo)]}
             await send(message)
 
         counted = False
@@ -127,7 +144,7 @@ class ServerMiddleware:
         """Refuse a request before its body is read: no API key, a declared size over the limit, overload."""
         headers = dict(scope.get("headers") or [])
         key = self.config.api_key
-        if key and scope["path"] != "/health":
+        if key and scope["path"] not in ("/health", "/ping"):
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), key.encode()):
@@ -237,11 +254,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 class _App(FastAPI):
     def openapi(self) -> dict[str, Any]:
-        """FastAPI's document less its 422 responses: validation failures here are 400 (the error schema)."""
+        """FastAPI's document less its own 422 responses: validation failures here are 400 (the error schema); the
+        422 the TEI routes declare (TEI's error body) stays."""
         schema = super().openapi()
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
-                operation.get("responses", {}).pop("422", None)
+                responses = operation.get("responses", {})
+                if "HTTPValidationError" in str(responses.get("422")):
+                    responses.pop("422")
         schemas = schema.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
@@ -264,7 +284,7 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
     }
     for exc_class, handler in handlers.items():
         app.add_exception_handler(exc_class, handler)
-    for router in ROUTERS:
+    for router in (*ROUTERS, tei.router):
         app.include_router(router)
     paths = [getattr(r, "path", "") for r in app.routes]
     app.add_middleware(ServerMiddleware, config=config, metrics=state.metrics, paths=paths)

@@ -3,16 +3,18 @@
 The engine steps in a single background thread; coroutines hand it requests and await asyncio futures.
 Tokenization runs in a small thread pool, off the event loop. Requests from many clients join the same
 scheduler queue, so they are packed into the same forward passes under the token budget; a request whose
-client went away is aborted and dropped from the queue.
+client went away is aborted and dropped from the queue. While the queue is empty the loop warms the engine up
+(`Engine.warmup`), one batch size at a time, so requests never wait behind more than one step of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -26,6 +28,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def _name_os_thread(name: str) -> None:
+    """Give the OS thread the Python thread's name (`top -H`, /proc/PID/task/*/comm); the OpenMP workers a thread
+    starts inherit it, so the engine's compute shows up under its name. Linux only; elsewhere nothing."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def _resolve(fut: asyncio.Future, value=None, exc: BaseException | None = None) -> None:
     if fut.done():
         return
@@ -35,6 +46,11 @@ def _resolve(fut: asyncio.Future, value=None, exc: BaseException | None = None) 
         fut.set_result(value)
 
 
+def _resolve_all(results: list[tuple[asyncio.Future, Any]]) -> None:
+    for fut, value in results:
+        _resolve(fut, value)
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -42,6 +58,7 @@ class AsyncEngine:
         tokenizer_threads: int = 2,
         on_batch: Callable[[int, int, float], None] | None = None,
         on_abort: Callable[[int], None] | None = None,
+        warmup: bool = True,
     ):
         self.engine = engine
         self.on_batch = on_batch
@@ -49,7 +66,18 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._stopping = False
-        self._pool = ThreadPoolExecutor(max_workers=tokenizer_threads, thread_name_prefix="polyvec-tokenize")
+        self._warmup: Iterator[int] | None = engine.warmup() if warmup else None
+        self.warmed_up = threading.Event()
+        self._warmup_start: float | None = None
+        self._warmup_steps = 0
+        if self._warmup is None:
+            self.warmed_up.set()
+        self._pool = ThreadPoolExecutor(
+            max_workers=tokenizer_threads,
+            thread_name_prefix="polyvec-tokenize",
+            initializer=_name_os_thread,
+            initargs=("polyvec-tokens",),
+        )
         self._thread = threading.Thread(target=self._loop, name="polyvec-engine", daemon=True)
 
     # ------------------------------------------------------------------------------------------- control
@@ -117,14 +145,39 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------------------------------- the loop
 
+    def _warm_step(self) -> None:
+        assert self._warmup is not None
+        if self._warmup_start is None:
+            self._warmup_start = time.perf_counter()
+        try:
+            next(self._warmup)
+            self._warmup_steps += 1
+            return
+        except StopIteration:
+            logger.info(
+                "warm-up: kernels for %d batch sizes compiled in %.1f s",
+                self._warmup_steps,
+                time.perf_counter() - (self._warmup_start or 0.0),
+            )
+        except Exception:  # a failed warm-up costs only speed: the shapes compile when batches need them
+            logger.exception("warm-up failed; kernels will compile on first use")
+        self._warmup = None
+        self.warmed_up.set()
+
     def _loop(self) -> None:
+        _name_os_thread("polyvec-engine")
         while True:
             with self._cond:
-                while not self._stopping and not self.engine.has_unfinished_requests():
+                idle = not self.engine.has_unfinished_requests()
+                while not self._stopping and idle and self._warmup is None:
                     self._cond.wait()
-                if self._stopping and not self.engine.has_unfinished_requests():
+                    idle = not self.engine.has_unfinished_requests()
+                if self._stopping and idle:
                     return
-                batch = self.engine.schedule()
+                batch = None if idle else self.engine.schedule()
+            if batch is None:
+                self._warm_step()
+                continue
             start = time.perf_counter()
             try:
                 outputs = self.engine.run(batch)
@@ -140,6 +193,9 @@ class AsyncEngine:
                 self.on_batch(sum(c.num_tokens for c in batch), len(batch), time.perf_counter() - start)
             with self._cond:
                 entries = [self._pending.pop(o.request_id, None) for o in outputs]
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
             for out, entry in zip(outputs, entries):
                 if entry is not None:
-                    entry[0].call_soon_threadsafe(partial(_resolve, entry[1], out))
+                    by_loop.setdefault(entry[0], []).append((entry[1], out))
+            for loop, results in by_loop.items():  # one wake-up of each event loop per batch
+                loop.call_soon_threadsafe(_resolve_all, results)

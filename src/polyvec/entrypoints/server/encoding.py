@@ -4,7 +4,7 @@ base64 and bytes carry the raw elements of `embed_dtype` (bfloat16 as its 16-bit
 byte order, flattened; multi-vector outputs add their `shape` so clients can rebuild them. The bytes formats
 answer with `application/octet-stream`; `bytes` adds a `metadata` header (JSON: id, created, model, usage and
 per item index, embed_dtype, endianness, start, end, shape), `bytes_only` sends the body alone. Cohere's embed
-v2 types (float, base64, binary, ubinary) are built by `encode_by_type`.
+types (float, int8, uint8, binary, ubinary, base64) are built by `encode_by_type`.
 
 JSON bodies that carry vectors are rendered by `VectorJSONResponse` (orjson): a float vector stays a float64
 numpy array (`float_array`) up to the wire, so no Python float objects are made and json.dumps' per-float
@@ -26,15 +26,20 @@ from fastapi.responses import JSONResponse
 
 from ...config import DTYPES
 
+# embed_dtype → torch dtype: the model dtypes and vLLM's two float8 formats (one byte each).
+EMBED_DTYPES = {**DTYPES, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
 
 def _wire_dtype(embed_dtype: str) -> torch.dtype:
-    """The element type on the wire: numpy has no bfloat16, so it travels as its int16 bit pattern."""
-    dtype = DTYPES[embed_dtype]
+    """The element type on the wire: numpy has no bfloat16 or float8, so they travel as their bit patterns."""
+    dtype = EMBED_DTYPES[embed_dtype]
+    if dtype.itemsize == 1:
+        return torch.uint8
     return torch.int16 if dtype == torch.bfloat16 else dtype
 
 
 def to_bytes(tensor: torch.Tensor, embed_dtype: str, endianness: str) -> bytes:
-    t = tensor.detach().to(DTYPES[embed_dtype]).contiguous().flatten().view(_wire_dtype(embed_dtype))
+    t = tensor.detach().to(EMBED_DTYPES[embed_dtype]).contiguous().flatten().view(_wire_dtype(embed_dtype))
     array = t.numpy()
     if endianness != "native" and endianness != sys.byteorder:
         array = array.byteswap()
@@ -46,7 +51,7 @@ def from_bytes(data: bytes, shape: list[int] | tuple[int, ...], embed_dtype: str
     array = np.frombuffer(data, dtype=torch.empty(0, dtype=_wire_dtype(embed_dtype)).numpy().dtype)
     if endianness != "native" and endianness != sys.byteorder:
         array = array.byteswap()
-    t = torch.from_numpy(array.copy()).view(DTYPES[embed_dtype])
+    t = torch.from_numpy(array.copy()).view(EMBED_DTYPES[embed_dtype])
     return t.reshape(tuple(shape)).float()
 
 
@@ -95,22 +100,41 @@ def encode_bytes(tensors: list[torch.Tensor], embed_dtype: str, endianness: str)
     return b"".join(chunks), items
 
 
-def pack_bits(vectors: np.ndarray, kind: str) -> list[list[int]]:
-    """Cohere's binary / ubinary: one bit per dimension (set where the value is >= 0), 8 to a byte, most
-    significant first; ubinary is the byte (0..255), binary the byte minus 128 (-128..127)."""
+def pack_bits(vectors: np.ndarray, kind: str) -> np.ndarray:
+    """Cohere's binary / ubinary: one bit per dimension, set where the value is >= 0, 8 to a byte, most
+    significant first (np.packbits; Cohere's docs unpack with np.unpackbits and map a bit b to 2b-1); ubinary is
+    the byte (0..255), binary the byte minus 128 (-128..127). >= 0 as vLLM packs (sentence-transformers uses
+    > 0): the two differ only for a value of exactly 0, which lies as near +1 as -1."""
     if vectors.shape[1] % 8:
         raise ValueError(f"embedding_types '{kind}' needs a dimension divisible by 8, not {vectors.shape[1]}")
-    packed = np.packbits(vectors >= 0, axis=-1).astype(np.int16)
-    return (packed - 128 if kind == "binary" else packed).tolist()
+    packed = np.packbits(vectors >= 0, axis=-1)
+    return packed.astype(np.int16) - 128 if kind == "binary" else packed
 
 
-def encode_by_type(tensors: list[torch.Tensor], kinds: list[str]) -> dict[str, list]:
-    """Cohere embed v2 `embeddings`: for each requested type, one entry per input. float and base64 (of
-    little-endian float32) take any shape; binary and ubinary need one vector per input."""
-    embeddings: dict[str, list] = {}
+def quantize(vectors: np.ndarray, kind: str) -> np.ndarray:
+    """Cohere's int8 / uint8. Cohere publishes no rule, so polyvec's is per vector, from that vector alone (never
+    from the rest of the batch): int8 = round(127 * x / max|x|), in -127..127 (a zero vector stays 0); uint8 =
+    int8 + 128, in 1..255. The direction is kept (cosine to the float vector above 0.999 for sentence
+    embeddings), the length is not: compare codes by cosine, or normalize them before a dot product."""
+    peak = np.abs(vectors).max(axis=1, keepdims=True)
+    scaled = np.divide(vectors * 127, peak, out=np.zeros_like(vectors), where=peak > 0)
+    codes = np.rint(scaled)
+    return (codes + 128).astype(np.uint8) if kind == "uint8" else codes.astype(np.int8)
+
+
+def encode_by_type(tensors: list[torch.Tensor], kinds: list[str]) -> dict[str, Any]:
+    """Cohere embed `embeddings`: for each requested type, one entry per input (numpy arrays of codes, which
+    `VectorJSONResponse` writes as nested lists). float and base64 (of little-endian float32) take any shape;
+    int8, uint8, binary and ubinary need one vector per input."""
+    embeddings: dict[str, Any] = {}
+    vectors: np.ndarray | None = None
     for kind in kinds:
         if kind in ("float", "base64"):
             embeddings[kind] = [encode_json(t, kind, "float32", "little") for t in tensors]
-        else:
-            embeddings[kind] = pack_bits(np.stack([t.numpy() for t in tensors]), kind)
+            continue
+        if vectors is None:  # float64 holds every float32 / bfloat16 value exactly
+            vectors = np.stack([t.detach().to(torch.float64).numpy() for t in tensors])
+            if not np.isfinite(vectors).all():
+                raise RuntimeError("the model output a NaN or infinite value, which cannot be quantized")
+        embeddings[kind] = quantize(vectors, kind) if kind in ("int8", "uint8") else pack_bits(vectors, kind)
     return embeddings

@@ -1,4 +1,6 @@
-"""Prometheus metrics, in a registry of the app's own (several apps can live in one process, as in tests)."""
+"""Prometheus metrics, in a registry of the app's own (several apps can live in one process, as in tests):
+polyvec's `polyvec_*`, and vLLM's `vllm:*` names for what a pooling server has (labels `model_name`, `engine`),
+so existing vLLM dashboards read this server too."""
 
 from __future__ import annotations
 
@@ -10,9 +12,32 @@ _SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class ServerMetrics:
-    def __init__(self, queue_depth, pending):
+    def __init__(self, queue_depth, pending, model_name: str = ""):
         self.registry = CollectorRegistry()
         r = self.registry
+        labels = {"model_name": model_name, "engine": "0"}
+        names = list(labels)
+        Gauge("vllm:num_requests_waiting", "Requests waiting for the engine", names, registry=r).labels(
+            **labels
+        ).set_function(queue_depth)
+        Gauge("vllm:num_requests_running", "Requests in the engine", names, registry=r).labels(**labels).set_function(
+            lambda: max(0, pending() - queue_depth())
+        )
+        self.vllm_prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed", names, registry=r).labels(
+            **labels
+        )
+        self.vllm_success = Counter(
+            "vllm:request_success", "Requests finished", [*names, "finished_reason"], registry=r
+        ).labels(**labels, finished_reason="stop")
+        self.vllm_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Request latency", names, buckets=_LATENCY_BUCKETS, registry=r
+        ).labels(**labels)
+        self.vllm_request_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per request", names, buckets=_TOKEN_BUCKETS, registry=r
+        ).labels(**labels)
+        self.vllm_iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total", "Tokens per engine step", names, buckets=_TOKEN_BUCKETS, registry=r
+        ).labels(**labels)
         self.requests = Counter(
             "polyvec_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
@@ -40,6 +65,17 @@ class ServerMetrics:
         self.busy = Counter("polyvec_engine_busy_seconds", "Time the engine spent in forward passes", registry=r)
 
     def on_batch(self, tokens: int, seqs: int, seconds: float) -> None:
+        self.vllm_iteration_tokens.observe(tokens)
         self.batch_tokens.observe(tokens)
         self.batch_seqs.observe(seqs)
         self.busy.inc(seconds)
+
+    def on_request(self, prompt_tokens: list[int], seconds: float) -> None:
+        """One HTTP request's engine work done: its prompts' token counts and the time since it was received."""
+        total = sum(prompt_tokens)
+        self.prompt_tokens.inc(total)
+        self.vllm_prompt_tokens.inc(total)
+        self.vllm_success.inc(len(prompt_tokens))
+        for n in prompt_tokens:
+            self.vllm_request_tokens.observe(n)
+        self.vllm_e2e.observe(seconds)

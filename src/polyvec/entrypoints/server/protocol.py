@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
@@ -21,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     WrapValidator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -125,12 +127,17 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Texts = Annotated[list[str], Field(min_length=1)]
 PoolingInput = Annotated[str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)], _inputs("prompts")]
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
-EmbedDType = Literal["float32", "float16", "bfloat16"]
+EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 Endianness = Literal["native", "big", "little"]
 
 
+REQUEST_ID: ContextVar[str | None] = ContextVar("polyvec_request_id", default=None)
+"""The client's X-Request-Id, set by the server middleware for the request being handled."""
+
+
 def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A response id as vLLM makes it: the prefix and the client's X-Request-Id, else a random one."""
+    return f"{prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}"
 
 
 class StrictModel(BaseModel):
@@ -145,7 +152,7 @@ class VLLMCompatFields(StrictModel):
     priority: Annotated[int, INTEGRAL] = 0
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
-    """Accepted for vLLM compatibility; responses carry their own id."""
+    """Accepted for vLLM compatibility; as in vLLM, the response id comes from the X-Request-Id header."""
     cache_salt: str | None = None
     """Accepted for vLLM compatibility; ignored."""
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -164,6 +171,10 @@ class PoolingBase(VLLMCompatFields):
     maximum (0 is refused)."""
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens ([CLS] ... [SEP]) to text inputs."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end truncation cuts: right (the default) keeps the first tokens, left keeps the last ones."""
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    """Accepted for vLLM compatibility; polyvec never pads an input (outputs are the same either way)."""
 
 
 class EncodingFields(StrictModel):
@@ -176,10 +187,46 @@ class EncodingFields(StrictModel):
     """Byte order of base64 and bytes outputs."""
 
 
-class EmbeddingRequest(PoolingBase, EncodingFields):
-    """OpenAI `POST /v1/embeddings`."""
+class ChatMessage(BaseModel):
+    """One message of a conversation (OpenAI's chat format; fields other than these go to the template as-is)."""
 
-    input: PoolingInput
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    """A string, or content parts: {"type": "text", "text": ...} (image parts are refused)."""
+
+
+class ChatFields(StrictModel):
+    """vLLM's chat-style pooling requests: `messages` instead of `input`, rendered by the chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    """A conversation to embed as one input, rendered by the model's chat template (or --chat-template);
+    add_special_tokens then defaults to false, as the template writes the special tokens itself."""
+    add_generation_prompt: bool = False
+    """Append the template's generation prompt (the start of an assistant turn)."""
+    continue_final_message: bool = False
+    """End the text right after the last message, leaving it open."""
+    chat_template: str | None = None
+    """A template for this request (only with --trust-request-chat-template)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the template."""
+
+    @model_validator(mode="after")
+    def _input_or_messages(self) -> Any:
+        has_input = getattr(self, "input", None) is not None
+        if "input" in self.model_fields_set and not has_input:
+            _refuse(f"'input' must be {_SHAPES['prompts']}, not null", "input")
+        if self.messages is not None and has_input:
+            _refuse("give either 'input' or 'messages', not both", "messages")
+        if self.messages is None and not has_input:
+            _refuse("field 'input' is required (or 'messages' for a chat-style request)", "input")
+        return self
+
+
+class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
+    """OpenAI `POST /v1/embeddings`, and vLLM's chat-style form (`messages`)."""
+
+    input: PoolingInput | None = None
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     dimensions: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size (only for models trained for it)."""
@@ -210,10 +257,10 @@ class PoolingRequest(EmbeddingRequest):
     """Older name of use_activation for the classify tasks."""
 
 
-class ClassificationRequest(PoolingBase):
-    """vLLM `POST /classify`."""
+class ClassificationRequest(PoolingBase, ChatFields):
+    """vLLM `POST /classify`, and its chat-style form (`messages`)."""
 
-    input: PoolingInput
+    input: PoolingInput | None = None
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     use_activation: bool | None = None
     """Apply softmax (sigmoid for one-label or multi-label models); false returns logits."""
@@ -241,6 +288,12 @@ class ScoreRequest(PoolingBase):
     items: ScoreInput | None = None
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
+    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    """Embedding and late-interaction models: keep at most this many tokens of each query (0: no limit)."""
+    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    """Embedding and late-interaction models: keep at most this many tokens of each document (0: no limit)."""
+    instruction: str | None = None
+    """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
 
     def sides(self) -> tuple[tuple[str, ScoreInput], tuple[str, ScoreInput]]:
         """The two sides as (field name, value), from the first pair of field names the body gives."""
@@ -265,25 +318,73 @@ class RerankRequest(PoolingBase):
     """Include each document's text in the results."""
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
+    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    """Embedding and late-interaction models: keep at most this many tokens of each query (0: no limit)."""
+    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
+    """Embedding and late-interaction models: keep at most this many tokens of each document (0: no limit)."""
+    instruction: str | None = None
+    """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
 
 
-class CohereEmbedRequest(StrictModel):
-    """Cohere embed v2: `POST /v2/embed`."""
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+
+
+class CohereText(StrictModel):
+    """A text part of a Cohere `inputs` item."""
+
+    type: Literal["text"]
+    text: str
+
+
+class CohereImageURL(StrictModel):
+    url: str
+
+
+class CohereImage(StrictModel):
+    """An image part of a Cohere `inputs` item: refused with a 400 (images are not supported yet)."""
+
+    type: Literal["image_url"]
+    image_url: CohereImageURL
+
+
+class CohereEmbedInput(StrictModel):
+    """One Cohere v2 `inputs` item, embedded as one vector."""
+
+    content: Annotated[list[Annotated[CohereText | CohereImage, Field(discriminator="type")]], Field(min_length=1)]
+    """Its parts: text parts are joined with a newline; an image_url part is refused (not supported yet)."""
+
+
+class CohereEmbedV1Request(StrictModel):
+    """Cohere embed v1: `POST /v1/embed`."""
 
     model: str | None = None
     """Served model name."""
-    texts: Annotated[Texts, _inputs("texts")]
+    texts: Annotated[Texts, _inputs("texts")] | None = None
     """Texts to embed."""
+    images: list[str] | None = None
+    """Images as data URIs: refused with a 400 (images are not supported yet)."""
     input_type: str | None = None
-    """search_query, search_document, classification or clustering."""
-    embedding_types: list[Literal["float", "base64", "binary", "ubinary"]] | None = None
-    """Output types to return (default ["float"])."""
+    """search_query, search_document, classification or clustering: a late-interaction (ColBERT) model's query
+    or document mode, or the model's instruction prompt of that name (config_sentence_transformers.json)."""
+    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1)] | None = None
+    """Output types to return. v1 without it: the `embeddings_floats` response; v2 default ["float"]. int8 and
+    uint8 are scaled per vector (127 * x / max|x|, rounded; uint8 adds 128); binary and ubinary pack the sign
+    bits (set where x >= 0), most significant bit first, binary as the byte minus 128."""
     truncate: Literal["NONE", "START", "END"] = "END"
-    """END cuts over-long input at the end; NONE rejects it; START is not supported."""
+    """Over-long input: END cuts its end, START its beginning (keeping the last tokens), each to max_tokens or the
+    model's maximum input length; NONE rejects it."""
+
+
+class CohereEmbedRequest(CohereEmbedV1Request):
+    """Cohere embed v2: `POST /v2/embed`. Exactly one of `texts` and `inputs`."""
+
+    inputs: Annotated[list[CohereEmbedInput], Field(min_length=1)] | None = None
+    """Inputs of content parts (text only for now), each embedded as one vector."""
     output_dimension: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size."""
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
-    """Truncate each text to this many tokens."""
+    """At most this many tokens per input, special tokens included (at most the model's maximum input length);
+    longer input is cut as `truncate` says, or rejected with NONE."""
     priority: Annotated[int, INTEGRAL] = 0
     """Accepted for compatibility; ignored."""
 
@@ -398,16 +499,64 @@ class RerankResponse(BaseModel):
     usage: RerankUsage
 
 
-class CohereEmbedResponse(BaseModel):
+class CohereApiVersion(BaseModel):
+    version: str
+    """The route's API version: "1" or "2"."""
+
+
+class CohereBilledUnits(BaseModel):
+    input_tokens: int
+    """Tokens of all inputs after truncation, special tokens included."""
+
+
+class CohereMeta(BaseModel):
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+
+
+FloatEmbedding = list[float] | list[list[float]]
+"""One input's float vector, or its token matrix for multi-vector (late-interaction) models."""
+Int8Codes = list[list[Annotated[int, Field(ge=-128, le=127)]]]
+Uint8Codes = list[list[Annotated[int, Field(ge=0, le=255)]]]
+
+
+class CohereEmbeddingsByType(BaseModel):
+    """One list per requested type, one entry per input."""
+
+    float_: list[FloatEmbedding] | None = Field(None, alias="float")
+    int8: Int8Codes | None = None
+    uint8: Uint8Codes | None = None
+    binary: Int8Codes | None = None
+    """Sign bits packed 8 to a byte, most significant first, as the byte minus 128."""
+    ubinary: Uint8Codes | None = None
+    """Sign bits packed 8 to a byte, most significant first."""
+    base64: list[str] | None = None
+    """Base64 of each vector's little-endian float32 bytes."""
+
+
+class _CohereEmbed(BaseModel):
     id: str
-    embeddings: dict[str, list[Any]]
-    """Per requested type: float vectors (token matrices for multi-vector models), base64 strings, or
-    binary / ubinary bit-packed integers."""
-    texts: list[str]
+    texts: list[str] | None = None
+    """The texts, when the request gave `texts`."""
     shapes: list[list[int]] | None = None
+    """Multi-vector (late-interaction) models: each input's [n_tokens, dim]."""
     input_type: str | None = None
-    meta: dict[str, Any]
-    response_type: str
+    """Multi-vector models: the mode used, query or document."""
+    meta: CohereMeta
+
+
+class CohereEmbedResponse(_CohereEmbed):
+    """`/v2/embed`, and `/v1/embed` with embedding_types."""
+
+    response_type: Literal["embeddings_by_type"]
+    embeddings: CohereEmbeddingsByType
+
+
+class CohereEmbedFloatsResponse(_CohereEmbed):
+    """`/v1/embed` without embedding_types."""
+
+    response_type: Literal["embeddings_floats"]
+    embeddings: list[FloatEmbedding]
 
 
 class TokenizeResponse(BaseModel):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from ...chat import ChatError, find_template, load_template, render
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
@@ -45,18 +47,45 @@ class ServerState:
     metrics: ServerMetrics
     names: list[str]
     """Served model names; the first is the one responses report."""
+    _chat_template: str | None = field(default=None, init=False, repr=False)
+    _special_tokens: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
-        async_engine = AsyncEngine(engine)
-        metrics = ServerMetrics(lambda: async_engine.queue_depth, lambda: async_engine.num_pending)
+        async_engine = AsyncEngine(engine, warmup=config.warmup)
+        names = config.served_model_names or [engine.model_config.model]
+        metrics = ServerMetrics(lambda: async_engine.queue_depth, lambda: async_engine.num_pending, names[0])
         async_engine.on_batch = metrics.on_batch
         async_engine.on_abort = metrics.aborted.inc
-        return cls(engine, async_engine, config, metrics, config.served_model_names or [engine.model_config.model])
+        return cls(engine, async_engine, config, metrics, names)
 
     @property
     def model_config(self) -> ModelConfig:
         return self.engine.model_config
+
+    def chat_template(self) -> str | None:
+        """--chat-template, else the checkpoint's own (read once)."""
+        if self._chat_template is None:
+            mc = self.model_config
+            if self.config.chat_template is not None:
+                self._chat_template = load_template(self.config.chat_template)
+            else:
+                self._chat_template = find_template(mc.path, mc.tokenizer_path.parent) or ""
+        return self._chat_template or None
+
+    def special_tokens(self) -> dict[str, str]:
+        """bos_token, eos_token, ... as the template sees them (tokenizer_config.json; read once)."""
+        if self._special_tokens is None:
+            path = self.model_config.tokenizer_path.parent / "tokenizer_config.json"
+            config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            tokens = {}
+            for key, value in config.items():
+                if key.endswith("_token") and isinstance(value, dict):
+                    value = value.get("content")
+                if key.endswith("_token") and isinstance(value, str):
+                    tokens[key] = value
+            self._special_tokens = tokens
+        return self._special_tokens
 
 
 async def server_state(request: Request) -> ServerState:
@@ -106,6 +135,37 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     return PoolingParams(**{**values, **renamed})
 
 
+def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
+    """A pooling body's prompts and add_special_tokens: its `input` items, or its conversation (`messages`)
+    rendered by the chat template as one text, which then gets no special tokens unless the body asks."""
+    if req.messages is None:
+        return prompts_of(state, req.input), req.add_special_tokens
+    if req.chat_template is not None and not state.config.trust_request_chat_template:
+        raise APIError(
+            400,
+            "a request's own chat_template needs the server flag --trust-request-chat-template",
+            "chat_template",
+        )
+    template = req.chat_template or state.chat_template()
+    if template is None:
+        raise APIError(
+            400, "this model has no chat template; start the server with --chat-template to embed messages", "messages"
+        )
+    try:
+        text = render(
+            template,
+            [m.model_dump(exclude_unset=True) for m in req.messages],
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            special_tokens=state.special_tokens(),
+            **(req.chat_template_kwargs or {}),
+        )
+    except ChatError as exc:
+        raise APIError(400, str(exc), "messages") from None
+    add_special = req.add_special_tokens if "add_special_tokens" in req.model_fields_set else False
+    return [text], add_special
+
+
 Locate = Callable[[int], tuple[str, str]]
 """Prompt index → (how messages name it, the request field), for routes whose prompts are not one field's items."""
 
@@ -151,6 +211,7 @@ async def run_pooling(
 ) -> list:
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
     input is a 400 that names the field and item."""
+    start = time.perf_counter()
     try:
         requests = await state.async_engine.process(prompts, params, task, **kwargs)
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
@@ -160,12 +221,15 @@ async def run_pooling(
             where, param = f"{exc.subject} {exc.index}", field
         else:
             where, param = f"'{field}' item {exc.index}", field
-        raise APIError(400, where + exc.detail, param) from None
+        error = APIError(400, where + exc.detail, param)
+        if exc.num_tokens is not None and exc.max_len is not None:
+            error.too_long = (exc.num_tokens, exc.max_len)
+        raise error from None
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc)) from None
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
-    state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outputs))
+    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)
     return outputs
 
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from . import cohere, embeddings, score, utility
+from . import cohere, embeddings, sagemaker, score, utility
 
-ROUTERS = (embeddings.router, score.router, cohere.router, utility.router)
+ROUTERS = (embeddings.router, score.router, cohere.router, utility.router, sagemaker.router)

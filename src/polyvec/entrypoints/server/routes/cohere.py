@@ -1,4 +1,7 @@
-"""Cohere embed v2: `/v2/embed`, with float, base64, binary and ubinary embedding types."""
+"""Cohere embed: `/v2/embed` and `/v1/embed`, for text (`texts`, or v2 `inputs` of text parts), with every
+embedding type (float, int8, uint8, binary, ubinary, base64: see `encode_by_type`) and truncate END, START or
+NONE. Images (the `images` field, image_url parts, input_type "image") are refused with a 400, never dropped.
+"""
 
 from __future__ import annotations
 
@@ -14,37 +17,104 @@ from ..serving import State, check_model, pooling_params, prompts_of, run_poolin
 
 router = APIRouter()
 
+_NO_IMAGES = "images are not supported yet; this server embeds text"
+
 
 @router.post("/v2/embed", summary="Cohere embed v2", responses={200: {"model": P.CohereEmbedResponse}, **POST_ERRORS})
 async def cohere_embed(req: P.CohereEmbedRequest, raw: Request, state: State) -> Response:
+    return await _embed(req, raw, state, "2")
+
+
+@router.post(
+    "/v1/embed",
+    summary="Cohere embed v1",
+    responses={200: {"model": P.CohereEmbedFloatsResponse | P.CohereEmbedResponse}, **POST_ERRORS},
+)
+async def cohere_embed_v1(req: P.CohereEmbedV1Request, raw: Request, state: State) -> Response:
+    return await _embed(req, raw, state, "1")
+
+
+async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, version: str) -> Response:
     check_model(state, req.model)
-    if req.truncate == "START":
-        raise APIError(400, "truncate='START' is not supported; use END or NONE", "truncate")
-    params = pooling_params(req, dimensions=req.output_dimension, truncate_prompt_tokens=req.max_tokens)
-    kinds: list[str] = list(req.embedding_types or ["float"])
+    field, texts = _texts(req)
+    if req.input_type == "image":
+        raise APIError(400, f"input_type 'image' is for images; {_NO_IMAGES}", "input_type")
+    v2 = req if isinstance(req, P.CohereEmbedRequest) else None
+    max_tokens = v2.max_tokens if v2 else None
+    limit = state.model_config.max_model_len
+    if max_tokens is not None and max_tokens > limit:
+        raise APIError(400, f"max_tokens={max_tokens} is more than the model's max_model_len ({limit})", "max_tokens")
+    kinds = list(dict.fromkeys(req.embedding_types or ["float"]))
     multi = state.engine.is_late_interaction
     if multi and set(kinds) - {"float", "base64"}:
         raise APIError(400, "a late-interaction model returns float or base64 token matrices only", "embedding_types")
+    # END and START always cut (to max_tokens, else the model's maximum), whatever the server's --long-input.
+    cut = None if req.truncate == "NONE" else (max_tokens or -1)
+    params = pooling_params(req, dimensions=v2.output_dimension if v2 else None, truncate_prompt_tokens=cut)
+    side: dict[str, Any] = {"truncation_side": "left"} if req.truncate == "START" else {}  # keep the last tokens
     outputs = await run_pooling(
         state,
         raw,
-        prompts_of(state, req.texts, "texts"),
+        prompts_of(state, texts, field),
         params,
         "token_embed" if multi else "embed",
-        field="texts",
+        field=field,
         truncation="error" if req.truncate == "NONE" else "auto",
+        **side,
     )
+    if req.truncate == "NONE" and max_tokens is not None:  # checked after the run, as vLLM does
+        for i, o in enumerate(outputs):
+            if len(o.prompt_token_ids) > max_tokens:
+                raise APIError(
+                    400,
+                    f"'{field}' item {i} has {len(o.prompt_token_ids)} tokens, more than max_tokens={max_tokens}; "
+                    "truncate='NONE' rejects it (END or START would cut it)",
+                    "max_tokens",
+                )
     tensors = [o.outputs.data for o in outputs]
-    try:
-        embeddings = encode_by_type(tensors, kinds)
-    except ValueError as exc:  # binary / ubinary of a dimension not divisible by 8
-        raise APIError(400, str(exc), "embedding_types") from None
-    tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    body: dict[str, Any] = {"id": P.random_id("embd"), "embeddings": embeddings, "texts": req.texts}
+    body: dict[str, Any]
+    if version == "1" and req.embedding_types is None:
+        body = {"response_type": "embeddings_floats", "id": P.random_id("embd")}
+        body["embeddings"] = encode_by_type(tensors, ["float"])["float"]
+    else:
+        try:
+            embeddings = encode_by_type(tensors, kinds)
+        except ValueError as exc:  # binary / ubinary of a dimension not divisible by 8
+            raise APIError(400, str(exc), "embedding_types") from None
+        body = {"response_type": "embeddings_by_type", "id": P.random_id("embd"), "embeddings": embeddings}
+    if field == "texts":
+        body["texts"] = texts
     if multi:
         body |= {"shapes": [list(t.shape) for t in tensors], "input_type": outputs[0].input_type}
-    body |= {
-        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
-        "response_type": "embeddings_by_type",
-    }
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    body["meta"] = {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
     return VectorJSONResponse(body)
+
+
+def _texts(req: P.CohereEmbedV1Request) -> tuple[str, list[str]]:
+    """The texts to embed and the field they come from: `texts`, or v2 `inputs` (each item's text parts joined
+    with a newline, as vLLM joins text parts); any image is refused."""
+    if req.images is not None:
+        raise APIError(400, f"'images': {_NO_IMAGES} (send 'texts')", "images")
+    inputs = req.inputs if isinstance(req, P.CohereEmbedRequest) else None
+    if req.texts is not None:
+        if inputs is not None:
+            raise APIError(400, "give one of 'texts' and 'inputs', not both", "inputs")
+        return "texts", req.texts
+    if inputs is None:
+        needed = "one of 'texts' and 'inputs' is" if isinstance(req, P.CohereEmbedRequest) else "field 'texts' is"
+        raise APIError(400, f"{needed} required", "texts")
+    texts = []
+    for i, item in enumerate(inputs):
+        parts = []
+        for j, part in enumerate(item.content):
+            where = f"'inputs' item {i} content {j}"
+            if isinstance(part, P.CohereImage):
+                raise APIError(400, f"{where} is an image_url part; {_NO_IMAGES}", "inputs")
+            try:
+                part.text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, f"{where} is not valid UTF-8 text (lone surrogate)", "inputs") from None
+            parts.append(part.text)
+        texts.append("\n".join(parts))
+    return "inputs", texts

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
-from ..errors import POST_ERRORS, APIError
-from ..serving import State, check_model, encoded_response, pooling_params, prompts_of, run_pooling
+from ..errors import POST_ERRORS
+from ..serving import State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
 
 router = APIRouter()
 
@@ -33,13 +33,15 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     model = check_model(state, req.model)
     multi = state.engine.is_late_interaction
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
+    prompts, add_special_tokens = request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
-        prompts_of(state, req.input),
+        prompts,
         pooling_params(req),
         "token_embed" if multi else "embed",
-        add_special_tokens=req.add_special_tokens,
+        add_special_tokens=add_special_tokens,
+        truncation_side=req.truncation_side,
     )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
@@ -47,16 +49,18 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
 @router.post("/pooling", summary="vLLM pooling: any task", responses=_encoded(P.PoolingResponse))
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    supported = state.engine.supported_tasks
-    task = req.task
-    if task is None:
-        task = next((t for t in ("token_embed", "token_classify") if t in supported), None)
-        if task is None:
-            raise APIError(400, f"'task' is required for this model; it supports: {', '.join(supported)}", "task")
+    task = req.task or state.engine.pooling_task  # vLLM: a request without a task gets the model's own
+    prompts, add_special_tokens = request_prompts(state, req)
     outputs = await run_pooling(
-        state, raw, prompts_of(state, req.input), pooling_params(req), task, add_special_tokens=req.add_special_tokens
+        state,
+        raw,
+        prompts,
+        pooling_params(req),
+        task,
+        add_special_tokens=add_special_tokens,
+        truncation_side=req.truncation_side,
     )
-    return encoded_response(req, outputs, "pool", "pooling", "data", model, with_shape=True)
+    return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
 
 
 @router.post(
@@ -66,13 +70,15 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
 )
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
+    prompts, add_special_tokens = request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
-        prompts_of(state, req.input),
+        prompts,
         pooling_params(req),
         "classify",
-        add_special_tokens=req.add_special_tokens,
+        add_special_tokens=add_special_tokens,
+        truncation_side=req.truncation_side,
     )
     id2label = state.model_config.id2label
     data = []

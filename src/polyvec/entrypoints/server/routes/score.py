@@ -9,9 +9,11 @@ from fastapi.responses import Response
 
 from ....scoring import plan_scores
 from .. import protocol as P
+from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
 from ..errors import POST_ERRORS, APIError
 from ..serving import ServerState, State, check_model, pooling_params, prompts_of, run_pooling
+from . import tei
 
 router = APIRouter()
 
@@ -49,7 +51,19 @@ async def score_pairs(
 
     # A score body's use_activation is the cross-encoder's sigmoid; embedding scores keep the model's default.
     params = pooling_params(req, use_activation=req.use_activation if plan.task == "classify" else None)
-    outputs = await run_pooling(state, raw, plan.prompts, plan.params(params), plan.task, locate=locate)
+    if req.instruction is not None:  # it would change scores in vLLM; silently dropping it would not
+        raise APIError(
+            400, "'instruction' needs a reranker whose chat template uses it; this model has none", "instruction"
+        )
+    try:
+        per_prompt = plan.params(params, req.max_tokens_per_query, req.max_tokens_per_doc)
+    except ValueError as exc:
+        raise APIError(
+            400, str(exc), "max_tokens_per_query" if req.max_tokens_per_query else "max_tokens_per_doc"
+        ) from None
+    outputs = await run_pooling(
+        state, raw, plan.prompts, per_prompt, plan.task, locate=locate, truncation_side=req.truncation_side
+    )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
 
@@ -79,12 +93,19 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         results.append(item)
     return VectorJSONResponse(
         {
-            "id": P.random_id("rerank"),
+            "id": P.random_id("score"),  # vLLM serves rerank from its scoring handler
             "model": model,
             "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )
+
+
+async def _rerank_or_tei(req: T.RerankBody, raw: Request, state: State) -> Response:
+    """/rerank: Jina / Cohere / vLLM's body, or TEI's (`texts` and no `documents`; routes/tei.py answers it)."""
+    if isinstance(req, T.TEIRerankRequest):
+        return await tei.rerank(req, raw, state)
+    return await _rerank(req, raw, state)
 
 
 _SCORE: dict[int | str, dict[str, Any]] = {200: {"model": P.ScoreResponse}, **POST_ERRORS}
@@ -93,5 +114,15 @@ _RERANK: dict[int | str, dict[str, Any]] = {200: {"model": P.RerankResponse}, **
 # One handler per family under several paths; the names stay `_score` / `_rerank` so OpenAPI operation ids hold.
 for _path in ("/score", "/v1/score"):
     router.post(_path, summary="vLLM score (1:1, 1:N, N:N)", responses=_SCORE)(_score)
-for _path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+# /rerank also takes TEI's body; its route keeps the name `_rerank` (and so its operation id).
+router.add_api_route(
+    "/rerank",
+    _rerank_or_tei,
+    methods=["POST"],
+    name="_rerank",
+    summary="Jina / Cohere / TEI rerank",
+    responses=tei.shared_responses(_RERANK, T.TEIRerankResponse),
+    route_class_override=tei.SharedRoute,
+)
+for _path in ("/v1/rerank", "/v2/rerank"):
     router.post(_path, summary="Jina / Cohere rerank", responses=_RERANK)(_rerank)

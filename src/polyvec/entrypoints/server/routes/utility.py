@@ -18,8 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .... import __version__
 from ....tokenizer import PolyTokenizer
 from .. import protocol as P
+from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
 from ..serving import State, check_model
+from . import tei
 
 router = APIRouter()
 
@@ -70,13 +72,25 @@ _TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": P.Tokeniz
 _DETOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": P.DetokenizeResponse}, **POST_ERRORS}
 
 
-@router.post("/tokenize", summary="Tokenize text", response_class=Response, responses=_TOKENIZE_RESPONSES)
-async def tokenize(req: P.TokenizeRequest, state: State) -> Response:
+async def tokenize(req: T.TokenizeBody, state: State) -> Response:
     """`{"count", "max_model_len", "tokens", "token_strs"}`: the prompt's token ids (and their strings when
-    `return_token_strs`)."""
+    `return_token_strs`). TEI's body (`inputs`, no `prompt`) gets TEI's tokens instead (routes/tei.py)."""
+    if isinstance(req, T.TEITokenizeRequest):
+        return await tei.tokenize(req, state)
     check_model(state, req.model)
     body = await state.async_engine.call(_tokenize, state.engine.tokenizer, req, state.model_config.max_model_len)
     return Response(body, media_type="application/json")
+
+
+router.add_api_route(
+    "/tokenize",
+    tokenize,
+    methods=["POST"],
+    summary="Tokenize text (vLLM's or TEI's body)",
+    response_class=Response,
+    responses=tei.shared_responses(_TOKENIZE_RESPONSES, T.TEITokenizeResponse, backend=False),
+    route_class_override=tei.SharedRoute,
+)
 
 
 @router.post("/detokenize", summary="Detokenize token ids", response_class=Response, responses=_DETOKENIZE_RESPONSES)

@@ -1,0 +1,77 @@
+"""SageMaker's contract, as vLLM serves it: `POST /invocations` (any pooling request, routed by its shape) and
+`GET|POST /ping` (the health check)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from .. import protocol as P
+from ..errors import POST_ERRORS, APIError
+from ..serving import State
+from . import embeddings, score
+
+router = APIRouter()
+
+
+def _handlers(state: Any) -> list[tuple[type[BaseModel], Any]]:
+    """The request shapes this model answers, in vLLM's order: embeddings, classification, rerank, score, pooling."""
+    engine = state.engine
+    out: list[tuple[type[BaseModel], Any]] = []
+    if "embed" in engine.supported_tasks or engine.is_late_interaction:
+        out.append((P.EmbeddingRequest, embeddings.create_embeddings))
+    if "classify" in engine.supported_tasks:
+        out.append((P.ClassificationRequest, embeddings.create_classify))
+    out += [
+        (P.RerankRequest, score._rerank),
+        (P.ScoreRequest, score._score),
+        (P.PoolingRequest, embeddings.create_pooling),
+    ]
+    return out
+
+
+@router.post(
+    "/invocations",
+    summary="SageMaker: any pooling request, routed by its fields",
+    response_class=Response,
+    responses={200: {"description": "The response of the endpoint whose request shape the body has"}, **POST_ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+            "description": "A /v1/embeddings, /classify, /rerank, /score or /pooling body",
+        }
+    },
+)
+async def invocations(raw: Request, state: State) -> Response:
+    try:
+        body = orjson.loads(await raw.body())
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"JSON decode error: {exc}") from None
+    handlers = _handlers(state)
+    for model, handler in handlers:
+        try:
+            req = model.model_validate(body)
+        except ValidationError:
+            continue
+        return await handler(req, raw, state)
+    names = ", ".join(m.__name__ for m, _ in handlers)
+    raise APIError(400, f"Cannot find suitable handler for request. Expected one of: [{names}]")
+
+
+async def _ping() -> Response:
+    return Response(status_code=200)
+
+
+router.add_api_route(
+    "/ping",
+    _ping,
+    methods=["GET", "POST"],
+    summary="Liveness (SageMaker)",
+    response_class=Response,
+    response_description="The server is up; the body is empty (no API key needed)",
+)

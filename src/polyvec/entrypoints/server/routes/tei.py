@@ -1,0 +1,617 @@
+"""Hugging Face text-embeddings-inference (TEI): `/embed`, `/embed_all`, `/predict`, `/similarity`, `/decode`, `/info`,
+and TEI's bodies of `/rerank` and `/tokenize`, so that a TEI client switches by base URL.
+
+`/rerank` and `/tokenize` are shared with vLLM's bodies: routes/score.py and routes/utility.py take either
+(protocol_tei.RerankBody, TokenizeBody) and hand TEI's to `rerank` and `tokenize` here. Bodies, defaults and
+responses follow TEI (protocol_tei.py). Failures answer TEI's `{"error", "error_type"}` with its statuses: Validation
+and Tokenizer 422, Empty 400, Backend 424 (the model cannot do what the route asks); refusals made before routing
+(API key, body size and time, overload: ServerMiddleware) keep polyvec's error body.
+
+TEI's `truncate` and `truncation_direction` are the engine's truncation and truncation side for the request
+(null `truncate`: the server's --truncation). The engine applies a model prompt by input_type only, so inputs with
+a `prompt_name` are prompted and tokenized here and reach the engine as token ids. Scores follow TEI: /predict is the
+softmax (sigmoid for one label) of the logits, /rerank the sigmoid of a cross-encoder's logit; an embedding model
+ranks by cosine and a late-interaction one by MaxSim, as polyvec's own /rerank does (TEI refuses both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .... import __version__
+from ....engine.engine import Engine
+from ....pooling_params import PoolingParams
+from ....scoring import plan_scores
+from ....tokenizer import PolyTokenizer
+from .. import protocol_tei as T
+from ..encoding import VectorJSONResponse, float_array
+from ..errors import APIError, ErrorResponse, error_responses, shorten, validation_message
+from ..serving import ServerState, State, run_pooling
+
+# ---------------------------------------------------------------------------------------------- errors
+
+_STATUS = {"Unhealthy": 503, "Backend": 424, "Overloaded": 429, "Validation": 422, "Tokenizer": 422, "Empty": 400}
+
+
+class _TEIJSON(JSONResponse):
+    """ASCII-escaped, so that a message quoting a client's lone surrogate still encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+class TEIError(Exception):
+    """A refusal in TEI's terms: `{"error": message, "error_type": kind}` with the kind's status (or `status`)."""
+
+    def __init__(self, kind: T.TEIErrorType, message: str, status: int | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.status = kind, message, status or _STATUS[kind]
+
+    def response(self) -> Response:
+        return _TEIJSON({"error": self.message, "error_type": self.kind}, status_code=self.status)
+
+
+def invalid(message: str) -> TEIError:
+    """TEI's validation error (its core's wording: "Input validation error: ...")."""
+    return TEIError("Validation", f"Input validation error: {message}")
+
+
+def _empty_input(name: str = "inputs") -> TEIError:
+    return TEIError("Empty", f"Input validation error: `{name}` cannot be empty")
+
+
+def _not_embedding() -> TEIError:
+    return TEIError("Backend", "Backend error: Model is not an embedding model")
+
+
+def _from_api_error(exc: APIError) -> TEIError:
+    """polyvec's refusal (serving helpers, engine) in TEI's terms: an over-long input in TEI's words, anything else
+    (a token id outside the vocabulary, too many tokens per request, ...) a validation error."""
+    if exc.too_long is not None:
+        given, most = exc.too_long
+        return invalid(f"`inputs` must have less than {most} tokens. Given: {given}")
+    return invalid(exc.message)
+
+
+@contextmanager
+def _as_tei() -> Iterator[None]:
+    """APIError from the shared serving helpers as TEIError (for TEI bodies on the shared routes)."""
+    try:
+        yield
+    except APIError as exc:
+        if exc.status == 499:  # the client left: nobody reads the body
+            raise
+        raise _from_api_error(exc) from None
+
+
+_TAGS = (T.TEI_TAG, T.POLYVEC_TAG)
+
+
+def _untagged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors without the union tag a shared route's body puts after "body" in their location."""
+    out = []
+    for e in errors:
+        loc = tuple(e.get("loc", ()))
+        if len(loc) > 1 and loc[1] in _TAGS:
+            e = {**e, "loc": loc[:1] + loc[2:]}
+        out.append(e)
+    return out
+
+
+def _body_error(exc: RequestValidationError) -> TEIError:
+    """A body that failed validation: 400 when it is empty or no JSON, else 422 (as TEI's JSON extractor)."""
+    message, _ = validation_message(exc)
+    first = (exc.errors() or [{}])[0]
+    if first.get("type") == "json_invalid":
+        return TEIError("Validation", message, 400)
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):  # an empty body
+        return TEIError("Validation", "the request body is empty; send a JSON object", 400)
+    return TEIError("Validation", message)
+
+
+def _unparsable(exc: StarletteHTTPException) -> TEIError:
+    """FastAPI's 400 for a body json.loads failed on (undecodable bytes, too deep, too many digits)."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return TEIError("Validation", "the request body is nested too deeply", 400)
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return TEIError("Validation", "the request body has a number with too many digits", 400)
+    return TEIError("Validation", "the request body is not valid JSON (it must be UTF-8 encoded JSON)", 400)
+
+
+class TEIRoute(APIRoute):
+    """A TEI route: its failures answer TEI's error body."""
+
+    tei_by_default = True
+    """Body errors not tagged by a shared body's union (unparsable or empty bodies) are TEI's."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        tei_by_default = self.tei_by_default
+
+        async def tei_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except TEIError as exc:
+                return exc.response()
+            except RequestValidationError as exc:
+                errors = exc.errors()
+                tag = errors[0].get("loc", (None, None))[1:2] if errors else ()
+                untagged = RequestValidationError(_untagged(list(errors)), body=exc.body)
+                if tag == (T.TEI_TAG,) or (tei_by_default and tag != (T.POLYVEC_TAG,)):
+                    return _body_error(untagged).response()
+                raise untagged from None  # polyvec's body: app.py's handler answers it
+            except StarletteHTTPException as exc:
+                if not tei_by_default or exc.status_code != 400:
+                    raise
+                return _unparsable(exc).response()
+            except APIError as exc:
+                if not tei_by_default or exc.status == 499:
+                    raise
+                return _from_api_error(exc).response()
+
+        return tei_handler
+
+
+class SharedRoute(TEIRoute):
+    """A path that takes polyvec's body or TEI's (`RerankBody`, `TokenizeBody`): errors of TEI's body are TEI's,
+    all others polyvec's (the TEI handlers raise TEIError themselves)."""
+
+    tei_by_default = False
+
+
+router = APIRouter(route_class=TEIRoute)
+
+# ---------------------------------------------------------------------------------------------- OpenAPI
+
+_TEI_DESCRIPTIONS = {
+    400: "Empty input (error_type Empty), or a body that is not a JSON object",
+    422: "Invalid input (error_type Validation): a wrong field, an unknown prompt_name, an over-long input with "
+    "truncate false, too many inputs (--max-inputs-per-request) or tokens (--max-tokens-per-request)",
+    424: "The model cannot do this (error_type Backend), e.g. /predict on an embedding model",
+}
+
+
+def tei_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for TEI's error statuses, each with the `TEIErrorResponse` schema."""
+    return {s: {"model": T.TEIErrorResponse, "description": _TEI_DESCRIPTIONS[s]} for s in statuses}
+
+
+# Before routing, ServerMiddleware answers 401, 408, 413, 429 and 500 with polyvec's error body.
+_MIDDLEWARE_ERRORS = error_responses(401, 408, 413, 429, 500)
+
+
+def _responses(model: type, backend: bool = True) -> dict[int | str, dict[str, Any]]:
+    codes = (400, 422, 424) if backend else (400, 422)
+    return {200: {"model": model}, **tei_error_responses(*codes), **_MIDDLEWARE_ERRORS}
+
+
+def shared_responses(
+    polyvec: dict[int | str, dict[str, Any]], tei_model: type, backend: bool = True
+) -> dict[int | str, dict[str, Any]]:
+    """A shared route's responses: polyvec's and TEI's 200 and 400 bodies, TEI's 422 (and 424)."""
+    return {
+        **polyvec,
+        200: {"model": polyvec[200]["model"] | tei_model},
+        400: {
+            "model": ErrorResponse | T.TEIErrorResponse,
+            "description": f"{polyvec[400]['description']} (TEI's body: {_TEI_DESCRIPTIONS[400]})",
+        },
+        **tei_error_responses(*((422, 424) if backend else (422,))),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def _check_batch(state: ServerState, n: int, name: str) -> None:
+    """TEI's batch checks: not empty, at most max_client_batch_size (--max-inputs-per-request) items."""
+    if n == 0:
+        raise TEIError("Empty", f"`{name}` cannot be empty")
+    most = state.config.max_inputs_per_request
+    if n > most:
+        raise TEIError("Validation", f"batch size {n} > maximum allowed batch size {most}")
+
+
+def _embed_inputs(state: ServerState, inputs: str | list) -> list:
+    """TEI's `Input` as prompts: one string or token-id list, or a batch of them."""
+    if isinstance(inputs, str) or all(isinstance(x, int) for x in inputs):  # [] is one empty id list, as in TEI
+        prompts = [inputs]
+    else:
+        prompts = list(inputs)
+        _check_batch(state, len(prompts), "inputs")
+    if not all(prompts):
+        raise _empty_input()
+    return prompts
+
+
+def _chars(prompts: list) -> int:
+    """TEI's x-compute-characters: characters of texts, ids of token-id inputs."""
+    return sum(sum(map(len, p)) if isinstance(p, tuple) else len(p) for p in prompts)
+
+
+def _prompt_text(state: ServerState, name: str | None) -> str | None:
+    """The text of the prompt `prompt_name` names (None when not given), refused in TEI's words if the model has
+    no such prompt."""
+    if name is None:
+        return None
+    prompts = state.model_config.prompts
+    quoted = shorten(name)
+    if not prompts:
+        raise invalid(
+            f"`default-prompt-name` is set to `{quoted}` but no prompts were found in the Sentence Transformers "
+            "configuration"
+        )
+    if name not in prompts:
+        available = "[" + ", ".join(json.dumps(k) for k in prompts) + "]"
+        raise invalid(
+            f"`default-prompt-name` is set to `{quoted}` but it was not found in the Sentence Transformers prompts. "
+            f"Available prompts: {available}"
+        )
+    return prompts[name]
+
+
+def _default_prompt(state: ServerState) -> str:
+    """The prompt the engine puts before text inputs by default (InputProcessor._with_prompt)."""
+    mc = state.model_config
+    if not mc.prompts or state.engine.is_late_interaction or not mc.default_prompt_name:
+        return ""
+    return mc.prompts.get(mc.default_prompt_name, "")
+
+
+def _truncation(truncate: bool | None, direction: str) -> tuple[dict[str, Any], str | None]:
+    """TEI's `truncate` and `truncation_direction` for the engine: run_pooling's `truncation` and
+    `truncation_side`, and PoolingParams.long_input (null `truncate`: the server's --truncation)."""
+    kwargs: dict[str, Any] = {"truncation_side": "left"} if direction in ("Left", "left") else {}  # keep the end
+    if truncate is None:
+        return kwargs, None
+    # true cuts even where the server splits long input into windows; false refuses it unless the server does
+    return {**kwargs, "truncation": "auto" if truncate else "error"}, "truncate" if truncate else None
+
+
+def _with_long_input(params: PoolingParams | list[PoolingParams], long_input: str | None) -> Any:
+    if long_input is None:
+        return params
+    if isinstance(params, PoolingParams):
+        return dataclasses.replace(params, long_input=long_input)
+    copies: dict[int, PoolingParams] = {}  # one copy per distinct object: the engine verifies each once
+    return [copies.setdefault(id(p), dataclasses.replace(p, long_input=long_input)) for p in params]
+
+
+def _prompted(engine: Engine, prompts: list, prompt: str) -> list:
+    """Prompts with the text of `prompt_name` before each text, as token ids (the engine knows prompts by
+    input_type only, and would put the model's default prompt before a text); a token-id input is decoded and
+    prompted too, as in TEI."""
+    tokenizer = engine.tokenizer
+    vocab = tokenizer.vocab_size
+    texts = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, list):
+            if any(t >= vocab for t in p):
+                raise invalid(f"`inputs` item {i} has token ids outside the vocabulary (size {vocab})")
+            p = tokenizer.decode(p, skip_special_tokens=True)
+        texts.append(prompt + p)
+    return [enc.input_ids for enc in tokenizer.encode(texts, 1 << 62, truncate=False)]
+
+
+async def _run(
+    state: ServerState,
+    raw: Request,
+    prompts: list,
+    params: PoolingParams | list[PoolingParams],
+    task: str,
+    options: T.TruncationOptions,
+    *,
+    prompt_name: str | None = None,
+    field: str = "inputs",
+    locate: Callable[[int], tuple[str, str]] | None = None,
+) -> list:
+    """`run_pooling` with TEI's truncate, truncation_direction and prompt_name."""
+    kwargs, long_input = _truncation(options.truncate, options.truncation_direction)
+    prompt = _prompt_text(state, prompt_name)
+    if prompt is not None:
+        prompts = await state.async_engine.call(_prompted, state.engine, prompts, prompt)
+    params = _with_long_input(params, long_input)
+    return await run_pooling(state, raw, prompts, params, task, field=field, locate=locate, **kwargs)
+
+
+def _headers(state: ServerState, start: float, outputs: list, chars: int) -> dict[str, str]:
+    """TEI's x-compute-* headers, less its per-stage times (requests share the engine's batches)."""
+    ms = str(int((time.perf_counter() - start) * 1000))
+    return {
+        "x-compute-type": "gpu" if state.engine.device.type == "cuda" else "cpu",
+        "x-compute-time": ms,
+        "x-compute-characters": str(chars),
+        "x-compute-tokens": str(sum(len(o.prompt_token_ids) for o in outputs)),
+        "x-total-time": ms,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+
+
+def _dimensions(state: ServerState, dimensions: int | None) -> int | None:
+    """TEI's `dimensions`, checked as TEI does; None when the whole vector is asked for."""
+    if dimensions is None:
+        return None
+    if dimensions == 0:
+        raise invalid("`dimensions` should be positive")
+    mc = state.model_config
+    full = mc.pooler_config.dimensions or mc.embed_dim
+    if dimensions > full:
+        raise invalid("`dimensions` should be smaller than the maximum embedding dimension.")
+    return None if dimensions == full else dimensions
+
+
+@router.post("/embed", summary="TEI embed", responses=_responses(T.TEIEmbedResponse))
+async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
+    """One vector per input, `[[float, ...], ...]`; `dimensions` keeps the first values of the vector (for any
+    model, as TEI), then `normalize` L2-normalizes it."""
+    start = time.perf_counter()
+    if "embed" not in state.engine.supported_tasks:
+        raise _not_embedding()
+    prompts = _embed_inputs(state, req.inputs)
+    dims = _dimensions(state, req.dimensions)
+    params = PoolingParams(use_activation=req.normalize and dims is None)  # with dimensions: normalized below
+    outputs = await _run(state, raw, prompts, params, "embed", req, prompt_name=req.prompt_name)
+    vectors = []
+    for o in outputs:
+        v = o.outputs.data
+        if dims is not None:
+            v = v[:dims].double()
+            v = F.normalize(v, dim=-1) if req.normalize else v
+        vectors.append(float_array(v))
+    return VectorJSONResponse(vectors, headers=_headers(state, start, outputs, _chars(prompts)))
+
+
+@router.post("/embed_all", summary="TEI embed_all: token vectors", responses=_responses(T.TEIEmbedAllResponse))
+async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Response:
+    """Per input, one vector per token, `[[[float, ...], ...], ...]`: the model's token states, not normalized
+    (a late-interaction model's normalized token vectors)."""
+    start = time.perf_counter()
+    if "token_embed" not in state.engine.supported_tasks:
+        raise _not_embedding()
+    prompts = _embed_inputs(state, req.inputs)
+    # TEI returns raw token states; a ColBERT model's vectors are normalized as the model was trained
+    params = PoolingParams(use_activation=None if state.engine.is_late_interaction else False)
+    outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name)
+    matrices = [float_array(o.outputs.data) for o in outputs]
+    return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))
+
+
+@router.post("/similarity", summary="TEI sentence similarity", responses=_responses(T.TEISimilarityResponse))
+async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) -> Response:
+    """The cosine similarity of each of `inputs.sentences` with `inputs.source_sentence`, `[float, ...]`."""
+    start = time.perf_counter()
+    if "embed" not in state.engine.supported_tasks:
+        raise _not_embedding()
+    source, sentences = req.inputs.source_sentence, req.inputs.sentences
+    if not sentences:
+        raise TEIError("Empty", "`inputs.sentences` cannot be empty")
+    _check_batch(state, len(sentences) + 1, "inputs.sentences")
+    prompts = [source, *sentences]
+    if not all(prompts):
+        raise _empty_input()
+    options = req.parameters or T.TEISimilarityParameters()
+    outputs = await _run(state, raw, prompts, PoolingParams(), "embed", options, prompt_name=options.prompt_name)
+    vectors = torch.stack([o.outputs.data for o in outputs]).float()
+    scores = F.cosine_similarity(vectors[:1], vectors[1:], dim=-1)
+    return VectorJSONResponse(float_array(scores), headers=_headers(state, start, outputs, _chars(prompts)))
+
+
+# ---------------------------------------------------------------------------------------------- classification
+
+
+def _predict_inputs(state: ServerState, inputs: str | list) -> tuple[bool, list[str | tuple[str, str]]]:
+    """TEI's `PredictInput`: (whether it is one input, its texts and text pairs)."""
+    items: list[Any]
+    if isinstance(inputs, str) or isinstance(inputs[0], str):  # one text, or one pair
+        single, items = True, [inputs]
+    else:
+        single, items = False, list(inputs)
+        _check_batch(state, len(items), "inputs")
+    prompts: list[str | tuple[str, str]] = [
+        x if isinstance(x, str) else x[0] if len(x) == 1 else (x[0], x[1]) for x in items
+    ]
+    if any(p == "" or p == ("", "") for p in prompts):
+        raise _empty_input()
+    return single, prompts
+
+
+def _predictions(logits: torch.Tensor, id2label: dict[int, str], raw_scores: bool) -> list[dict[str, Any]]:
+    """Each label's score, best first: the logits, or TEI's softmax of them (sigmoid for a single one)."""
+    logits = logits.float()
+    if raw_scores:
+        scores = logits
+    else:
+        scores = torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)
+    if torch.isnan(scores).any():
+        raise TEIError("Backend", "score is NaN")
+    values = scores.tolist()
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    return [{"score": values[i], "label": id2label.get(i, f"LABEL_{i}")} for i in order]
+
+
+@router.post("/predict", summary="TEI predict: classification", responses=_responses(T.TEIPredictResponse))
+async def predict(req: T.TEIPredictRequest, raw: Request, state: State) -> Response:
+    """Per input (a text or a text pair), each label's score, best first: `[{"score", "label"}, ...]`, or a list of
+    those for a batch."""
+    start = time.perf_counter()
+    if "classify" not in state.engine.supported_tasks:
+        raise TEIError("Backend", "Backend error: Model is not a classifier model")
+    single, prompts = _predict_inputs(state, req.inputs)
+    params = PoolingParams(use_activation=False)  # TEI's activation is applied to the logits below
+    outputs = await _run(state, raw, prompts, params, "classify", req)
+    id2label = state.model_config.id2label
+    results = [_predictions(o.outputs.data, id2label, req.raw_scores) for o in outputs]
+    body = results[0] if single else results
+    return JSONResponse(body, headers=_headers(state, start, outputs, _chars(prompts)))
+
+
+async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> Response:
+    """TEI's /rerank body (routes/score.py hands it here): `[{"index", "text"?, "score"}]`, best first. A
+    cross-encoder scores each (query, text) pair, as TEI's reranker does; an embedding model scores by cosine and
+    a late-interaction one by MaxSim."""
+    with _as_tei():
+        start = time.perf_counter()
+        _check_batch(state, len(req.texts), "texts")
+        engine = state.engine
+        try:
+            plan = plan_scores(
+                req.query,
+                req.texts,
+                engine.supported_tasks,
+                engine.is_cross_encoder,
+                late_interaction=engine.is_late_interaction,
+            )
+        except ValueError:
+            raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
+        cross = plan.task == "classify"
+
+        def locate(k: int) -> tuple[str, str]:
+            if cross:
+                return f"the pair of 'query' and 'texts' item {k}", "texts"
+            return ("'query'", "query") if k == 0 else (f"'texts' item {k - 1}", "texts")
+
+        base = PoolingParams(use_activation=False) if cross else PoolingParams()  # a cross-encoder's logit
+        outputs = await _run(state, raw, plan.prompts, plan.params(base), plan.task, req, field="texts", locate=locate)
+        scores = torch.tensor(plan.scores(outputs), dtype=torch.float32)
+        if cross and not req.raw_scores:
+            scores = torch.sigmoid(scores)
+        if torch.isnan(scores).any():
+            raise TEIError("Backend", "score is NaN")
+        values = scores.tolist()
+        ranks: list[dict[str, Any]] = []
+        for i in sorted(range(len(values)), key=lambda i: -values[i]):
+            rank: dict[str, Any] = {"index": i}
+            if req.return_text:
+                rank["text"] = req.texts[i]
+            rank["score"] = values[i]
+            ranks.append(rank)
+        chars = len(req.query) * len(req.texts) + sum(map(len, req.texts))
+        return JSONResponse(ranks, headers=_headers(state, start, outputs, chars))
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def _tokens_json(tokenizer: PolyTokenizer, texts: list[str], add_special_tokens: bool) -> bytes:
+    """TEI's tokens of each text as JSON: id, text, special, and the byte offsets of the text (null for special
+    tokens, whose text is the token itself)."""
+    encoded = [t.lower() for t in texts] if tokenizer.do_lower_case else texts
+    parts = []
+    # `tokenizers` releases the GIL in encode_batch, not in encode; its offsets count characters
+    batch = tokenizer._base.encode_batch(encoded, add_special_tokens=add_special_tokens)
+    for text, lowered, enc in zip(texts, encoded, batch):
+        source = text if len(text) == len(lowered) else lowered  # offsets of lowered text, on the original's letters
+        byte_at = None if source.isascii() else list(itertools.accumulate((len(c.encode()) for c in source), initial=0))
+        tokens = []
+        for tid, (s, e), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens):
+            if special:
+                tokens.append(f'{{"id":{tid},"text":{json.dumps(token)},"special":true,"start":null,"stop":null}}')
+                continue
+            start, stop = (s, e) if byte_at is None else (byte_at[s], byte_at[e])
+            tokens.append(
+                f'{{"id":{tid},"text":{json.dumps(source[s:e])},"special":false,"start":{start},"stop":{stop}}}'
+            )
+        parts.append("[" + ",".join(tokens) + "]")
+    return ("[" + ",".join(parts) + "]").encode("ascii")
+
+
+async def tokenize(req: T.TEITokenizeRequest, state: ServerState) -> Response:
+    """TEI's /tokenize body (routes/utility.py hands it here): per input, its tokens `[[{"id", "text", "special",
+    "start", "stop"}, ...], ...]`, with the prompt (prompt_name, else the model's default) before the text."""
+    with _as_tei():
+        texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
+        if not isinstance(req.inputs, str):
+            _check_batch(state, len(texts), "inputs")
+        if not all(texts):
+            raise _empty_input()
+        prompt = _prompt_text(state, req.prompt_name)
+        prefix = _default_prompt(state) if prompt is None else prompt
+        body = await state.async_engine.call(
+            _tokens_json, state.engine.tokenizer, [prefix + t for t in texts], req.add_special_tokens
+        )
+        return Response(body, media_type="application/json")
+
+
+@router.post("/decode", summary="TEI decode", responses=_responses(T.TEIDecodeResponse, backend=False))
+async def decode(req: T.TEIDecodeRequest, state: State) -> Response:
+    """The text of each token-id list, `["text", ...]`."""
+    ids: list = req.ids
+    batch = bool(ids) and isinstance(ids[0], list)
+    lists: list[list[int]] = list(ids) if batch else [ids]
+    if batch:
+        _check_batch(state, len(lists), "ids")
+    if not all(lists):
+        raise _empty_input("input_ids")
+    tokenizer = state.engine.tokenizer
+    vocab = tokenizer.vocab_size
+    bad = [t for ids_ in lists for t in ids_ if t >= vocab]
+    if bad:
+        raise invalid(f"token ids {bad[:5]} are outside the vocabulary (size {vocab})")
+    # `tokenizers` releases the GIL in decode_batch, not in decode
+    texts = await state.async_engine.call(
+        tokenizer._base.decode_batch, lists, skip_special_tokens=req.skip_special_tokens
+    )
+    return JSONResponse(texts)
+
+
+# ---------------------------------------------------------------------------------------------- info
+
+_POOLING_NAMES = {"CLS": "cls", "MEAN": "mean", "LAST": "last_token"}
+
+
+def _model_type(state: ServerState) -> dict[str, Any]:
+    """TEI's ModelType: a classifier, a reranker (a one-label classifier) or an embedding model and its pooling."""
+    engine, mc = state.engine, state.model_config
+    if "classify" in engine.supported_tasks:
+        id2label = {str(i): mc.id2label.get(i, f"LABEL_{i}") for i in range(max(mc.num_labels, 1))}
+        classes = {"id2label": id2label, "label2id": {label: int(i) for i, label in id2label.items()}}
+        return {"reranker" if engine.is_cross_encoder else "classifier": classes}
+    pooling = engine.default_pooling("embed")
+    return {"embedding": {"pooling": "+".join(_POOLING_NAMES.get(p, p.lower()) for p in pooling)}}
+
+
+@router.get(
+    "/info",
+    summary="TEI model info",
+    response_model=None,
+    responses={200: {"model": T.TEIInfo}, **error_responses(401, 500)},
+)
+async def info(state: State) -> dict[str, Any]:
+    """TEI's Info, from this server's configuration: max_input_length is max_model_len, max_batch_tokens and
+    max_batch_requests the engine's batch limits, max_client_batch_size --max-inputs-per-request, auto_truncate
+    whether --truncation is auto."""
+    mc, engine_config, config = state.model_config, state.engine.engine_config, state.config
+    return {
+        "model_id": mc.model,
+        "model_sha": None,
+        "model_dtype": str(mc.dtype).removeprefix("torch."),
+        "served_model_name": state.names[0],
+        "model_type": _model_type(state),
+        "max_concurrent_requests": config.max_concurrent_requests,
+        "max_input_length": mc.max_model_len,
+        "max_batch_tokens": engine_config.max_num_batched_tokens,
+        "max_batch_requests": engine_config.max_num_seqs,
+        "max_client_batch_size": config.max_inputs_per_request,
+        "auto_truncate": engine_config.truncation == "auto",
+        "tokenization_workers": state.async_engine._pool._max_workers,
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+    }

@@ -1,0 +1,129 @@
+"""vLLM's engine and server arguments that polyvec accepts so that a vLLM command line or `LLM(...)` call runs
+unchanged: the ones with no effect here (named in one warning), and the ones that would change results and are
+refused with a reason. Those polyvec implements (`--hf-overrides`, `--pooler-config`, `--tokenizer`, ...) are
+ordinary options of `cli.py` and `LLM`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+# name (LLM keyword) → takes a value (False: an on/off flag). No effect on what polyvec computes.
+IGNORED: dict[str, bool] = {
+    "trust_remote_code": False,  # polyvec never runs code from a model repository
+    "gpu_memory_utilization": True,
+    "swap_space": True,
+    "cpu_offload_gb": True,
+    "seed": True,  # pooling is deterministic
+    "tokenizer_mode": True,
+    "tokenizer_revision": True,
+    "code_revision": True,
+    "block_size": True,
+    "kv_cache_dtype": True,
+    "load_format": True,
+    "model_impl": True,
+    "max_seq_len_to_capture": True,
+    "compilation_config": True,
+    "distributed_executor_backend": True,
+    "disable_log_stats": False,
+    "disable_log_requests": False,
+    "enable_log_requests": False,
+    "enable_chunked_prefill": False,  # causal models always prefill in chunks
+    "no_enable_chunked_prefill": False,
+    "disable_custom_all_reduce": False,
+    "max_log_len": True,
+    "task": True,  # vLLM's deprecated --task; --pooler-config '{"task": ...}' is the current form
+}
+
+# Server-only flags with no effect here.
+IGNORED_SERVER: dict[str, bool] = {
+    "disable_uvicorn_access_log": False,
+    "disable_access_log_for_endpoints": True,
+    "disable_fastapi_docs": False,
+    "enable_server_load_tracking": False,
+    "enable_prompt_tokens_details": False,
+    "allowed_origins": True,
+    "allowed_methods": True,
+    "allowed_headers": True,
+    "allow_credentials": False,
+    "root_path": True,
+    "chat_template_content_format": True,
+}
+
+# Parallelism that would split the model or the data over devices: only 1 is accepted.
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+RUNNERS = ("auto", "pooling")
+
+
+def check(values: Mapping[str, Any]) -> list[str]:
+    """Refuse what would change results (ValueError naming the argument); return the names given that have no
+    effect here."""
+    for name in PARALLEL:
+        size = values.get(name)
+        if size is not None and size != 1:
+            raise ValueError(
+                f"{name}={size} is not supported: polyvec runs a model whole on one device "
+                "(run more servers behind a load balancer to use more devices)"
+            )
+    runner = values.get("runner")
+    if runner is not None and runner not in RUNNERS:
+        raise ValueError(f"runner={runner!r} is not supported: polyvec runs pooling models only (runner 'pooling')")
+    for name in ("ssl_keyfile", "ssl_certfile"):
+        if values.get(name):
+            raise ValueError(f"{name} is not supported: polyvec serves plain HTTP; terminate TLS in a proxy")
+    given = [n for n in {**IGNORED, **IGNORED_SERVER} if values.get(n) not in (None, False)]
+    return given
+
+
+def json_arg(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON-object option (`--hf-overrides`, `--pooler-config`) as a dict; ValueError naming the option."""
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--{name.replace('_', '-')} is not valid JSON ({exc.msg}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {value!r}")
+    return parsed
+
+
+def expand_dotted(argv: list[str], names: tuple[str, ...] = ("hf-overrides", "pooler-config")) -> list[str]:
+    """vLLM's dotted form of JSON options, `--pooler-config.task embed` or `--hf-overrides.a.b=1`, folded into
+    one `--pooler-config JSON` argument (values parse as JSON where they can, else stay strings)."""
+    merged: dict[str, dict[str, Any]] = {}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        whole = next((n for n in names if arg == f"--{n}" or arg.startswith(f"--{n}=")), None)
+        if whole is not None:  # the JSON form, merged with any dotted parts
+            text = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            merged.setdefault(whole, {}).update(json_arg(whole, text) or {})
+            i += 1 if "=" in arg else 2
+            continue
+        name = next((n for n in names if arg.startswith(f"--{n}.")), None)
+        if name is None:
+            out.append(arg)
+            i += 1
+            continue
+        key, has_value, value = arg[len(name) + 3 :].partition("=")
+        if not has_value:
+            if i + 1 >= len(argv):
+                raise ValueError(f"{arg} needs a value")
+            value, i = argv[i + 1], i + 1
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        node = merged.setdefault(name, {})
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = parsed
+        i += 1
+    for name, values in merged.items():
+        out += [f"--{name}", json.dumps(values)]
+    return out

@@ -1,0 +1,69 @@
+"""Late chunking (vLLM 0.34's `LateChunkingParams`, offline): one document is encoded once, in full context, and
+its token vectors are mean-pooled per span of `chunk_size` consecutive tokens (special tokens included), each
+span then normalized, so every chunk's vector has seen the whole document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LateChunkingParams:
+    chunk_size: int
+    """Tokens per chunk (the last chunk may be shorter)."""
+
+    def __post_init__(self) -> None:
+        if type(self.chunk_size) is not int or self.chunk_size < 1:
+            raise ValueError("chunk_size must be a positive integer")
+
+
+@dataclass
+class LateChunk:
+    token_range: tuple[int, int]
+    """[start, end) in the prompt's tokens."""
+    char_range: tuple[int, int] | None
+    """[start, end) in the text; None for a chunk of special tokens only."""
+
+
+@dataclass
+class LateChunkingMetadata:
+    chunk_size: int
+    input_tokens: int
+    chunks: list[LateChunk] = field(default_factory=list)
+
+
+def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
+    """The prompt's text, or ValueError with vLLM's wording for what late chunking cannot take."""
+    if task != "token_embed":
+        raise ValueError("Late chunking requires token_embed")
+    if params.dimensions is not None or late_interaction:
+        raise ValueError("Late chunking does not support dimension reduction, late-interaction scoring")
+    if params.truncate_prompt_tokens is not None or lower_case:
+        raise ValueError("Late chunking does not support input padding, truncation or renderer text normalization")
+    text = prompt.get("prompt") if isinstance(prompt, dict) and "multi_modal_data" not in prompt else prompt
+    if not isinstance(text, str):
+        raise ValueError("Late chunking requires plain-text input")
+    if not text:
+        raise ValueError("Late chunking requires nonempty plain-text input")
+    return text
+
+
+def pool(
+    tokens: torch.Tensor, offsets: list[tuple[int, int]], special: list[bool], chunk_size: int, normalize: bool
+) -> tuple[torch.Tensor, LateChunkingMetadata]:
+    """[T, D] token vectors (before any activation) → [ceil(T / chunk_size), D] chunk vectors and their spans."""
+    if len(offsets) != tokens.shape[0]:
+        raise ValueError("Late chunking requires a fast tokenizer with offsets aligned to all input tokens")
+    chunks = torch.stack([part.float().mean(0) for part in tokens.split(chunk_size)])
+    if normalize:
+        chunks = F.normalize(chunks, dim=-1)
+    meta = LateChunkingMetadata(chunk_size, tokens.shape[0])
+    for start in range(0, tokens.shape[0], chunk_size):
+        end = min(start + chunk_size, tokens.shape[0])
+        spans = [offsets[i] for i in range(start, end) if not special[i]]
+        chars = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+        meta.chunks.append(LateChunk((start, end), chars))
+    return chunks, meta

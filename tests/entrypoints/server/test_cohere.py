@@ -1,0 +1,182 @@
+"""Cohere embed v2 and v1 through Cohere's own Python client (`cohere`), against a real `polyvec serve`, checked
+against the offline engine on the same weights: every embedding type, truncate END / START / NONE, text
+`inputs`, the v1 response shapes, and images refused by name."""
+
+from __future__ import annotations
+
+import base64
+
+import cohere
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import cosine_rows
+
+TEXTS = [
+    "experimental investigation of the aerodynamics of a wing in a slipstream",
+    "heat transfer to a blunt body",
+    "flutter",
+]
+ALL_TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+# Words that are one token each in MiniLM's vocabulary (checked by `_one_token_each`), so a cut at a token count
+# is a cut at a word count: the kept part of a long text is known as text.
+WORDS = "the cat sat on a mat and the dog ran to the park while a bird sang in the old tree by the red house".split()
+
+
+@pytest.fixture(scope="module")
+def co(server):
+    with httpx.Client(timeout=120) as http:  # no retries: each call is one request
+        yield cohere.ClientV2(base_url=server.url, api_key="unused", httpx_client=http, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def co_v1(server):
+    with httpx.Client(timeout=120) as http:
+        yield cohere.Client(base_url=server.url, api_key="unused", httpx_client=http, max_retries=0)
+
+
+def offline(llm, texts: list[str]) -> torch.Tensor:
+    return torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)]).double()
+
+
+def int8_rule(vectors: np.ndarray) -> np.ndarray:
+    """polyvec's documented int8 rule, per vector: round(127 * x / max|x|)."""
+    return np.rint(vectors * 127 / np.abs(vectors).max(axis=1, keepdims=True))
+
+
+def test_v2_every_embedding_type(co, minilm_llm):
+    ref = offline(minilm_llm, TEXTS)
+    resp = co.embed(model="minilm", texts=TEXTS, input_type="search_document", embedding_types=ALL_TYPES)
+    e = resp.embeddings
+    floats = np.array(e.float_, dtype=np.float64)
+    assert floats.shape == (3, 384) and cosine_rows(torch.tensor(floats), ref).min() >= 0.9999
+    # base64: the same float32 values, little-endian
+    decoded = np.stack([np.frombuffer(base64.b64decode(s), dtype="<f4") for s in e.base64]).astype(np.float64)
+    assert np.array_equal(decoded, floats)
+    # int8: the per-vector rule applied to the float vector the response carries, exactly; uint8 = int8 + 128
+    int8 = np.array(e.int8)
+    assert int8.shape == (3, 384) and int8.min() >= -127 and int8.max() <= 127
+    assert np.abs(int8).max(axis=1).tolist() == [127, 127, 127]
+    assert np.array_equal(int8, int8_rule(floats))
+    assert cosine_rows(torch.tensor(int8, dtype=torch.float64), ref).min() >= 0.999
+    assert np.array_equal(np.array(e.uint8), int8 + 128)
+    # binary / ubinary: sign bits (x >= 0), most significant bit first, 48 bytes for 384 dimensions
+    ubinary = np.array(e.ubinary, dtype=np.uint8)
+    assert ubinary.shape == (3, 48)
+    assert np.array_equal(np.unpackbits(ubinary, axis=1).astype(bool), floats >= 0)
+    assert np.array_equal(np.array(e.binary), ubinary.astype(np.int16) - 128)
+    # Cohere's docs: unpack, then 2b - 1 gives the +-1 vector, close in direction to the float one
+    signs = torch.tensor(2.0 * np.unpackbits(ubinary, axis=1) - 1.0)
+    assert cosine_rows(signs, ref).min() >= 0.7
+    assert resp.texts == TEXTS
+    assert resp.meta.api_version.version == "2"
+    assert resp.meta.billed_units.input_tokens == sum(
+        len(o.prompt_token_ids) for o in minilm_llm.embed(TEXTS, use_tqdm=False)
+    )
+
+
+def test_v2_default_type_is_float_and_codes_do_not_depend_on_the_batch(co, server, minilm_llm):
+    alone = co.embed(model="minilm", texts=[TEXTS[1]], input_type="search_query", embedding_types=["int8", "binary"])
+    batch = co.embed(model="minilm", texts=TEXTS, input_type="search_query", embedding_types=["int8", "binary"])
+    assert batch.embeddings.int8[1] == alone.embeddings.int8[0]
+    assert batch.embeddings.binary[1] == alone.embeddings.binary[0]
+    body = server.post("/v2/embed", {"texts": TEXTS[:1]}).json()
+    assert list(body["embeddings"]) == ["float"] and len(body["embeddings"]["float"][0]) == 384
+    assert body["response_type"] == "embeddings_by_type" and body["texts"] == TEXTS[:1]
+    tokens = len(minilm_llm.embed(TEXTS[:1], use_tqdm=False)[0].prompt_token_ids)
+    assert body["meta"] == {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}}
+    assert body["id"].startswith("embd-")
+
+
+def _one_token_each(server, words: list[str]) -> None:
+    tok = server.post("/tokenize", {"prompt": " ".join(words), "add_special_tokens": False}).json()
+    assert tok["count"] == len(words), "the test's words must be one token each"
+
+
+def test_truncate_end_and_start(co, server, minilm_llm):
+    words = ["alpha"] * 300 + (WORDS * 12)[:260]
+    _one_token_each(server, words)
+    text = " ".join(words)
+    cases = [
+        ("END", 16, words[:14]),  # [CLS] + the first 14 tokens + [SEP]
+        ("START", 16, words[-14:]),  # [CLS] + the last 14 tokens + [SEP]
+        ("START", None, words[-254:]),  # to max_model_len (256)
+        ("END", None, words[:254]),
+    ]
+    for truncate, max_tokens, kept in cases:
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        resp = co.embed(model="minilm", texts=[text], input_type="search_document", truncate=truncate, **extra)
+        got = torch.tensor(resp.embeddings.float_, dtype=torch.float64)
+        assert cosine_rows(got, offline(minilm_llm, [" ".join(kept)])).item() >= 0.9999, (truncate, max_tokens)
+        assert resp.meta.billed_units.input_tokens == len(kept) + 2
+    # A text within max_tokens is not cut, on either side.
+    short = co.embed(model="minilm", texts=[TEXTS[1]], input_type="search_document", truncate="START", max_tokens=64)
+    got = torch.tensor(short.embeddings.float_, dtype=torch.float64)
+    assert cosine_rows(got, offline(minilm_llm, TEXTS[1:2])).item() >= 0.9999
+
+
+def test_truncate_none_rejects_long_input(co, server):
+    long = "word " * 300
+    with pytest.raises(cohere.core.ApiError) as exc:
+        co.embed(model="minilm", texts=["fine", long], input_type="search_document", truncate="NONE")
+    assert exc.value.status_code == 400
+    assert "'texts' item 1 has 302 tokens" in exc.value.body["error"]["message"]
+    twenty = "word " * 20
+    with pytest.raises(cohere.core.ApiError) as exc:
+        co.embed(model="minilm", texts=["fine", twenty], input_type="search_document", truncate="NONE", max_tokens=8)
+    assert exc.value.status_code == 400
+    error = exc.value.body["error"]
+    assert "'texts' item 1 has 22 tokens, more than max_tokens=8" in error["message"] and error["param"] == "max_tokens"
+    ok = co.embed(model="minilm", texts=["fine"], input_type="search_document", truncate="NONE", max_tokens=8)
+    assert ok.meta.billed_units.input_tokens == 3
+
+
+def test_v2_text_inputs(co, minilm_llm):
+    inputs = [
+        {"content": [{"type": "text", "text": TEXTS[0]}]},
+        {"content": [{"type": "text", "text": "heat transfer"}, {"type": "text", "text": "to a blunt body"}]},
+    ]
+    resp = co.embed(model="minilm", inputs=inputs, input_type="search_document", embedding_types=["float", "int8"])
+    ref = offline(minilm_llm, [TEXTS[0], "heat transfer\nto a blunt body"])  # text parts join with a newline
+    assert cosine_rows(torch.tensor(resp.embeddings.float_, dtype=torch.float64), ref).min() >= 0.9999
+    assert len(resp.embeddings.int8) == 2
+    assert not resp.texts  # texts are echoed for `texts` only
+
+
+def test_images_are_refused_by_name(co, server):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with pytest.raises(cohere.core.ApiError) as exc:
+        co.embed(
+            model="minilm",
+            inputs=[{"content": [{"type": "text", "text": "a cat"}, image]}],
+            input_type="search_document",
+            embedding_types=["float"],
+        )
+    assert exc.value.status_code == 400
+    assert exc.value.body["error"]["message"] == (
+        "'inputs' item 0 content 1 is an image_url part; images are not supported yet; this server embeds text"
+    )
+    for path in ("/v2/embed", "/v1/embed"):
+        r = server.post(path, {"images": ["data:image/png;base64,iVBORw0KGgo="], "input_type": "image"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "images", r.text
+
+
+def test_v1_floats_and_by_type(co_v1, server, minilm_llm):
+    ref = offline(minilm_llm, TEXTS)
+    floats = co_v1.embed(texts=TEXTS, model="minilm", input_type="search_query")
+    assert floats.response_type == "embeddings_floats"
+    assert cosine_rows(torch.tensor(floats.embeddings, dtype=torch.float64), ref).min() >= 0.9999
+    assert floats.texts == TEXTS and floats.meta.api_version.version == "1"
+    typed = co_v1.embed(texts=TEXTS, model="minilm", input_type="search_query", embedding_types=["float", "ubinary"])
+    assert typed.response_type == "embeddings_by_type"
+    assert cosine_rows(torch.tensor(typed.embeddings.float_, dtype=torch.float64), ref).min() >= 0.9999
+    assert len(typed.embeddings.ubinary[0]) == 48
+    # The raw bodies, key by key.
+    body = server.post("/v1/embed", {"texts": TEXTS[:2]}).json()
+    assert set(body) == {"response_type", "id", "embeddings", "texts", "meta"}
+    assert body["response_type"] == "embeddings_floats" and len(body["embeddings"]) == 2
+    assert body["meta"]["api_version"] == {"version": "1"} and body["meta"]["billed_units"]["input_tokens"] > 0
+    body = server.post("/v1/embed", {"texts": TEXTS[:2], "embedding_types": ["int8"]}).json()
+    assert body["response_type"] == "embeddings_by_type" and list(body["embeddings"]) == ["int8"]

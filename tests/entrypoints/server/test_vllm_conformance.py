@@ -1,0 +1,196 @@
+"""vLLM 0.34's HTTP surface for pooling models, checked against a server started from a command line pasted
+from vLLM's documentation: request ids, /ping, /invocations, the model's own task on /pooling, fp8 outputs,
+per-side token caps on /score and /rerank, and vLLM's metric names."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from polyvec import PoolingParams
+from polyvec.entrypoints.server.encoding import from_bytes
+from tests.conftest import MINILM
+from tests.entrypoints.server.conftest import Server
+from tests.helpers import cosine_rows
+
+TEXT = "what similarity laws must be obeyed when constructing aeroelastic models"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+DOCS = ["flutter of a heated wing at supersonic speed " * 4, "laminar boundary layer"]
+
+
+@pytest.fixture(scope="module")
+def vllm_server():
+    """`vllm serve MODEL --runner pooling ...` with `vllm` replaced by `polyvec`, nothing else changed."""
+    s = Server(
+        MINILM,
+        *("--runner", "pooling", "--convert", "embed", "--dtype", "float", "--gpu-memory-utilization", "0.3"),
+        *("--trust-remote-code", "--enforce-eager", "--served-model-name", "mini", "--max-model-len", "256"),
+        *("--enable-request-id-headers", "--api-key", "k", "--disable-log-stats", "--seed", "0", "-tp", "1"),
+        *("--chat-template", CHAT_TEMPLATE),
+    )
+    yield s
+    s.stop()
+
+
+AUTH = {"Authorization": "Bearer k"}
+
+
+def post(server: Server, path: str, body, headers=None) -> httpx.Response:
+    return server.post(path, body, headers={**AUTH, **(headers or {})})
+
+
+def test_the_pasted_command_line_serves_and_warns_once(vllm_server):
+    r = post(vllm_server, "/v1/embeddings", {"model": "mini", "input": TEXT})
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+    log = vllm_server.log.read_text()
+    warnings = [line for line in log.splitlines() if "vLLM flags with no effect" in line]
+    assert len(warnings) == 1 and "--gpu-memory-utilization" in warnings[0] and "--seed" in warnings[0]
+
+
+def test_request_ids_come_from_x_request_id(vllm_server):
+    r = post(vllm_server, "/v1/embeddings", {"input": TEXT}, {"X-Request-Id": "abc123"})
+    assert r.json()["id"] == "embd-abc123" and r.headers["x-request-id"] == "abc123"
+    r = post(vllm_server, "/pooling", {"input": TEXT})
+    assert r.json()["id"].startswith("pooling-") and len(r.headers["x-request-id"]) == 32
+    r = post(vllm_server, "/rerank", {"query": TEXT, "documents": DOCS}, {"X-Request-Id": "r1"})
+    assert r.json()["id"] == "score-r1"
+    r = post(vllm_server, "/classify", {"input": TEXT}, {"X-Request-Id": "e1"})
+    assert r.status_code == 400 and r.headers["x-request-id"] == "e1"  # errors carry it too
+
+
+def test_ping_answers_like_health_without_the_key(vllm_server):
+    for method in ("GET", "POST"):
+        r = httpx.request(method, vllm_server.url + "/ping")
+        assert r.status_code == 200 and r.content == b""
+
+
+def test_pooling_without_task_is_the_models_own(vllm_server):
+    default = post(vllm_server, "/pooling", {"input": TEXT}).json()["data"][0]
+    embed = post(vllm_server, "/pooling", {"input": TEXT, "task": "embed"}).json()["data"][0]
+    assert default["shape"] == [384] and default["data"] == embed["data"]
+
+
+def test_invocations_routes_by_the_body(vllm_server):
+    emb = post(vllm_server, "/invocations", {"input": TEXT}).json()
+    assert set(emb) == set(post(vllm_server, "/v1/embeddings", {"input": TEXT}).json())
+    assert emb["data"][0]["object"] == "embedding"
+    ranked = post(vllm_server, "/invocations", {"query": TEXT, "documents": DOCS}).json()
+    assert [r["index"] for r in ranked["results"]] == [0, 1]
+    scored = post(vllm_server, "/invocations", {"text_1": TEXT, "text_2": DOCS}).json()
+    assert [d["object"] for d in scored["data"]] == ["score", "score"]
+    tokens = post(vllm_server, "/invocations", {"input": TEXT, "task": "token_embed"}).json()
+    assert tokens["data"][0]["object"] == "pooling" and tokens["data"][0]["shape"][1] == 384
+    bad = post(vllm_server, "/invocations", {"inputs": TEXT})
+    assert bad.status_code == 400 and "Cannot find suitable handler for request" in bad.json()["error"]["message"]
+    broken = httpx.post(vllm_server.url + "/invocations", content=b"{", headers=AUTH)
+    assert broken.status_code == 400
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("endianness", ["native", "big"])
+def test_fp8_embed_dtype(vllm_server, minilm_llm, dtype, endianness):
+    body = {"input": TEXT, "encoding_format": "base64", "embed_dtype": dtype, "endianness": endianness}
+    data = base64.b64decode(post(vllm_server, "/v1/embeddings", body).json()["data"][0]["embedding"])
+    assert len(data) == 384  # one byte per value
+    got = from_bytes(data, [384], dtype, endianness)
+    want = minilm_llm.embed(TEXT, use_tqdm=False)[0].outputs.data
+    fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[dtype]
+    assert torch.equal(got, want.to(fp8).float())
+    assert cosine_rows(got[None], want[None]).item() >= 0.99
+
+
+def test_per_side_token_caps_on_score_and_rerank(vllm_server, minilm_llm):
+    body = {"text_1": TEXT, "text_2": DOCS, "max_tokens_per_query": 6, "max_tokens_per_doc": 8}
+    got = [d["score"] for d in post(vllm_server, "/score", body).json()["data"]]
+    q = minilm_llm.embed(TEXT, PoolingParams(truncate_prompt_tokens=6), use_tqdm=False)[0].outputs.data
+    docs = minilm_llm.embed(DOCS, PoolingParams(truncate_prompt_tokens=8), use_tqdm=False)
+    d = torch.stack([o.outputs.data for o in docs])
+    assert np.allclose(got, torch.nn.functional.cosine_similarity(q[None], d).tolist(), atol=1e-5)
+    usage = post(vllm_server, "/score", body).json()["usage"]["prompt_tokens"]
+    assert usage == 6 + sum(len(o.prompt_token_ids) for o in docs) == 6 + 8 + 7  # the short document has 7
+    ranked = post(vllm_server, "/rerank", {"query": TEXT, "documents": DOCS, "max_tokens_per_doc": 8}).json()
+    assert ranked["usage"]["prompt_tokens"] == len(minilm_llm.embed(TEXT, use_tqdm=False)[0].prompt_token_ids) + 15
+    r = post(vllm_server, "/rerank", {"query": TEXT, "documents": DOCS, "instruction": "find flutter"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"
+    r = post(vllm_server, "/score", {"text_1": TEXT, "text_2": DOCS, "max_tokens_per_doc": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens_per_doc"
+
+
+def test_padding_and_truncation_side(vllm_server, minilm_llm):
+    plain = post(vllm_server, "/v1/embeddings", {"input": TEXT}).json()["data"][0]["embedding"]
+    padded = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "max_length"}).json()["data"][0]
+    assert padded["embedding"] == plain
+    ids = minilm_llm.embed(TEXT, use_tqdm=False)[0].prompt_token_ids
+    body = {"input": TEXT, "truncate_prompt_tokens": 5, "truncation_side": "left", "task": "token_embed"}
+    left = post(vllm_server, "/pooling", body).json()["data"][0]
+    # [CLS] and the last four tokens of the text ([SEP] included), as transformers' truncation_side="left"
+    kept = [ids[0], *ids[-4:]]
+    want = minilm_llm.token_embed([kept], use_tqdm=False)[0].outputs.data
+    assert left["shape"] == [5, 384]
+    assert cosine_rows(torch.tensor(left["data"]), want).min() >= 0.9999
+    right = post(vllm_server, "/pooling", {**body, "truncation_side": "right"}).json()["data"][0]
+    assert right["data"] != left["data"]
+    bad = post(vllm_server, "/v1/embeddings", {"input": TEXT, "truncation_side": "middle"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncation_side"
+
+
+def test_vllm_metric_names(vllm_server):
+    post(vllm_server, "/v1/embeddings", {"input": [TEXT, "x"]})
+    text = httpx.get(vllm_server.url + "/metrics", headers=AUTH).text
+    for name in (
+        'vllm:num_requests_waiting{engine="0",model_name="mini"}',
+        'vllm:num_requests_running{engine="0",model_name="mini"}',
+        'vllm:prompt_tokens_total{engine="0",model_name="mini"}',
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="mini"}',
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_prompt_tokens_bucket",
+        "vllm:iteration_tokens_total_bucket",
+    ):
+        assert name in text, name
+    success = next(line for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+    assert float(success.rsplit(" ", 1)[1]) >= 2
+
+
+def test_chat_style_embeddings(vllm_server, minilm_llm):
+    from polyvec.chat import render
+
+    messages = [
+        {"role": "system", "content": "aerodynamics"},
+        {"role": "user", "content": [{"type": "text", "text": TEXT}]},
+    ]
+    r = post(vllm_server, "/v1/embeddings", {"messages": messages, "add_generation_prompt": True})
+    assert r.status_code == 200, r.text
+    text = render(CHAT_TEMPLATE, messages, add_generation_prompt=True)
+    want = minilm_llm.embed(text, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)[0]
+    got = torch.tensor(r.json()["data"][0]["embedding"])
+    assert r.json()["usage"]["prompt_tokens"] == len(want.prompt_token_ids)
+    assert cosine_rows(got[None], want.outputs.data[None]).item() >= 0.9999
+    with_special = post(vllm_server, "/pooling", {"messages": messages, "add_special_tokens": True}).json()
+    assert with_special["usage"]["prompt_tokens"] == len(
+        minilm_llm.embed(render(CHAT_TEMPLATE, messages), use_tqdm=False)[0].prompt_token_ids
+    )
+    for body, status, words, param in [
+        ({"messages": messages, "add_generation_prompt": True, "continue_final_message": True}, 400,
+         "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400,
+         "messages item 0 content part 0 is an image", "messages"),
+        ({"messages": messages, "chat_template": "{{ 1 }}"}, 400, "--trust-request-chat-template", "chat_template"),
+        ({"messages": messages, "input": "x"}, 400, "either 'input' or 'messages'", "messages"),
+        ({"messages": []}, 400, "messages", "messages"),
+        ({}, 400, "field 'input' is required", "input"),
+    ]:  # fmt: skip
+        r = post(vllm_server, "/v1/embeddings", body)
+        assert r.status_code == status and words in r.json()["error"]["message"], (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_chat_without_a_template_is_a_clear_400(server):
+    r = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "has no chat template; start the server with --chat-template" in r.text

@@ -1,0 +1,204 @@
+"""vLLM's command lines, `LLM(...)` arguments, `PoolerConfig` and `tokenization_kwargs` (vLLM 0.34's names and
+meanings), as a user who pastes them from vLLM's documentation meets them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+
+from polyvec import LLM, PoolerConfig
+from polyvec.entrypoints.cli import CommandError, build_parser, vllm_options
+from polyvec.entrypoints.vllm_compat import check, expand_dotted
+from tests.conftest import MINILM
+from tests.helpers import cosine_rows
+
+QUERY = "what similarity laws must be obeyed when constructing aeroelastic models"
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(expand_dotted(["serve", MINILM, *argv]))
+
+
+def test_dotted_json_options_fold_into_one_object():
+    argv = ["--pooler-config.task", "embed", "--pooler-config.seq_pooling_type=CLS", "--hf-overrides.a.b", "[1, 2]"]
+    out = expand_dotted(["serve", "m", *argv, "--pooler-config", '{"use_activation": false}'])
+    assert out[:2] == ["serve", "m"]
+    folded = {out[i]: json.loads(out[i + 1]) for i in range(2, len(out), 2)}
+    assert folded["--pooler-config"] == {"task": "embed", "seq_pooling_type": "CLS", "use_activation": False}
+    assert folded["--hf-overrides"] == {"a": {"b": [1, 2]}}
+    with pytest.raises(ValueError, match="--pooler-config is not valid JSON"):
+        expand_dotted(["--pooler-config", "{task: embed}"])
+
+
+def test_a_pasted_vllm_command_line_parses_and_warns_once(caplog):
+    args = parse(
+        "--runner", "pooling", "--convert", "auto", "--dtype", "half", "--trust-remote-code",
+        "--gpu-memory-utilization", "0.3", "--enforce-eager", "--seed", "0", "--max-model-len", "256",
+        "--served-model-name", "mini", "--tensor-parallel-size", "1", "--disable-log-stats",
+        "--hf-overrides", '{"matryoshka_dimensions": [128, 256]}', "--pooler-config.seq_pooling_type", "CLS",
+        "--uvicorn-log-level", "warning", "--enable-request-id-headers",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="polyvec"):
+        options = vllm_options(args)
+    assert options["hf_overrides"] == {"matryoshka_dimensions": [128, 256]}
+    assert options["pooler_config"] == PoolerConfig(seq_pooling_type="CLS")
+    assert args.dtype == "half" and args.enforce_eager and args.enable_request_id_headers
+    warned = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
+    assert len(warned) == 1
+    for flag in ("--trust-remote-code", "--gpu-memory-utilization", "--seed", "--disable-log-stats"):
+        assert flag in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-tp", "2"], "tensor_parallel_size=2 is not supported"),
+        (["--pipeline-parallel-size", "2"], "pipeline_parallel_size=2 is not supported"),
+        (["--runner", "generate"], "polyvec runs pooling models only"),
+        (["--ssl-keyfile", "k.pem"], "terminate TLS in a proxy"),
+        (["--pooler-config", '{"normalize": true}'], "Parameter `normalize` was removed; use `use_activation`"),
+        (["--pooler-config", '{"pooling": "CLS"}'], "unknown pooler config field(s): pooling"),
+        (["--pooler-config.task", "score"], "`score` task was removed; use classify instead."),
+        (["--hf-overrides", "[1]"], "--hf-overrides must be a JSON object"),
+    ],
+)
+def test_flags_that_would_change_results_are_refused(argv, message):
+    with pytest.raises(
+        (CommandError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)").replace("`", ".")
+    ):
+        vllm_options(parse(*argv))
+
+
+def test_check_returns_only_given_flags():
+    assert check({"seed": None, "trust_remote_code": False, "tensor_parallel_size": 1}) == []
+    assert check({"seed": 3, "trust_remote_code": True}) == ["trust_remote_code", "seed"]
+
+
+def test_pooler_config_fields_of_vllm_034():
+    assert PoolerConfig(pooling_type="cls").seq_pooling_type == "CLS"
+    assert PoolerConfig(pooling_type="ALL").tok_pooling_type == "ALL"
+    with pytest.raises(ValueError, match="Cannot set both `pooling_type` and `seq_pooling_type`"):
+        PoolerConfig(pooling_type="CLS", seq_pooling_type="MEAN")
+    with pytest.raises(ValueError, match="seq_pooling_type='ALL' is not valid"):
+        PoolerConfig(seq_pooling_type="ALL")
+    with pytest.raises(ValueError, match="task='rerank' is not valid"):
+        PoolerConfig(task="rerank")
+    with pytest.raises(ValueError, match="max_embed_len must be a positive integer"):
+        PoolerConfig(max_embed_len=0)
+
+
+def test_llm_takes_pooler_config_as_vllm_does(minilm_path, minilm_llm):
+    cls = LLM(str(minilm_path), dtype="float32", pooler_config={"seq_pooling_type": "CLS", "task": "embed"})
+    hidden = minilm_llm.token_embed(QUERY, PoolingParams_no_activation(), use_tqdm=False)[0].outputs.data
+    got = cls.encode(QUERY, use_tqdm=False)[0].outputs.data  # the instance task, embed, with CLS pooling
+    assert got.shape == (384,)
+    assert cosine_rows(got[None], torch.nn.functional.normalize(hidden[:1], dim=-1)).item() >= 0.9999
+    with pytest.raises(ValueError, match="Unsupported task: 'classify'"):
+        LLM(str(minilm_path), dtype="float32", pooler_config={"task": "classify"})
+
+
+def PoolingParams_no_activation():
+    from polyvec import PoolingParams
+
+    return PoolingParams(use_activation=False)
+
+
+def test_chunked_processing_is_windows_and_max_embed_len_caps_input(minilm_path, minilm_llm):
+    long_text = " ".join(["aeroelastic flutter of a swept wing"] * 80)  # ~480 tokens, over max_model_len 256
+    llm = LLM(str(minilm_path), dtype="float32", pooler_config={"enable_chunked_processing": True})
+    assert llm.engine.engine_config.long_input == "window"
+    out = llm.embed(long_text, use_tqdm=False)[0]
+    assert out.num_input_tokens > 256 == minilm_llm.model_config.max_model_len
+    capped = LLM(
+        str(minilm_path), dtype="float32", pooler_config={"enable_chunked_processing": True, "max_embed_len": 300}
+    )
+    with pytest.raises(ValueError, match="300"):
+        capped.embed(long_text, use_tqdm=False)
+
+
+def test_tokenization_kwargs_of_vllm_034(minilm_llm):
+    ids = minilm_llm.embed(QUERY, use_tqdm=False)[0].prompt_token_ids
+    cut = minilm_llm.embed(QUERY, tokenization_kwargs={"truncate_prompt_tokens": 5}, use_tqdm=False)[0]
+    assert cut.prompt_token_ids[:4] == ids[:4] and len(cut.prompt_token_ids) == 5
+    whole = minilm_llm.embed(QUERY, tokenization_kwargs={"truncate_prompt_tokens": -1}, use_tqdm=False)[0]
+    assert whole.prompt_token_ids == ids
+    bare = minilm_llm.embed(QUERY, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)[0]
+    assert bare.prompt_token_ids == ids[1:-1]
+    kwargs = {"truncate_prompt_tokens": 5, "truncation_side": "left"}
+    left = minilm_llm.embed(QUERY, tokenization_kwargs=kwargs, use_tqdm=False)[0]
+    assert left.prompt_token_ids == [ids[0], *ids[-4:]]
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right'"):
+        minilm_llm.embed(QUERY, tokenization_kwargs={"truncation_side": "up"}, use_tqdm=False)
+
+
+def test_model_config_names_of_vllm(minilm_path, minilm_llm):
+    assert minilm_llm.model_config.embedding_size == 384
+    half = LLM(str(minilm_path), dtype="half", tokenizer=str(minilm_path))
+    assert half.model_config.dtype == torch.float16
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        LLM(str(minilm_path), tokenizer=str(minilm_path / "1_Pooling"))
+
+
+def test_multi_modal_data_is_refused_not_dropped(minilm_llm):
+    with pytest.raises(ValueError, match="prompt 1 carries multi_modal_data"):
+        minilm_llm.embed(["a", {"prompt": "b", "multi_modal_data": {"image": object()}}], use_tqdm=False)
+
+
+def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_texts):
+    """vLLM 0.34's late chunking: contextual token vectors (special tokens included) mean-pooled per span of
+    chunk_size tokens, then normalized; each chunk knows its token and character span."""
+    from polyvec import LateChunkingParams, PoolingParams
+
+    text = next(t for t in cranfield_texts if 60 < len(t.split()) < 150)  # under max_model_len (256 tokens)
+    params = PoolingParams(late_chunking_params=LateChunkingParams(chunk_size=16))
+    out = minilm_llm.encode(text, params, pooling_task="token_embed", use_tqdm=False)[0]
+    raw = minilm_llm.token_embed(text, PoolingParams(use_activation=False), use_tqdm=False)[0].outputs.data
+    want = torch.nn.functional.normalize(torch.stack([p.mean(0) for p in raw.split(16)]), dim=-1)
+    assert out.outputs.data.shape == want.shape and torch.allclose(out.outputs.data, want, atol=1e-6)
+    meta = out.late_chunking
+    assert meta.chunk_size == 16 and meta.input_tokens == raw.shape[0] == len(out.prompt_token_ids)
+    assert [c.token_range for c in meta.chunks][:2] == [(0, 16), (16, 32)]
+    first = meta.chunks[0].char_range
+    assert first[0] == 0 and text[first[0] : first[1]].split()[0] == text.split()[0]
+    plain = minilm_llm.encode(
+        text,
+        PoolingParams(use_activation=False, late_chunking_params=LateChunkingParams(chunk_size=16)),
+        pooling_task="token_embed",
+        use_tqdm=False,
+    )[0]
+    assert torch.allclose(plain.outputs.data, torch.stack([p.mean(0) for p in raw.split(16)]), atol=1e-6)
+    assert params.late_chunking_params is not None and params.use_activation is None  # the caller's, untouched
+    # a special-token-only chunk has no characters: chunk_size 1 puts [CLS] alone
+    single = minilm_llm.encode(
+        "wing", PoolingParams(late_chunking_params=LateChunkingParams(1)), pooling_task="token_embed", use_tqdm=False
+    )[0]
+    assert [c.char_range for c in single.late_chunking.chunks] == [None, (0, 4), None]
+    lc = PoolingParams(late_chunking_params=LateChunkingParams(4))
+    for bad, prompt, task, message in [
+        (lc, text, "embed", "Late chunking requires token_embed"),
+        (dataclasses.replace(lc, dimensions=8), text, "token_embed", "dimension reduction"),
+        (dataclasses.replace(lc, truncate_prompt_tokens=8), text, "token_embed", "truncation"),
+        (lc, [101, 102], "token_embed", "plain-text input"),
+        (lc, "", "token_embed", "nonempty plain-text"),
+        (lc, "wing " * 400, "token_embed", "256"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            minilm_llm.encode(prompt, bad, pooling_task=task, use_tqdm=False)
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        LateChunkingParams(chunk_size=True)
+    assert not minilm_llm.engine.has_unfinished_requests()
+
+
+def test_error_messages_carry_vllms_key_words(minilm_path, minilm_llm):
+    """What vLLM users' code and tests match on, beside polyvec's own wording."""
+    with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
+        minilm_llm.classify(QUERY, use_tqdm=False)
+    with pytest.raises(ValueError, match="token id 99999 is out of vocabulary"):
+        minilm_llm.embed([[101, 99999, 102]], use_tqdm=False)
+    strict = LLM(str(minilm_path), dtype="float32", truncation="error")
+    with pytest.raises(ValueError, match="maximum context length"):
+        strict.embed("wing " * 400, use_tqdm=False)
