@@ -151,12 +151,18 @@ def test_sequence_classifier_whole_and_chunked(tmp_path, minilm_path, kind):
     ps = prompts(seed=3)
     with torch.no_grad():
         refs = [model(input_ids=torch.tensor([p])).logits[0] for p in ps]
+    with torch.no_grad():  # token_classify: the score head on every token (vLLM's sequence classifiers)
+        token_refs = [model.score(model.model(input_ids=torch.tensor([p])).last_hidden_state)[0] for p in ps]
     for budget in (None, 16):
         llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget)
-        assert llm.supported_tasks == ("classify",)
+        assert llm.supported_tasks == ("classify", "token_classify")
         outs = llm.classify([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
         for ref, o in zip(refs, outs):
             assert torch.allclose(o.outputs.data, ref, atol=1e-5)
+        raw = PoolingParams(use_activation=False)
+        tokens = llm.encode([{"prompt_token_ids": p} for p in ps], raw, use_tqdm=False)  # no task: token_classify
+        for ref, o in zip(token_refs, tokens):
+            assert o.outputs.data.shape == ref.shape and torch.allclose(o.outputs.data, ref, atol=1e-5)
 
 
 def test_convert_classify_from_lm_head_tokens(tmp_path, minilm_path):

@@ -60,7 +60,7 @@ def test_sequence_classification(family, num_labels, tmp_path, minilm_path):
     )
     ref_model = getattr(transformers, f"{prefix}ForSequenceClassification").from_pretrained(folder).eval()
     llm = LLM(str(folder), dtype="float32")
-    assert llm.supported_tasks == ("classify",)
+    assert llm.supported_tasks == ("classify", "token_classify")
     outs = llm.classify(TEXTS, use_tqdm=False)
     raw = llm.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
     ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], kwargs.get("pad_token_id", 0))
@@ -71,6 +71,17 @@ def test_sequence_classification(family, num_labels, tmp_path, minilm_path):
         expected = torch.sigmoid(ref_logits) if num_labels == 1 else torch.softmax(ref_logits, -1)
         assert torch.allclose(o.outputs.data, expected, atol=1e-6)
         assert len(o.outputs.probs) == num_labels == o.outputs.num_classes
+    # token_classify (vLLM serves it from sequence classifiers too): the head after its pooling step, per token:
+    # BERT's classifier without the pooler layer, RoBERTa's / MPNet's whole classification head.
+    tokens = llm.encode(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)  # no task: token_classify
+    base = getattr(ref_model, ref_model.base_model_prefix)
+    for o in tokens:
+        with torch.no_grad():
+            hidden = base(input_ids=torch.tensor([o.prompt_token_ids])).last_hidden_state[0]
+            head = ref_model.classifier
+            want = head(hidden) if isinstance(head, torch.nn.Linear) else head.out_proj(torch.tanh(head.dense(hidden)))
+        assert o.outputs.data.shape == (len(o.prompt_token_ids), num_labels)
+        assert torch.allclose(o.outputs.data, want, atol=1e-5)
 
 
 def test_two_label_classifier_saved_without_label_fields(tmp_path, minilm_path):

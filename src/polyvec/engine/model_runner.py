@@ -87,7 +87,7 @@ class ModelRunner:
             embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
             token_projection=token_projection,
             sequence_head=self.model.sequence_head,
-            token_head=self.model.token_head,
+            token_head=self.model.token_classifier,
             classifier_activation_name=model_config.classifier_activation,
         )
 

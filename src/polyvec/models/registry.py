@@ -70,7 +70,8 @@ FAMILIES: dict[str, Family] = {
 CAUSAL_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.encoder.causal)
 HEADS = {
     "Model": ("embed", "token_embed"),
-    "ForSequenceClassification": ("classify",),
+    # token_classify: the classifier on every token, as vLLM's sequence classifiers also serve it
+    "ForSequenceClassification": ("classify", "token_classify"),
     "ForTokenClassification": ("token_classify",),
     "ForMaskedLM": ("token_classify",),
 }
@@ -113,6 +114,16 @@ class PoolingModel(nn.Module):
             if not isinstance(args, EncoderArgs):  # no decoder family has masked-LM weight rules
                 raise ValueError(f"architecture {model_config.architecture!r} is not supported")
             self.token_head = MaskedLMHead(hidden, args.vocab_size, args.hidden_act, args.layer_norm_eps)
+
+    @property
+    def token_classifier(self) -> nn.Module | None:
+        """What token_classify applies to each token: the token head; for a sequence classifier, its head after
+        the pooling step, as vLLM applies it (BERT's `classifier` without its pooler layer, RoBERTa's whole
+        classification head, a decoder's score)."""
+        if self.token_head is not None:
+            return self.token_head
+        head = self.sequence_head
+        return getattr(head, "classifier", head) if head is not None else None
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata

@@ -236,7 +236,8 @@ CASES = [
     Bad("/v1/embed", {"texts": ["x"], "embedding_types": ["float", "int4"]}, 400, "'embedding_types' item 1"),
     # /tokenize and /detokenize
     Bad("/tokenize", {"prompt": "x", "text": "x"}, 400, "unknown field 'text'", "text"),
-    Bad("/tokenize", {"text": "x"}, 400, "field 'prompt' is required", "prompt"),
+    Bad("/tokenize", {"text": "x"}, 400, "unknown field 'text'", "text"),
+    Bad("/tokenize", {"add_special_tokens": True}, 400, "give either 'prompt' or 'messages'", "prompt"),
     Bad("/tokenize", {"prompt": "\ud800"}, 400, "'prompt' is not valid UTF-8 text (lone surrogate)", "prompt"),
     Bad("/tokenize", {"prompt": 5}, 400, "'prompt' must be a string, not a number", "prompt"),
     Bad("/tokenize", {"prompt": ["a"]}, 400, "'prompt' must be a string, not an array", "prompt"),

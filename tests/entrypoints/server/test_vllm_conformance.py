@@ -194,3 +194,15 @@ def test_chat_style_embeddings(vllm_server, minilm_llm):
 def test_chat_without_a_template_is_a_clear_400(server):
     r = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "has no chat template; start the server with --chat-template" in r.text
+
+
+def test_tokenize_a_conversation(vllm_server, minilm_llm):
+    from polyvec.chat import render
+
+    messages = [{"role": "user", "content": TEXT}]
+    body = post(vllm_server, "/tokenize", {"messages": messages}).json()
+    text = render(CHAT_TEMPLATE, messages, add_generation_prompt=True)  # vLLM's default for /tokenize
+    want = minilm_llm.embed(text, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)[0]
+    assert body["tokens"] == want.prompt_token_ids and body["count"] == len(want.prompt_token_ids)
+    r = post(vllm_server, "/tokenize", {"messages": messages, "prompt": "x"})
+    assert r.status_code == 400 and "either 'prompt' or 'messages'" in r.json()["error"]["message"]

@@ -390,13 +390,31 @@ class CohereEmbedRequest(CohereEmbedV1Request):
 
 
 class TokenizeRequest(StrictModel):
+    """vLLM `POST /tokenize`: a `prompt`, or a conversation (`messages`) rendered by the chat template."""
+
     model: str | None = None
-    prompt: Annotated[str, _inputs("text")]
+    prompt: Annotated[str, _inputs("text")] | None = None
     """Text to tokenize."""
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    """A conversation, rendered by the model's chat template (or --chat-template) before tokenizing."""
+    add_generation_prompt: bool = True
+    """messages: append the template's generation prompt (vLLM's default for /tokenize)."""
+    continue_final_message: bool = False
+    """messages: end the text right after the last message."""
+    chat_template: str | None = None
+    """messages: a template for this request (only with --trust-request-chat-template)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """messages: extra variables for the template."""
     add_special_tokens: bool = True
-    """Add the tokenizer's special tokens."""
+    """Add the tokenizer's special tokens (default false with messages: the template writes them)."""
     return_token_strs: bool = False
     """Also return each token as a string."""
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> Any:
+        if (self.prompt is None) == (self.messages is None):
+            _refuse("give either 'prompt' or 'messages'", "prompt")
+        return self
 
 
 class DetokenizeRequest(StrictModel):

@@ -140,6 +140,16 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
     rendered by the chat template as one text, which then gets no special tokens unless the body asks."""
     if req.messages is None:
         return prompts_of(state, req.input), req.add_special_tokens
+    return [render_messages(state, req)], chat_special_tokens(req)
+
+
+def chat_special_tokens(req: Any) -> bool:
+    """A chat body's add_special_tokens: false unless it says (the template writes them), as in vLLM."""
+    return req.add_special_tokens if "add_special_tokens" in req.model_fields_set else False
+
+
+def render_messages(state: ServerState, req: Any) -> str:
+    """A chat-style body's `messages` as the chat template writes them (400 naming what is wrong)."""
     if req.chat_template is not None and not state.config.trust_request_chat_template:
         raise APIError(
             400,
@@ -152,7 +162,7 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
             400, "this model has no chat template; start the server with --chat-template to embed messages", "messages"
         )
     try:
-        text = render(
+        return render(
             template,
             [m.model_dump(exclude_unset=True) for m in req.messages],
             add_generation_prompt=req.add_generation_prompt,
@@ -162,8 +172,6 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
         )
     except ChatError as exc:
         raise APIError(400, str(exc), "messages") from None
-    add_special = req.add_special_tokens if "add_special_tokens" in req.model_fields_set else False
-    return [text], add_special
 
 
 Locate = Callable[[int], tuple[str, str]]

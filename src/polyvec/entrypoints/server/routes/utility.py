@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter
 from fastapi.responses import Response
@@ -20,7 +20,7 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
-from ..serving import State, check_model
+from ..serving import State, chat_special_tokens, check_model, render_messages
 from . import tei
 
 router = APIRouter()
@@ -44,9 +44,11 @@ def render_json(content: dict[str, Any]) -> bytes:
     return ("{" + ",".join(parts) + "}").encode("utf-8")
 
 
-def _tokenize(tokenizer: PolyTokenizer, req: P.TokenizeRequest, max_model_len: int) -> bytes:
+def _tokenize(
+    tokenizer: PolyTokenizer, req: P.TokenizeRequest, text: str, add_special: bool, max_model_len: int
+) -> bytes:
     # Through the batch encoder: `tokenizers` releases the GIL in encode_batch, not in encode (tokenize()).
-    (enc,) = tokenizer.encode([req.prompt], 1 << 62, truncate=False, add_special_tokens=req.add_special_tokens)
+    (enc,) = tokenizer.encode([text], 1 << 62, truncate=False, add_special_tokens=add_special)
     ids = enc.input_ids
     return render_json(
         {
@@ -78,7 +80,13 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
     if isinstance(req, T.TEITokenizeRequest):
         return await tei.tokenize(req, state)
     check_model(state, req.model)
-    body = await state.async_engine.call(_tokenize, state.engine.tokenizer, req, state.model_config.max_model_len)
+    if req.messages is not None:
+        text, add_special = render_messages(state, req), chat_special_tokens(req)
+    else:
+        text, add_special = cast(str, req.prompt), req.add_special_tokens
+    body = await state.async_engine.call(
+        _tokenize, state.engine.tokenizer, req, text, add_special, state.model_config.max_model_len
+    )
     return Response(body, media_type="application/json")
 
 
