@@ -109,6 +109,16 @@ class PoolerConfig:
 
 
 @dataclass(frozen=True)
+class SpladeSpec:
+    """How a masked-LM checkpoint's logits become a sparse vector (sentence-transformers' `SpladePooling`):
+    activation(logits) then `pooling` over the input's tokens; activation is log(1 + relu(x)), or for
+    "log1p_relu" log(1 + log(1 + relu(x)))."""
+
+    pooling: Literal["max", "sum"] = "max"
+    activation: Literal["relu", "log1p_relu"] = "relu"
+
+
+@dataclass(frozen=True)
 class DenseSpec:
     """A sentence-transformers (or PyLate) `Dense` module: `activation(linear(x))`."""
 
@@ -172,6 +182,8 @@ class ModelConfig:
     """softmax, sigmoid or identity unless the checkpoint names another (sentence-transformers `activation_fn`)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
+    splade: SpladeSpec = field(default_factory=SpladeSpec)
+    """embed_sparse of masked-LM checkpoints (SPLADE): the modules.json SpladePooling, else max + relu."""
     is_causal: bool = False
     """A decoder (causal attention): chunked prefill, KV cache, prefix caching."""
     prompts: dict[str, str] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import Activation, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig
+from .config import Activation, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig, SpladeSpec
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -94,7 +94,7 @@ def _st_pooling_modes(cfg: dict[str, Any]) -> tuple[str, ...]:
 
 def _read_sentence_transformers(root: Path) -> dict[str, Any]:
     """Walk modules.json; return the transformer folder, pooling modes, Dense specs and Normalize."""
-    out: dict[str, Any] = {"transformer_dir": root, "pooling": None, "dense": [], "normalize": False}
+    out: dict[str, Any] = {"transformer_dir": root, "pooling": None, "dense": [], "normalize": False, "splade": None}
     modules_file = root / "modules.json"
     if not modules_file.is_file():
         return out
@@ -122,6 +122,12 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
             )
         elif kind == "Normalize":
             out["normalize"] = True
+        elif kind == "SpladePooling":
+            cfg = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+            strategy, act = cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu")
+            if strategy not in ("max", "sum") or act not in ("relu", "log1p_relu"):
+                raise ValueError(f"{folder}: SpladePooling {strategy!r} / {act!r} is not supported")
+            out["splade"] = SpladeSpec(strategy, act)
     return out
 
 
@@ -358,5 +364,6 @@ def load_model_config(
         classifier_activation=_classifier_activation(hf_config, num_labels),
         pooler_config=pooler_config,
         colbert=colbert,
+        splade=st["splade"] or SpladeSpec(),
         sources=sources,
     )

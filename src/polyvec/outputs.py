@@ -34,6 +34,28 @@ class EmbeddingOutput:
 
 
 @dataclass
+class SparseEmbeddingOutput:
+    """embed_sparse: the non-zero weights of a vocabulary-sized vector, by ascending vocabulary id."""
+
+    data: torch.Tensor
+    """The whole vector [vocab] (float32)."""
+    tokens: list[str] | None = None
+    """With return_tokens: the vocabulary string of each index."""
+
+    @property
+    def indices(self) -> list[int]:
+        return self.data.nonzero().squeeze(1).tolist()
+
+    @property
+    def values(self) -> list[float]:
+        return self.data[self.data != 0].tolist()
+
+    @property
+    def dim(self) -> int:
+        return int(self.data.shape[-1])
+
+
+@dataclass
 class ClassificationOutput:
     data: torch.Tensor
 
@@ -81,6 +103,10 @@ class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
     pass
 
 
+class SparseEmbeddingRequestOutput(PoolingRequestOutput[SparseEmbeddingOutput]):
+    pass
+
+
 class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
     pass
 
@@ -110,4 +136,6 @@ def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOu
         return EmbeddingRequestOutput(outputs=EmbeddingOutput(out.outputs.data), **fields)
     if out.task == "classify":
         return ClassificationRequestOutput(outputs=ClassificationOutput(out.outputs.data), **fields)
+    if out.task == "embed_sparse":
+        return SparseEmbeddingRequestOutput(outputs=SparseEmbeddingOutput(out.outputs.data), **fields)
     return out

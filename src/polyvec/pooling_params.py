@@ -59,6 +59,12 @@ class PoolingParams:
     """long_input="window": tokens shared by consecutive windows (each token's vector is taken from the
     window where it is farther from the edge). None: the engine's setting (default 0)."""
 
+    sparse_top_k: int | None = None
+    """embed_sparse: keep only the k largest weights."""
+    sparse_threshold: float | None = None
+    """embed_sparse: drop weights below this value."""
+    return_tokens: bool = False
+    """embed_sparse: also return the vocabulary string of each index."""
     late_chunking_params: LateChunkingParams | None = None
     """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
     chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
@@ -84,6 +90,24 @@ class PoolingParams:
             raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
         if self.late_chunking_params is not None and task != "token_embed":
             raise ValueError("Late chunking requires token_embed")
+
+        sparse = task == "embed_sparse"
+        if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):
+            raise ValueError(f"sparse_top_k, sparse_threshold and return_tokens apply to embed_sparse, not {task!r}")
+        if sparse:
+            if self.use_activation is False or self.normalize is False:
+                raise ValueError(
+                    "embed_sparse always applies its activation (log(1 + relu)); use_activation=False is not valid"
+                )
+            k, threshold = self.sparse_top_k, self.sparse_threshold
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ValueError(f"sparse_top_k must be a positive integer, got {k!r}")
+            if threshold is not None and (
+                isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0
+            ):
+                raise ValueError(f"sparse_threshold must be a non-negative number, got {threshold!r}")
+            if self.long_input == "window":
+                raise ValueError("long_input='window' does not apply to embed_sparse")
 
         is_embed = task in EMBED_TASKS
         use_activation = self.use_activation
@@ -130,7 +154,11 @@ class PoolingParams:
 
         step_tag_id = self.step_tag_id if self.step_tag_id is not None else pooler.step_tag_id
         returned = self.returned_token_ids if self.returned_token_ids is not None else pooler.returned_token_ids
-        if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in ("embed", "classify"):
+        if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in (
+            "embed",
+            "classify",
+            "embed_sparse",
+        ):
             raise ValueError(
                 f"step_tag_id and returned_token_ids apply to STEP pooling of token tasks "
                 f"({', '.join(t for t in POOLING_TASKS if t.startswith('token'))}), not {task!r}"

@@ -210,7 +210,10 @@ class InputProcessor:
     def _spec(self, params: PoolingParams) -> PoolingSpec:
         task = params.task
         assert task is not None  # verified params name their task
-        if task in ("embed", "classify"):
+        pooling: tuple[str, ...]
+        if task == "embed_sparse":
+            pooling = ()  # SPLADE pooling (ModelConfig.splade), in the pooler's sparse path
+        elif task in ("embed", "classify"):
             pooling = self.default_pooling(task)
         else:
             pooling = (token_pooling_type(params, self.model_config.pooler_config.tok_pooling_type or "ALL"),)
@@ -226,6 +229,8 @@ class InputProcessor:
             use_activation=bool(params.use_activation),
             step_tag_id=params.step_tag_id,
             returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None,
+            sparse_top_k=params.sparse_top_k,
+            sparse_threshold=params.sparse_threshold,
         )
 
     def _long_input(self, params: PoolingParams) -> str:
@@ -247,7 +252,7 @@ class InputProcessor:
                     "long_input='window' does not apply to STEP pooling (step_tag_id / returned_token_ids)"
                 )
             return "truncate"
-        if mode == "window" and params.task == "classify":
+        if mode == "window" and params.task in ("classify", "embed_sparse"):
             return "truncate"  # the server-wide default applies to the tasks windows support
         return mode
 

@@ -89,6 +89,7 @@ class ModelRunner:
             sequence_head=self.model.sequence_head,
             token_head=self.model.token_classifier,
             classifier_activation_name=model_config.classifier_activation,
+            splade=model_config.splade,
         )
 
     @property

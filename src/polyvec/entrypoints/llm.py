@@ -28,6 +28,7 @@ from ..outputs import (
     PoolingRequestOutput,
     ScoringOutput,
     ScoringRequestOutput,
+    SparseEmbeddingRequestOutput,
     as_task_output,
 )
 from ..platforms import KernelOptions
@@ -310,6 +311,26 @@ class LLM:
         """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor)."""
         outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
+
+    def embed_sparse(
+        self,
+        prompts: PromptsType,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable = True,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> list[SparseEmbeddingRequestOutput]:
+        """One sparse vector per prompt (SPLADE models): `.outputs.indices` and `.outputs.values` (ascending
+        vocabulary ids, zeros dropped), `.outputs.tokens` with return_tokens, `.outputs.data` the whole vector."""
+        outs = self._run(prompts, pooling_params, "embed_sparse", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
+        typed = [cast(SparseEmbeddingRequestOutput, as_task_output(o)) for o in outs]
+        per_prompt = pooling_params if isinstance(pooling_params, Sequence) else [pooling_params] * len(typed)
+        tokenizer = self.engine.tokenizer
+        for out, params in zip(typed, per_prompt):
+            if params is not None and params.return_tokens:
+                out.outputs.tokens = [tokenizer.id_to_token(i) or "" for i in out.outputs.indices]
+        return typed
 
     def token_embed(
         self,

@@ -19,9 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import SpladeSpec
 from .activation import classifier_activation
 from .attention import AttentionMetadata
 from .pooling_methods import TOKEN_METHODS, PoolingTask, sequence_method
+
+# embed_sparse: the most tokens whose vocabulary logits exist at once (512 x 30,522 float32: 62 MB).
+SPARSE_CHUNK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class PoolingSpec:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     raw: bool = False  # return the pooled vector without the head (a long input's window; see engine/long_input.py)
+    sparse_top_k: int | None = None
+    sparse_threshold: float | None = None
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -58,6 +64,7 @@ class Pooler(nn.Module):
         sequence_head: nn.Module | None = None,
         token_head: nn.Module | None = None,
         classifier_activation_name: str = "softmax",
+        splade: SpladeSpec | None = None,
     ):
         super().__init__()
         self.embed_projection = embed_projection
@@ -65,6 +72,7 @@ class Pooler(nn.Module):
         self.sequence_head = sequence_head
         self.token_head = token_head
         self.classifier_act = classifier_activation(classifier_activation_name)
+        self.splade = splade or SpladeSpec()
 
     def apply_head(self, spec: PoolingSpec, pooled: torch.Tensor) -> torch.Tensor:
         """The head of a sequence task on one pooled vector [H] (combined long-input windows)."""
@@ -107,6 +115,11 @@ class Pooler(nn.Module):
         pooled_cache: dict[str, torch.Tensor] = {}
 
         for spec, members in groups.items():
+            if spec.task == "embed_sparse":
+                out = self._sparse(spec, hidden, meta, members)
+                for row, i in enumerate(members):
+                    results[i] = out[row]
+                continue
             if spec.task in ("embed", "classify"):
                 parts = []
                 for mode in spec.pooling:
@@ -133,6 +146,53 @@ class Pooler(nn.Module):
                     piece, input_ids[starts[i] : starts[i + 1]], spec, keep[i] if keep is not None else None
                 )
         return results
+
+    def _sparse(self, spec: PoolingSpec, hidden: torch.Tensor, meta: AttentionMetadata, members: list[int]):
+        """SPLADE: act(token_head(h)) pooled (max or sum) over each request's tokens → [len(members), vocab].
+        The vocabulary logits are made for at most SPARSE_CHUNK_TOKENS tokens at a time, never for the batch."""
+        head = self.token_head
+        assert head is not None  # embed_sparse is a masked-LM task
+        starts = meta.cu_seqlens.tolist()
+        amax = self.splade.pooling == "max"
+        rows: list[torch.Tensor] = []
+        pending: list[tuple[int, int]] = []  # (start, end) of whole sequences gathered into one chunk
+
+        def flush() -> None:
+            if not pending:
+                return
+            lo, hi = pending[0][0], pending[-1][1]
+            scores = self._splade_act(head(hidden[lo:hi]))  # [chunk, V]
+            lens = torch.tensor([e - b for b, e in pending], device=scores.device)
+            rows.extend(torch.segment_reduce(scores, "max" if amax else "sum", lengths=lens, axis=0).unbind(0))
+            pending.clear()
+
+        for i in members:
+            begin, end = starts[i], starts[i + 1]
+            if end - begin > SPARSE_CHUNK_TOKENS:  # one long sequence: its own chunks, reduced as they come
+                flush()
+                acc = None
+                for b in range(begin, end, SPARSE_CHUNK_TOKENS):
+                    part = self._splade_act(head(hidden[b : min(end, b + SPARSE_CHUNK_TOKENS)]))
+                    part = part.amax(0) if amax else part.sum(0)
+                    acc = part if acc is None else (torch.maximum(acc, part) if amax else acc + part)
+                assert acc is not None
+                rows.append(acc)
+                continue
+            if pending and end - pending[0][0] > SPARSE_CHUNK_TOKENS:
+                flush()
+            pending.append((begin, end))
+        flush()
+        out = torch.stack(rows)
+        if spec.sparse_threshold is not None:
+            out = torch.where(out >= spec.sparse_threshold, out, torch.zeros_like(out))
+        if spec.sparse_top_k is not None and spec.sparse_top_k < out.shape[1]:
+            kth = out.topk(spec.sparse_top_k, dim=1).values[:, -1:]
+            out = torch.where(out >= kth, out, torch.zeros_like(out))
+        return out
+
+    def _splade_act(self, logits: torch.Tensor) -> torch.Tensor:
+        x = logits.float().relu_().log1p_()
+        return x.log1p_() if self.splade.activation == "log1p_relu" else x
 
     def finish(self, state: PoolingState, keep: list[int] | None = None) -> torch.Tensor:
         """The output of a request whose chunks went through `state`: equal to pooling it in one piece."""

@@ -25,11 +25,13 @@ class PoolingTask(str, Enum):
     TOKEN_EMBED = "token_embed"
     CLASSIFY = "classify"
     TOKEN_CLASSIFY = "token_classify"
+    EMBED_SPARSE = "embed_sparse"
+    """One sparse vector over the vocabulary per request (SPLADE; polyvec's, not vLLM's)."""
 
     @property
     def is_sequence(self) -> bool:
         """One output per request (else one per token)."""
-        return self in (PoolingTask.EMBED, PoolingTask.CLASSIFY)
+        return self in (PoolingTask.EMBED, PoolingTask.CLASSIFY, PoolingTask.EMBED_SPARSE)
 
 
 class PoolingType(str, Enum):

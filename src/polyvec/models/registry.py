@@ -73,7 +73,7 @@ HEADS = {
     # token_classify: the classifier on every token, as vLLM's sequence classifiers also serve it
     "ForSequenceClassification": ("classify", "token_classify"),
     "ForTokenClassification": ("token_classify",),
-    "ForMaskedLM": ("token_classify",),
+    "ForMaskedLM": ("token_classify", "embed_sparse"),  # vocabulary logits per token; SPLADE's sparse vector
 }
 
 

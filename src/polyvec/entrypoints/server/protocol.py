@@ -249,12 +249,18 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
 class PoolingRequest(EmbeddingRequest):
     """vLLM `POST /pooling`: any pooling task."""
 
-    task: Literal["embed", "token_embed", "classify", "token_classify"] | None = None
+    task: Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"] | None = None
     """Which output: embed (one vector), token_embed (one vector per token), classify (label probabilities),
     token_classify (per-token label scores). Default: token_embed if the model supports it, else
     token_classify."""
     activation: bool | None = None
     """Older name of use_activation for the classify tasks."""
+    sparse_top_k: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    """embed_sparse: keep only the k largest weights."""
+    sparse_threshold: Annotated[float, Field(ge=0)] | None = None
+    """embed_sparse: drop weights below this value."""
+    return_tokens: bool = False
+    """embed_sparse: also return the vocabulary string of each index (`tokens`)."""
 
 
 class ClassificationRequest(PoolingBase, ChatFields):
@@ -449,10 +455,18 @@ class EmbeddingItem(BaseModel):
     input_type: str | None = None
 
 
+class SparseVector(BaseModel):
+    """embed_sparse: the non-zero weights, by ascending vocabulary id."""
+
+    indices: list[int]
+    values: list[float]
+    tokens: list[str] | None = None
+
+
 class PoolingItem(BaseModel):
     index: int
     object: str
-    data: Vector
+    data: Vector | SparseVector
     shape: list[int] | None = None
     input_type: str | None = None
 

@@ -204,6 +204,10 @@ class TEIEmbedAllRequest(TruncationOptions):
     """A prompt the model declares, prepended to each input; null: the model's default prompt, if any."""
 
 
+class TEIEmbedSparseRequest(TEIEmbedAllRequest):
+    """TEI `POST /embed_sparse`: one sparse vector per input (SPLADE models)."""
+
+
 class TEIPredictRequest(TruncationOptions):
     """TEI `POST /predict`: classification of texts or text pairs."""
 
@@ -307,6 +311,15 @@ class TEIEmbedResponse(RootModel[list[list[float]]]):
 
 class TEIEmbedAllResponse(RootModel[list[list[list[float]]]]):
     """Per input, one vector per token."""
+
+
+class TEISparseValue(BaseModel):
+    index: int
+    value: float
+
+
+class TEIEmbedSparseResponse(RootModel[list[list[TEISparseValue]]]):
+    """Per input, its non-zero weights by vocabulary id."""
 
 
 class TEIPrediction(BaseModel):

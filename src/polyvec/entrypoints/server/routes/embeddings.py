@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
-from ..errors import POST_ERRORS
+from ..errors import POST_ERRORS, APIError
 from ..serving import State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
 
 router = APIRouter()
@@ -60,6 +60,22 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
     )
+    if task == "embed_sparse":  # {"indices", "values"}: what Qdrant's sparse vectors take
+        if req.encoding_format != "float":
+            raise APIError(
+                400, "embed_sparse returns indices and values; encoding_format must be float", "encoding_format"
+            )
+        tokenizer = state.engine.tokenizer
+        data = []
+        for i, o in enumerate(outputs):
+            v = o.outputs.data
+            ids = v.nonzero().squeeze(1)
+            sparse: dict[str, Any] = {"indices": ids.tolist(), "values": float_array(v[ids])}
+            if req.return_tokens:
+                sparse["tokens"] = [tokenizer.id_to_token(t) or "" for t in sparse["indices"]]
+            data.append({"index": i, "object": "pooling", "data": sparse, "shape": list(v.shape)})
+        tokens = sum(len(o.prompt_token_ids) for o in outputs)
+        return VectorJSONResponse(P.envelope("pooling", model, data, tokens))
     return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
 
 

@@ -393,6 +393,22 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))
 
 
+@router.post("/embed_sparse", summary="TEI embed_sparse: SPLADE", responses=_responses(T.TEIEmbedSparseResponse))
+async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State) -> Response:
+    """Per input, its non-zero weights `[[{"index", "value"}, ...], ...]` by ascending vocabulary id."""
+    start = time.perf_counter()
+    if "embed_sparse" not in state.engine.supported_tasks:
+        raise TEIError("Backend", "Backend error: Model is not an embedding model with SPLADE pooling")
+    prompts = _embed_inputs(state, req.inputs)
+    outputs = await _run(state, raw, prompts, PoolingParams(), "embed_sparse", req, prompt_name=req.prompt_name)
+    body = []
+    for o in outputs:
+        v = o.outputs.data
+        ids = v.nonzero().squeeze(1)
+        body.append([{"index": i, "value": x} for i, x in zip(ids.tolist(), v[ids].tolist())])
+    return VectorJSONResponse(body, headers=_headers(state, start, outputs, _chars(prompts)))
+
+
 @router.post("/similarity", summary="TEI sentence similarity", responses=_responses(T.TEISimilarityResponse))
 async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) -> Response:
     """The cosine similarity of each of `inputs.sentences` with `inputs.source_sentence`, `[float, ...]`."""

@@ -1,0 +1,46 @@
+"""embed_sparse over HTTP: vLLM-style /pooling (indices and values, as Qdrant's sparse vectors take them) and
+TEI's /embed_sparse, against the offline results of the same SPLADE-tiny weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from polyvec import LLM, PoolingParams
+from tests.entrypoints.server.conftest import Server
+
+TEXTS = ["the wing stalls at high angle of attack", "heat transfer in laminar boundary layers"]
+
+
+@pytest.fixture(scope="module")
+def splade(splade_path):
+    s = Server(str(splade_path))
+    yield s, LLM(str(splade_path), dtype="float32")
+    s.stop()
+
+
+def test_pooling_embed_sparse(splade):
+    server, llm = splade
+    body = server.post("/pooling", {"input": TEXTS, "task": "embed_sparse", "return_tokens": True}).json()
+    want = llm.embed_sparse(TEXTS, PoolingParams(return_tokens=True), use_tqdm=False)
+    for item, w in zip(body["data"], want):
+        assert item["shape"] == [30522] and item["data"]["indices"] == w.outputs.indices
+        assert item["data"]["tokens"] == w.outputs.tokens
+        assert item["data"]["values"] == pytest.approx(w.outputs.values, rel=1e-6, abs=1e-7)
+    top = server.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse", "sparse_top_k": 3}).json()
+    assert len(top["data"][0]["data"]["indices"]) == 3 and "tokens" not in top["data"][0]["data"]
+    r = server.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse", "encoding_format": "base64"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
+    r = server.post("/pooling", {"input": TEXTS[0], "task": "token_classify", "sparse_top_k": 3})
+    assert r.status_code == 400 and "apply to embed_sparse" in r.json()["error"]["message"]
+
+
+def test_tei_embed_sparse(splade, server):
+    s, llm = splade
+    body = s.post("/embed_sparse", {"inputs": TEXTS}).json()
+    for entries, w in zip(body, llm.embed_sparse(TEXTS, use_tqdm=False)):
+        assert [e["index"] for e in entries] == w.outputs.indices
+        assert [e["value"] for e in entries] == pytest.approx(w.outputs.values, rel=1e-6, abs=1e-7)
+    r = server.post("/embed_sparse", {"inputs": "x"})  # MiniLM: dense only
+    assert r.status_code == 424 and "SPLADE" in r.json()["error"]
+    r = server.post("/pooling", {"input": "x", "task": "embed_sparse"})
+    assert r.status_code == 400 and "Unsupported task" in r.json()["error"]["message"]

@@ -1,0 +1,108 @@
+"""SPLADE (embed_sparse) against sentence-transformers' SparseEncoder on the real SPLADE-tiny weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from polyvec import LLM, PoolingParams
+from polyvec.layers import pooler
+
+
+@pytest.fixture(scope="module")
+def splade_llm(splade_path):
+    return LLM(str(splade_path), dtype="float32")
+
+
+def _reference(folder, texts):
+    from sentence_transformers import SparseEncoder
+
+    st = SparseEncoder(str(folder), device="cpu")
+    out = st.encode(texts, convert_to_tensor=True, batch_size=8)
+    return (out.to_dense() if out.is_sparse else out).float(), st
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same non-zero ids; weights within 1e-4 relative, or 1e-5 absolute for weights near zero, where the
+    float32 noise of the logits (up to ~5e-6 on 500-token texts: padded batches there, packed here) is more
+    than 1e-4 of the weight."""
+    assert torch.equal(got.nonzero(), want.nonzero()), "the same non-zero vocabulary ids"
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    big = want > 0.1
+    assert ((got[big] - want[big]).abs() / want[big]).max() <= 1e-4
+
+
+def test_sparse_vectors_equal_sentence_transformers(splade_llm, splade_path, cranfield_texts):
+    want, st = _reference(splade_path, cranfield_texts)
+    assert splade_llm.model_config.max_model_len == st.max_seq_length
+    outs = splade_llm.embed_sparse(cranfield_texts, use_tqdm=False)
+    for o, w in zip(outs, want):
+        _assert_same(o.outputs.data, w)
+        assert o.outputs.indices == sorted(o.outputs.indices) and len(o.outputs.values) == len(o.outputs.indices)
+        assert all(v > 0 for v in o.outputs.values) and o.outputs.dim == 30522
+
+
+def test_batch_invariant_and_chunked_reduction_exact(splade_llm, cranfield_texts, monkeypatch):
+    whole = [o.outputs.data for o in splade_llm.embed_sparse(cranfield_texts[:12], use_tqdm=False)]
+    alone = [splade_llm.embed_sparse(t, use_tqdm=False)[0].outputs.data for t in cranfield_texts[:3]]
+    for a, w in zip(alone, whole):
+        assert torch.allclose(a, w, atol=1e-6)
+    # chunks of 48 tokens: several short sequences per chunk, and long ones split across chunks
+    monkeypatch.setattr(pooler, "SPARSE_CHUNK_TOKENS", 48)
+    small = [o.outputs.data for o in splade_llm.embed_sparse(cranfield_texts[:12], use_tqdm=False)]
+    for s, w in zip(small, whole):
+        assert torch.allclose(s, w, atol=1e-6)
+
+
+@pytest.mark.parametrize(("strategy", "activation"), [("sum", "relu"), ("max", "log1p_relu")])
+def test_sentence_transformers_sparse_layout(tmp_path, splade_path, cranfield_texts, strategy, activation):
+    """A SparseEncoder folder: MLMTransformer + SpladePooling with its pooling strategy and activation."""
+    folder = tmp_path / "splade"
+    shutil.copytree(splade_path, folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},  # noqa: E501
+    ]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    sparse_model = {"model_type": "SparseEncoder", "similarity_fn_name": "dot"}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(sparse_model))
+    (folder / "1_SpladePooling").mkdir()
+    config = {"pooling_strategy": strategy, "activation_function": activation, "word_embedding_dimension": 30522}
+    (folder / "1_SpladePooling" / "config.json").write_text(json.dumps(config))
+    texts = cranfield_texts[:8]
+    want, st = _reference(folder, texts)
+    assert len(st) == 2 and st[1].pooling_strategy == strategy and st[1].activation_function == activation
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.splade.pooling == strategy
+    for o, w in zip(llm.embed_sparse(texts, use_tqdm=False), want):
+        _assert_same(o.outputs.data, w)
+
+
+def test_pruning_and_tokens(splade_llm, cranfield_texts):
+    text = cranfield_texts[5]
+    full = splade_llm.embed_sparse(text, use_tqdm=False)[0].outputs
+    top = splade_llm.embed_sparse(text, PoolingParams(sparse_top_k=5, return_tokens=True), use_tqdm=False)[0]
+    best = sorted(range(len(full.values)), key=lambda i: -full.values[i])[:5]
+    assert top.outputs.indices == sorted(full.indices[i] for i in best)
+    tok = splade_llm.get_tokenizer()
+    assert top.outputs.tokens == [tok.id_to_token(i) for i in top.outputs.indices]
+    cut = splade_llm.embed_sparse(text, PoolingParams(sparse_threshold=1.0), use_tqdm=False)[0].outputs
+    assert cut.indices == [i for i, v in zip(full.indices, full.values) if v >= 1.0]
+    for bad, message in [
+        (PoolingParams(use_activation=False), "use_activation=False is not valid"),
+        (PoolingParams(sparse_top_k=0), "sparse_top_k must be a positive integer"),
+        (PoolingParams(sparse_threshold=-1.0), "sparse_threshold must be a non-negative number"),
+        (PoolingParams(long_input="window"), "does not apply to embed_sparse"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            splade_llm.embed_sparse(text, bad, use_tqdm=False)
+    with pytest.raises(ValueError, match="apply to embed_sparse, not 'token_classify'"):
+        splade_llm.token_classify(text, PoolingParams(sparse_top_k=3), use_tqdm=False)
+
+
+def test_dense_models_do_not_have_it(minilm_llm):
+    with pytest.raises(ValueError, match="Unsupported task: task='embed_sparse'"):
+        minilm_llm.embed_sparse("x", use_tqdm=False)
