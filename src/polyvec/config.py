@@ -119,6 +119,16 @@ class SpladeSpec:
 
 
 @dataclass(frozen=True)
+class BgeM3Spec:
+    """bge-m3's two extra heads beside its XLM-RoBERTa trunk (FlagEmbedding's layout): multi-vector =
+    normalize(colbert_linear(h)) of every token but the first; sparse = relu(sparse_linear(h)) per token, special
+    tokens dropped, the largest weight kept per vocabulary id."""
+
+    colbert_path: Path
+    sparse_path: Path
+
+
+@dataclass(frozen=True)
 class DenseSpec:
     """A sentence-transformers (or PyLate) `Dense` module: `activation(linear(x))`."""
 
@@ -182,6 +192,8 @@ class ModelConfig:
     """softmax, sigmoid or identity unless the checkpoint names another (sentence-transformers `activation_fn`)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
+    bge_m3: BgeM3Spec | None = None
+    """colbert_linear.pt and sparse_linear.pt beside the trunk: token_embed and embed_sparse from those heads."""
     splade: SpladeSpec = field(default_factory=SpladeSpec)
     """embed_sparse of masked-LM checkpoints (SPLADE): the modules.json SpladePooling, else max + relu."""
     is_causal: bool = False

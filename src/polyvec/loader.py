@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import Activation, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig, SpladeSpec
+from .config import Activation, BgeM3Spec, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig, SpladeSpec
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -129,6 +129,11 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
                 raise ValueError(f"{folder}: SpladePooling {strategy!r} / {act!r} is not supported")
             out["splade"] = SpladeSpec(strategy, act)
     return out
+
+
+def _read_bge_m3(root: Path) -> BgeM3Spec | None:
+    colbert, sparse = root / "colbert_linear.pt", root / "sparse_linear.pt"
+    return BgeM3Spec(colbert, sparse) if colbert.is_file() and sparse.is_file() else None
 
 
 def _tokenizer_max_length(folder: Path) -> int | None:
@@ -365,5 +370,6 @@ def load_model_config(
         pooler_config=pooler_config,
         colbert=colbert,
         splade=st["splade"] or SpladeSpec(),
+        bge_m3=_read_bge_m3(root),
         sources=sources,
     )

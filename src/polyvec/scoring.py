@@ -131,3 +131,21 @@ def plan_scores(
             f"model supports: {', '.join(supported_tasks)}"
         )
     return ScorePlan(texts_1 + texts_2, "embed", pairs, len(texts_1))
+
+
+def lexical_matching_score(a, b) -> float:
+    """bge-m3's lexical matching score of two sparse outputs (`SparseEmbeddingOutput`): the sum over the
+    vocabulary ids both hold of the product of their weights (a sparse dot product)."""
+    return float((a.data * b.data).sum())
+
+
+def colbert_score(query: torch.Tensor, doc: torch.Tensor) -> float:
+    """bge-m3's multi-vector score: MaxSim summed over the query's vectors, divided by their number."""
+    return float((query.float() @ doc.float().T).max(dim=1).values.sum() / query.shape[0])
+
+
+def bge_m3_score(dense: float, sparse: float, colbert: float, weights=(0.4, 0.2, 0.4)) -> float:
+    """bge-m3's combined score: FlagEmbedding's weighted sum of the dense, sparse and multi-vector scores
+    (its default weights), divided by the weights' sum."""
+    w = list(weights)
+    return (w[0] * dense + w[1] * sparse + w[2] * colbert) / sum(w)

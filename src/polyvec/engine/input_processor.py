@@ -51,6 +51,8 @@ class InputProcessor:
         self.kv_cache_tokens = kv_cache_tokens
         self.prefix_caching = prefix_caching
         self.supported_tasks: tuple[str, ...] = model.supported_tasks
+        if model_config.bge_m3 is not None:  # its sparse head
+            self.supported_tasks += ("embed_sparse",)
         self.colbert = LateInteractionRecipe.resolve(model_config, tokenizer)
         if self.colbert is not None:
             # A late-interaction model's outputs are its token vectors; a single pooled vector is not what

@@ -59,6 +59,33 @@ def _load_dense_stack(model_config: ModelConfig, device: torch.device, on_tokens
     return nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval().requires_grad_(False)
 
 
+def _load_linear(path, device: torch.device) -> nn.Linear:
+    """A torch.save'd nn.Linear state dict (bge-m3's colbert_linear.pt, sparse_linear.pt), in float32."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    out, inp = state["weight"].shape
+    layer = nn.Linear(inp, out, bias="bias" in state)
+    layer.load_state_dict(state)
+    return layer.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+
+
+def _unused_token_ids(model_config: ModelConfig) -> tuple[int, ...]:
+    """The ids of the tokenizer's cls, eos, pad and unk tokens, which bge-m3's sparse output leaves out."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    path = model_config.tokenizer_path.parent / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    tokenizer = Tokenizer.from_file(str(model_config.tokenizer_path))
+    ids = []
+    for key in ("cls_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str) and (i := tokenizer.token_to_id(value)) is not None:
+            ids.append(i)
+    return tuple(sorted(set(ids)))
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig):
         self.model_config = model_config
@@ -76,6 +103,12 @@ class ModelRunner:
             token_projection.weight.data.copy_(weight)
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
+        sparse_head: nn.Module | None = None
+        skip_ids: tuple[int, ...] = ()
+        if model_config.bge_m3 is not None:  # FlagEmbedding's bge-m3 heads: multi-vector and sparse
+            token_projection = _load_linear(model_config.bge_m3.colbert_path, self.device)
+            sparse_head = _load_linear(model_config.bge_m3.sparse_path, self.device)
+            skip_ids = _unused_token_ids(model_config)
         args = self.model.encoder.args
         self.packed_attention = not self.causal and self.platform.packed_attention(
             model_config.dtype, args.hidden_size // args.num_attention_heads
@@ -90,6 +123,10 @@ class ModelRunner:
             token_head=self.model.token_classifier,
             classifier_activation_name=model_config.classifier_activation,
             splade=model_config.splade,
+            sparse_head=sparse_head,
+            sparse_skip_ids=skip_ids,
+            token_drop_first=model_config.bge_m3 is not None,
+            vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
         )
 
     @property

@@ -2,8 +2,10 @@
 
     polyvec serve [MODEL]            start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
-    polyvec eval-retrieval --model M --data DIR [--mode dense|multivector] [--top-k 100]
+    polyvec eval-retrieval --model M --data DIR [--mode dense|multivector|sparse|bm25] [--top-k 100]
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
+    polyvec eval-retrieval --data DIR --mode hybrid --hybrid dense[:M] sparse:M [multivector[:M]] [bm25]
+                           [--fusion rrf|weighted] [--weights W ...]   fuse exact rankings (RRF or bge-m3's sum)
 
 MODEL is a local folder or a Hugging Face hub id (downloaded on first use unless HF_HUB_OFFLINE=1).
 Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
@@ -451,17 +453,61 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from ..eval.retrieval import load_beir, run_retrieval
+    from ..eval.retrieval import KINDS, load_beir, run_hybrid, run_retrieval
 
     try:
         data = load_beir(args.data)
     except OSError as exc:
         raise CommandError(f"cannot read the collection in {args.data}: {exc}") from None
-    llm = load_llm(args)
-    report = run_retrieval(llm, data, mode=args.mode, top_k=args.top_k, use_tqdm=not args.quiet)
+    quiet, labels = args.quiet, []
+    if args.mode != "hybrid":
+        if args.hybrid or args.weights is not None:
+            raise CommandError("--hybrid and --weights need --mode hybrid")
+        llm = None if args.mode == "bm25" else load_llm(args)
+        name = "bm25s" if args.mode == "bm25" else args.model
+        try:
+            report = run_retrieval(llm, data, mode=args.mode, top_k=args.top_k, use_tqdm=not quiet)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; {name} {args.mode}")
+    else:
+        if not args.hybrid or len(args.hybrid) < 2:
+            raise CommandError("--mode hybrid needs --hybrid with two systems or more, e.g. dense sparse:MODEL")
+        components, llms = [], {}
+        for spec in args.hybrid:
+            kind, _, model = spec.partition(":")
+            if kind not in KINDS or (kind == "bm25" and model):
+                raise CommandError(
+                    f"--hybrid {spec!r}: expected dense[:MODEL], multivector[:MODEL], sparse[:MODEL] or bm25"
+                )
+            model = model or args.model
+            if kind != "bm25" and model not in llms:
+                llms[model] = load_llm(argparse.Namespace(**{**vars(args), "model": model}))
+            components.append((kind, None if kind == "bm25" else llms[model]))
+            labels.append("bm25" if kind == "bm25" else f"{kind}:{model}")
+        try:
+            report = run_hybrid(
+                components,
+                data,
+                fusion=args.fusion,
+                top_k=args.top_k,
+                depth=args.depth,
+                weights=args.weights,
+                normalize=args.normalize,
+                rrf_k=args.rrf_k,
+                use_tqdm=not quiet,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        how = f"rrf (k={args.rrf_k})"
+        if args.fusion == "weighted":
+            weights = "default weights" if args.weights is None else "weights " + " ".join(map(str, args.weights))
+            how = f"weighted sum, {weights}, {'raw' if args.normalize == 'none' else 'min-max'} scores"
+        print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; hybrid {how} of {', '.join(labels)}")
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in report.metrics.items())
-    print(f"{args.data}: {report.num_docs} docs, {report.num_queries} queries; {args.model} {args.mode}")
     print(f"  {metrics}")
+    for label, m in zip(labels, report.extra.get("systems", [])):  # hybrid: each system alone
+        print(f"    {label}: " + "  ".join(f"{k} {v:.4f}" for k, v in m.items()))
     print(
         f"  encode docs {report.encode_docs_s:.1f} s, queries {report.encode_queries_s:.2f} s, "
         f"search {report.search_s:.2f} s (exact, top {args.top_k})"
@@ -510,11 +556,45 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(ev, positional=False)
     ev.add_argument(
         "--mode",
-        choices=["dense", "multivector"],
+        choices=["dense", "multivector", "sparse", "bm25", "hybrid"],
         default="dense",
-        help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors (default: dense)",
+        help="dense: cosine of pooled vectors; multivector: MaxSim of token vectors; sparse: dot product of "
+        "SPLADE vectors (an embed_sparse model); bm25: bm25s, no model; hybrid: fuse the --hybrid systems "
+        "(default: dense)",
     )
     ev.add_argument("--top-k", type=int, default=100, help="documents ranked per query (default: 100)")
+    ev.add_argument(
+        "--hybrid",
+        nargs="+",
+        metavar="KIND[:MODEL]",
+        help="with --mode hybrid: the systems to fuse, each dense, multivector or sparse with :MODEL (default "
+        "--model), or bm25; e.g. dense sparse:naver/splade-v3",
+    )
+    ev.add_argument(
+        "--fusion",
+        choices=["rrf", "weighted"],
+        default="rrf",
+        help="rrf: reciprocal rank fusion, sum of 1/(k + rank); weighted: bge-m3's weighted sum of each "
+        "system's exact scores over the union of their candidates (default: rrf)",
+    )
+    ev.add_argument(
+        "--weights",
+        nargs="+",
+        type=float,
+        help="--fusion weighted: one weight per --hybrid system (default bge-m3's: dense 0.4, sparse 0.2, "
+        "multivector 0.4; bm25 0.2)",
+    )
+    ev.add_argument(
+        "--normalize",
+        choices=["none", "minmax"],
+        default="none",
+        help="--fusion weighted: raw scores as bge-m3 (none), or each system's min-max over a query's "
+        "candidates (default: none)",
+    )
+    ev.add_argument("--rrf-k", type=int, default=60, help="--fusion rrf: the k of 1/(k + rank) (default: 60)")
+    ev.add_argument(
+        "--depth", type=int, default=None, help="--mode hybrid: documents each system contributes (default: --top-k)"
+    )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval_retrieval)
     return parser

@@ -65,6 +65,10 @@ class Pooler(nn.Module):
         token_head: nn.Module | None = None,
         classifier_activation_name: str = "softmax",
         splade: SpladeSpec | None = None,
+        sparse_head: nn.Module | None = None,
+        sparse_skip_ids: tuple[int, ...] = (),
+        token_drop_first: bool = False,
+        vocab_size: int | None = None,
     ):
         super().__init__()
         self.embed_projection = embed_projection
@@ -73,6 +77,10 @@ class Pooler(nn.Module):
         self.token_head = token_head
         self.classifier_act = classifier_activation(classifier_activation_name)
         self.splade = splade or SpladeSpec()
+        self.sparse_head = sparse_head  # bge-m3: one weight per token, [T, H] → [T, 1]
+        self.sparse_skip_ids = sparse_skip_ids
+        self.token_drop_first = token_drop_first  # bge-m3's multi-vector output leaves out the first token
+        self.vocab_size: int | None = vocab_size
 
     def apply_head(self, spec: PoolingSpec, pooled: torch.Tensor) -> torch.Tensor:
         """The head of a sequence task on one pooled vector [H] (combined long-input windows)."""
@@ -116,7 +124,7 @@ class Pooler(nn.Module):
 
         for spec, members in groups.items():
             if spec.task == "embed_sparse":
-                out = self._sparse(spec, hidden, meta, members)
+                out = self._sparse(spec, hidden, meta, members, input_ids)
                 for row, i in enumerate(members):
                     results[i] = out[row]
                 continue
@@ -141,15 +149,23 @@ class Pooler(nn.Module):
                 tokens = torch.cat([hidden[starts[i] : starts[i + 1]] for i in members])
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
+            drop = int(self.token_drop_first and spec.task == "token_embed")
             for i, piece in zip(members, out.split(lens)):
                 results[i] = self._select(
-                    piece, input_ids[starts[i] : starts[i + 1]], spec, keep[i] if keep is not None else None
+                    piece[drop:],
+                    input_ids[starts[i] + drop : starts[i + 1]],
+                    spec,
+                    keep[i] if keep is not None else None,
                 )
         return results
 
-    def _sparse(self, spec: PoolingSpec, hidden: torch.Tensor, meta: AttentionMetadata, members: list[int]):
+    def _sparse(
+        self, spec: PoolingSpec, hidden: torch.Tensor, meta: AttentionMetadata, members: list[int], input_ids
+    ) -> torch.Tensor:
         """SPLADE: act(token_head(h)) pooled (max or sum) over each request's tokens → [len(members), vocab].
         The vocabulary logits are made for at most SPARSE_CHUNK_TOKENS tokens at a time, never for the batch."""
+        if self.sparse_head is not None:
+            return self._token_weights(spec, hidden, meta, members, input_ids)
         head = self.token_head
         assert head is not None  # embed_sparse is a masked-LM task
         starts = meta.cu_seqlens.tolist()
@@ -182,7 +198,25 @@ class Pooler(nn.Module):
                 flush()
             pending.append((begin, end))
         flush()
-        out = torch.stack(rows)
+        return self._prune(spec, torch.stack(rows))
+
+    def _token_weights(
+        self, spec: PoolingSpec, hidden: torch.Tensor, meta: AttentionMetadata, members: list[int], input_ids
+    ) -> torch.Tensor:
+        """bge-m3: relu(sparse_head(h)) per token, special tokens left out, the largest weight per vocabulary id."""
+        assert self.sparse_head is not None and self.token_head is None
+        vocab = int(input_ids.max()) + 1 if self.vocab_size is None else self.vocab_size
+        weights = torch.relu(self.sparse_head(hidden)).squeeze(-1)  # [T]
+        if self.sparse_skip_ids:
+            weights = weights.masked_fill(torch.isin(input_ids, torch.tensor(self.sparse_skip_ids)), 0.0)
+        out = hidden.new_zeros(meta.num_seqs * vocab)  # weights are >= 0: a zero start keeps the maxima
+        out.scatter_reduce_(0, meta.seq_ids * vocab + input_ids, weights, "amax")
+        out = out.view(meta.num_seqs, vocab)
+        if len(members) != meta.num_seqs:
+            out = out.index_select(0, torch.tensor(members))
+        return self._prune(spec, out)
+
+    def _prune(self, spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:
         if spec.sparse_threshold is not None:
             out = torch.where(out >= spec.sparse_threshold, out, torch.zeros_like(out))
         if spec.sparse_top_k is not None and spec.sparse_top_k < out.shape[1]:

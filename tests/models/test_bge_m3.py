@@ -1,0 +1,92 @@
+"""bge-m3's three outputs (dense, sparse, multi-vector) against FlagEmbedding's BGEM3FlagModel, on a small
+random XLM-RoBERTa with seeded heads saved in bge-m3's layout (colbert_linear.pt, sparse_linear.pt)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from polyvec import LLM
+from polyvec.scoring import colbert_score, lexical_matching_score
+from tests.helpers import TINY, cosine_rows, save_tiny_model
+
+TEXTS = [
+    "the wing stalls at high angle of attack",
+    "heat transfer in laminar boundary layers with suction and blowing at the wall",
+    "shock",
+    "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft?",
+]
+
+
+@pytest.fixture(scope="module")
+def m3_folder(tmp_path_factory, minilm_path):
+    folder = tmp_path_factory.mktemp("bge-m3")
+    cfg = dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130)
+    save_tiny_model("XLMRobertaModel", "XLMRobertaConfig", folder, minilm_path, **cfg)
+    # XLM-R's special-token roles on MiniLM's vocabulary: [SEP] is the eos token, as </s> is in bge-m3
+    special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "eos_token": "[SEP]", "pad_token": "[PAD]"}
+    special |= {"unk_token": "[UNK]", "mask_token": "[MASK]", "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(special))
+    torch.manual_seed(1)
+    torch.save(torch.nn.Linear(32, 32).state_dict(), folder / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(32, 1).state_dict(), folder / "sparse_linear.pt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(m3_folder):
+    from FlagEmbedding import BGEM3FlagModel
+
+    model = BGEM3FlagModel(str(m3_folder), use_fp16=False, devices="cpu")
+    out = model.encode(TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True, max_length=128)
+    return model, out
+
+
+def test_three_outputs_equal_flagembedding(m3_folder, reference):
+    _, ref = reference
+    llm = LLM(str(m3_folder), dtype="float32")
+    assert set(llm.supported_tasks) == {"embed", "token_embed", "embed_sparse"}
+    dense = torch.stack([o.outputs.data for o in llm.embed(TEXTS, use_tqdm=False)])
+    assert cosine_rows(dense, torch.tensor(np.asarray(ref["dense_vecs"]))).min() >= 0.9999
+    for o, want in zip(llm.token_embed(TEXTS, use_tqdm=False), ref["colbert_vecs"]):
+        want = torch.tensor(np.asarray(want))
+        assert o.outputs.data.shape == want.shape  # every token but the first
+        assert cosine_rows(o.outputs.data, want).min() >= 0.9999
+    for o, want in zip(llm.embed_sparse(TEXTS, use_tqdm=False), ref["lexical_weights"]):
+        got = dict(zip(o.outputs.indices, o.outputs.values))
+        assert set(got) == {int(k) for k in want}
+        for k, w in want.items():
+            assert abs(got[int(k)] - float(w)) <= 1e-5
+
+
+def test_scores_as_flagembedding_defines_them(m3_folder, reference):
+    model, ref = reference
+    llm = LLM(str(m3_folder), dtype="float32")
+    sparse = llm.embed_sparse(TEXTS, use_tqdm=False)
+    vecs = llm.token_embed(TEXTS, use_tqdm=False)
+    for i in range(len(TEXTS)):
+        for j in range(len(TEXTS)):
+            want = model.compute_lexical_matching_score(ref["lexical_weights"][i], ref["lexical_weights"][j])
+            got = lexical_matching_score(sparse[i].outputs, sparse[j].outputs)
+            assert abs(got - float(want)) <= 1e-4
+            want = float(model.colbert_score(ref["colbert_vecs"][i], ref["colbert_vecs"][j]))
+            assert abs(colbert_score(vecs[i].outputs.data, vecs[j].outputs.data) - want) <= 1e-4
+
+
+def test_combined_score(m3_folder, reference):
+    from polyvec.scoring import bge_m3_score
+
+    model, _ = reference
+    llm = LLM(str(m3_folder), dtype="float32")
+    q, d = TEXTS[0], TEXTS[3]
+    want = model.compute_score([(q, d)], weights_for_different_modes=[0.4, 0.2, 0.4], max_passage_length=128)
+    dense = float(llm.embed(q, use_tqdm=False)[0].outputs.data @ llm.embed(d, use_tqdm=False)[0].outputs.data)
+    sparse = lexical_matching_score(*(o.outputs for o in llm.embed_sparse([q, d], use_tqdm=False)))
+    colbert = colbert_score(*(o.outputs.data for o in llm.token_embed([q, d], use_tqdm=False)))
+    for key, got in [("dense", dense), ("sparse", sparse), ("colbert", colbert)]:
+        assert abs(got - float(np.asarray(want[key]).ravel()[0])) <= 1e-4, key
+    combined = float(np.asarray(want["colbert+sparse+dense"]).ravel()[0])
+    assert abs(bge_m3_score(dense, sparse, colbert) - combined) <= 1e-4
