@@ -106,3 +106,14 @@ def test_pruning_and_tokens(splade_llm, cranfield_texts):
 def test_dense_models_do_not_have_it(minilm_llm):
     with pytest.raises(ValueError, match="Unsupported task: task='embed_sparse'"):
         minilm_llm.embed_sparse("x", use_tqdm=False)
+
+
+def test_bfloat16_decoder_stays_close(splade_path, splade_llm, cranfield_texts):
+    """In bfloat16 the vocabulary decoder runs in bfloat16 too (its logits in float32): the same vectors to
+    cosine 0.9999; weights near zero may appear or vanish."""
+    bf16 = LLM(str(splade_path), dtype="bfloat16")
+    for a, b in zip(
+        bf16.embed_sparse(cranfield_texts[:10], use_tqdm=False),
+        splade_llm.embed_sparse(cranfield_texts[:10], use_tqdm=False),
+    ):
+        assert torch.nn.functional.cosine_similarity(a.outputs.data, b.outputs.data, dim=0) >= 0.9999

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers.activation import get_act_fn
@@ -191,7 +192,11 @@ class MaskedLMHead(nn.Module):
         self.decoder = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.act(self.dense(x))))  # [T, H] → [T, vocab]
+        h = self.norm(self.act(self.dense(x)))
+        w = self.decoder.weight
+        return F.linear(
+            h.to(w.dtype), w, None if self.decoder.bias is None else self.decoder.bias.to(w.dtype)
+        ).float()  # [T, H] → [T, vocab]
 
 
 BERT_HEAD_RULES: dict[str, list[Rule]] = {

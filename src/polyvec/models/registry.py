@@ -176,4 +176,8 @@ def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], devic
     for head in (model.sequence_head, model.token_head):
         if head is not None:
             head.to(device=device, dtype=torch.float32)
+    if isinstance(model.token_head, MaskedLMHead) and model_config.dtype == torch.bfloat16:
+        # A vocabulary-wide decoder is most of a SPLADE model's work: it runs in the trunk's bfloat16 (AMX),
+        # its logits in float32; float32 models keep it in float32.
+        model.token_head.decoder.to(dtype=model_config.dtype)
     return model.eval().requires_grad_(False)
