@@ -172,7 +172,7 @@ def test_openapi_documents_the_statuses_and_the_error_schema(server):
     assert schemas["ErrorResponse"]["properties"]["error"] == {"$ref": "#/components/schemas/ErrorDetail"}
     assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
     posts = 0
-    tei_only = {"/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode", "/info"}
+    tei_only = {"/", "/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode", "/info"}
     tei_shared = {"/rerank", "/tokenize"}  # TEI's body or vLLM's: each error status documents both shapes
     for path, operations in doc["paths"].items():
         for method, operation in operations.items():

@@ -44,3 +44,9 @@ def test_tei_embed_sparse(splade, server):
     assert r.status_code == 424 and "SPLADE" in r.json()["error"]
     r = server.post("/pooling", {"input": "x", "task": "embed_sparse"})
     assert r.status_code == 400 and "Unsupported task" in r.json()["error"]["message"]
+
+
+def test_post_root_of_a_splade_model(splade):
+    server, _ = splade
+    body = {"inputs": TEXTS}
+    assert server.post("/", body).json() == server.post("/embed_sparse", body).json()

@@ -467,3 +467,21 @@ def test_shared_routes_keep_polyvec_errors_for_their_bodies(server):
     ):
         r = server.post(path, body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], (path, r.text)
+
+
+def test_post_root_is_the_models_own_route(server, classifier, cross_encoder):
+    """TEI binds `/` by the model's kind; huggingface_hub's InferenceClient posts there."""
+    body = {"inputs": ["a wing", "heat transfer"]}
+    assert server.post("/", body).json() == server.post("/embed", body).json()
+    url, texts, _ = classifier
+    assert (
+        httpx.post(url + "/", json={"inputs": texts[0]}).json()
+        == httpx.post(url + "/predict", json={"inputs": texts[0]}).json()
+    )
+    url, query, docs, *_ = cross_encoder
+    rerank = {"query": query, "texts": docs}
+    assert httpx.post(url + "/", json=rerank).json() == httpx.post(url + "/rerank", json=rerank).json()
+    r = server.post("/", {"query": "x", "texts": ["y"]})  # an embedding model's / takes /embed's body
+    assert tei_error(r, 422, "Validation")
+    r = httpx.post(server.url + "/", content=b"{", headers={"Content-Type": "application/json"})
+    assert r.status_code in (400, 422) and "error_type" in r.json()

@@ -24,12 +24,14 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
 import torch
 import torch.nn.functional as F
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .... import __version__
@@ -631,3 +633,48 @@ async def info(state: State) -> dict[str, Any]:
         "sha": None,
         "docker_label": None,
     }
+
+
+# ---------------------------------------------------------------------------------------------- POST /
+
+
+@router.post(
+    "/",
+    summary="TEI: the model's own route (what huggingface_hub's InferenceClient calls)",
+    response_class=Response,
+    responses={
+        200: {"model": T.TEIEmbedResponse | T.TEIEmbedSparseResponse | T.TEIPredictResponse | T.TEIRerankResponse},
+        **tei_error_responses(400, 422, 424),
+        **_MIDDLEWARE_ERRORS,
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+            "description": "The body of /embed, /embed_sparse, /predict or /rerank, by the model's kind",
+        }
+    },
+)
+async def model_route(raw: Request, state: State) -> Response:
+    """As TEI binds `/`: a classifier answers /predict, a reranker (one-label classifier) /rerank, a SPLADE model
+    /embed_sparse, an embedding model /embed."""
+    tasks = state.engine.supported_tasks
+    kind: tuple[type[BaseModel], Callable[..., Coroutine[Any, Any, Response]]]
+    if "classify" in tasks:
+        kind = (T.TEIRerankRequest, rerank) if state.engine.is_cross_encoder else (T.TEIPredictRequest, predict)
+    elif "embed" in tasks:
+        kind = (T.TEIEmbedRequest, embed)
+    elif "embed_sparse" in tasks:
+        kind = (T.TEIEmbedSparseRequest, embed_sparse)
+    else:
+        raise TEIError("Backend", "Backend error: this model has no route of TEI's")
+    model, handler = kind
+    try:
+        body = orjson.loads(await raw.body())
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"Failed to parse the request body as JSON: {exc}") from None
+    try:
+        req = model.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    return await handler(req, raw, state)
