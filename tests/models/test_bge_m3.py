@@ -90,3 +90,28 @@ def test_combined_score(m3_folder, reference):
         assert abs(got - float(np.asarray(want[key]).ravel()[0])) <= 1e-4, key
     combined = float(np.asarray(want["colbert+sparse+dense"]).ravel()[0])
     assert abs(bge_m3_score(dense, sparse, colbert) - combined) <= 1e-4
+
+
+def test_three_outputs_from_one_pass_equal_single_tasks(m3_folder):
+    """Several tasks in one call: one forward pass per prompt, every head on the same hidden states; each entry
+    equals the single-task result."""
+    llm = LLM(str(m3_folder), dtype="float32")
+    tasks = ["embed", "embed_sparse", "token_embed"]
+    multi = llm.encode(TEXTS, pooling_task=tasks, use_tqdm=False)
+    assert llm.engine.stats.num_batched_tokens  # the one pass ran
+    before = llm.engine.stats.num_batched_tokens
+    singles = {
+        "embed": llm.embed(TEXTS, use_tqdm=False),
+        "embed_sparse": llm.embed_sparse(TEXTS, use_tqdm=False),
+        "token_embed": llm.token_embed(TEXTS, use_tqdm=False),
+    }
+    per_task = (llm.engine.stats.num_batched_tokens - before) // 3
+    assert per_task == sum(len(o.prompt_token_ids) for o in multi)  # the list cost one pass, each single one
+    for i, o in enumerate(multi):
+        assert o.task == "embed+embed_sparse+token_embed" and list(o.outputs.data) == tasks
+        for task in tasks:
+            assert torch.equal(o.outputs.data[task], singles[task][i].outputs.data), task
+    with pytest.raises(ValueError, match="without repeats"):
+        llm.encode(TEXTS, pooling_task=["embed", "embed"], use_tqdm=False)
+    with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
+        llm.encode(TEXTS, pooling_task=["embed", "classify"], use_tqdm=False)

@@ -153,14 +153,15 @@ class Engine:
         self,
         prompts: Sequence[Prompt],
         params: PoolingParams | Sequence[PoolingParams] | None,
-        task: str | None,
+        task: str | Sequence[str] | None,
         request_ids: Sequence[str] | None = None,
         *,
         add_special_tokens: bool = True,
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
     ) -> list[Request]:
-        """Tokenize and check prompts (see `InputProcessor.process`); thread-safe."""
+        """Tokenize and check prompts (see `InputProcessor.process`); thread-safe. Several tasks (a list): each
+        output's data is a dict, task name → output, all from one forward pass."""
         return self.input_processor.process(
             prompts,
             params,
@@ -272,8 +273,8 @@ class Engine:
         assert r.params.task is not None  # verified params name their task
         return PoolingRequestOutput(
             request_id=r.request_id,
-            outputs=PoolingOutput(data),
-            task=r.params.task,
+            outputs=PoolingOutput(data),  # several tasks: a dict, task name → output
+            task="+".join(data) if isinstance(data, dict) else r.params.task,
             prompt_token_ids=r.prompt_token_ids,
             num_input_tokens=r.num_input_tokens,
             input_type=r.input_type,

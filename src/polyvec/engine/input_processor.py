@@ -7,6 +7,7 @@ here is fixed at construction except the request-id counter, which a lock guards
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Sequence
@@ -87,7 +88,7 @@ class InputProcessor:
         self,
         prompts: Sequence[Prompt],
         params: PoolingParams | Sequence[PoolingParams] | None,
-        task: str | None,
+        task: str | Sequence[str] | None,
         request_ids: Sequence[str] | None = None,
         *,
         add_special_tokens: bool = True,
@@ -97,8 +98,13 @@ class InputProcessor:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
         `truncation` ("auto" / "error") overrides the engine's setting for these prompts; `truncation_side`
-        ("right", the default, or "left": keep the last tokens) is the end that truncation cuts.
+        ("right", the default, or "left": keep the last tokens) is the end that truncation cuts. Several tasks
+        (a list) are all read from one forward pass of each prompt (`Request.extra`).
         """
+        if task is not None and not isinstance(task, str):
+            return self._process_multi(
+                prompts, params, list(task), request_ids, add_special_tokens, truncation, truncation_side
+            )
         if truncation_side not in (None, "left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
         side: TruncationSide = truncation_side or "right"
@@ -207,6 +213,35 @@ class InputProcessor:
                     self.special_ids,
                 )
             requests.append(request)
+        return requests
+
+    def _process_multi(self, prompts, params, tasks: list[str], request_ids, add_special, truncation, side):
+        if not tasks or len(set(tasks)) != len(tasks):
+            raise ValueError(f"tasks must be a non-empty list without repeats, got {tasks!r}")
+        if self.causal:
+            raise ValueError("several tasks from one pass apply to encoder models (causal ones prefill in chunks)")
+
+        def for_task(p: PoolingParams | None, task: str) -> PoolingParams:
+            p = dataclasses.replace(p or PoolingParams(), task=None)
+            if task != "embed_sparse":  # a sparse output's options leave the other tasks alone
+                p = dataclasses.replace(p, sparse_top_k=None, sparse_threshold=None, return_tokens=False)
+            return p
+
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        requests = self.process(
+            prompts,
+            [for_task(p, tasks[0]) for p in per_prompt],
+            tasks[0],
+            request_ids,
+            add_special_tokens=add_special,
+            truncation=truncation,
+            truncation_side=side,
+        )
+        for r, p in zip(requests, per_prompt):
+            if r.windows:
+                raise ValueError("several tasks from one pass need inputs within max_model_len (no long_input windows)")
+            for task in tasks[1:]:
+                r.extra.append((task, self._spec(self.verify_params(for_task(p, task), task))))
         return requests
 
     def _spec(self, params: PoolingParams) -> PoolingSpec:

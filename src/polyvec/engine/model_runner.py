@@ -214,6 +214,20 @@ class ModelRunner:
             [r.spec if w else None for r, w in zip(requests, whole)],
             [r.keep for r in requests],
         )
+        for k in range(max((len(r.extra) for r in requests), default=0)):  # more tasks from the same hidden states
+            extra = self.pooler(
+                hidden,
+                meta,
+                input_ids,
+                [r.extra[k][1] if len(r.extra) > k else None for r in requests],
+                [r.keep for r in requests],
+            )
+            for i, r in enumerate(requests):
+                if len(r.extra) > k:
+                    first = outputs[i]
+                    multi = first if isinstance(first, dict) else {r.params.task: first}
+                    multi[r.extra[k][0]] = extra[i]
+                    outputs[i] = multi
         if not all(whole):
             starts = meta.cu_seqlens.tolist()
             for i, c in enumerate(chunks):
@@ -228,6 +242,9 @@ class ModelRunner:
                 if c.is_last:
                     outputs[i] = self.pooler.finish(r.pool_state, r.keep)
         if self.device.type != "cpu":
-            outputs = [o.cpu() if o is not None else None for o in outputs]
+            outputs = [
+                {t: x.cpu() for t, x in o.items()} if isinstance(o, dict) else o.cpu() if o is not None else None
+                for o in outputs
+            ]
         self.platform.after_batch()
         return outputs, hidden

@@ -20,6 +20,7 @@ class Request:
     num_key_tokens: int | None = None  # tokens others may attend to (ColBERT unattended expansion); None: all
     keep: list[int] | None = None  # positions whose outputs are returned (ColBERT skiplist); None: all
     input_type: str | None = None  # ColBERT mode used: "query" or "document"
+    extra: list[tuple[str, Any]] = field(default_factory=list)  # more (task, spec) read from the same pass
     arrival_time: float = field(default_factory=time.monotonic)
     # Causal models (chunked prefill):
     chunkable: bool = False

@@ -155,7 +155,7 @@ class LLM:
         self,
         prompts: PromptsType,
         params: PoolingParams | Sequence[PoolingParams] | None,
-        task: str,
+        task: str | Sequence[str],
         truncate_prompt_tokens: int | None,
         use_tqdm: bool | Callable,
         tokenization_kwargs: dict[str, Any] | None = None,
@@ -209,7 +209,7 @@ class LLM:
             out.outputs.data = data
         return outputs
 
-    def _late_chunking(self, prompts: list, params, task: str) -> dict[int, tuple[str, LateChunkingParams, bool]]:
+    def _late_chunking(self, prompts: list, params, task) -> dict[int, tuple[str, LateChunkingParams, bool]]:
         """Prompts whose params ask for late chunking: index → (text, params, normalize); checked as vLLM does."""
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         found = {}
@@ -277,12 +277,14 @@ class LLM:
         prompts: PromptsType,
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
-        pooling_task: str | None = None,
+        pooling_task: str | Sequence[str] | None = None,
         truncate_prompt_tokens: int | None = None,
         use_tqdm: bool | Callable = True,
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
-        """Raw pooling outputs (`.outputs.data` tensors). With no task: token_embed, else token_classify."""
+        """Raw pooling outputs (`.outputs.data` tensors). With no task: PoolerConfig.task, else token_embed, else
+        token_classify. Several tasks (a list, e.g. ["embed", "embed_sparse", "token_embed"]): one forward pass per
+        prompt, and `.outputs.data` is a dict, task name → that task's output (embed_sparse: the whole vector)."""
         if pooling_task is None:
             first = pooling_params[0] if isinstance(pooling_params, Sequence) and pooling_params else pooling_params
             pooling_task = getattr(first, "task", None)

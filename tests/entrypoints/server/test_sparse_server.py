@@ -50,3 +50,21 @@ def test_post_root_of_a_splade_model(splade):
     server, _ = splade
     body = {"inputs": TEXTS}
     assert server.post("/", body).json() == server.post("/embed_sparse", body).json()
+
+
+def test_several_tasks_in_one_request(splade, server, minilm_llm):
+    s, llm = splade
+    body = s.post("/pooling", {"input": TEXTS, "task": ["embed_sparse", "token_classify"], "sparse_top_k": 4}).json()
+    sparse = llm.embed_sparse(TEXTS, PoolingParams(sparse_top_k=4), use_tqdm=False)
+    logits = llm.token_classify(TEXTS, use_tqdm=False)
+    for item, sp, lg in zip(body["data"], sparse, logits):
+        assert set(item["data"]) == {"embed_sparse", "token_classify"}
+        assert item["data"]["embed_sparse"]["indices"] == sp.outputs.indices
+        assert item["shape"]["token_classify"] == list(lg.outputs.data.shape)
+    dense = server.post("/pooling", {"input": TEXTS[0], "task": ["embed", "token_embed"]}).json()["data"][0]
+    assert dense["data"]["embed"] == pytest.approx(minilm_llm.embed(TEXTS[0], use_tqdm=False)[0].outputs.embedding)
+    assert dense["shape"]["token_embed"][1] == 384
+    r = server.post("/pooling", {"input": "x", "task": ["embed", "token_embed"], "encoding_format": "base64"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
+    r = server.post("/pooling", {"input": "x", "task": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task"

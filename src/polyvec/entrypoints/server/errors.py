@@ -134,7 +134,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [
         x
         for x in first.get("loc", ())
-        if x != "body" and not (isinstance(x, str) and x.startswith(("str", "list[", "function-", "constrained-")))
+        if x != "body"
+        and not (isinstance(x, str) and x.startswith(("str", "list[", "literal[", "function-", "constrained-")))
     ]
     if kind == "string_unicode":  # pydantic cannot take a lone surrogate in an object key
         where = f"field {_describe_loc(loc)}" if loc else "the request body"

@@ -249,10 +249,17 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
 class PoolingRequest(EmbeddingRequest):
     """vLLM `POST /pooling`: any pooling task."""
 
-    task: Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"] | None = None
+    task: (
+        Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"]
+        | Annotated[
+            list[Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"]],
+            Field(min_length=1),
+        ]
+        | None
+    ) = None
     """Which output: embed (one vector), token_embed (one vector per token), classify (label probabilities),
-    token_classify (per-token label scores). Default: token_embed if the model supports it, else
-    token_classify."""
+    token_classify (per-token label scores), embed_sparse (SPLADE); a list: each of them from one forward pass,
+    each item's `data` and `shape` keyed by task. Default: the model's own task."""
     activation: bool | None = None
     """Older name of use_activation for the classify tasks."""
     sparse_top_k: Annotated[int, Field(ge=1), INTEGRAL] | None = None
@@ -466,8 +473,8 @@ class SparseVector(BaseModel):
 class PoolingItem(BaseModel):
     index: int
     object: str
-    data: Vector | SparseVector
-    shape: list[int] | None = None
+    data: Vector | SparseVector | dict[str, Vector | SparseVector]
+    shape: list[int] | dict[str, list[int]] | None = None
     input_type: str | None = None
 
 

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -211,7 +211,7 @@ async def run_pooling(
     raw: Request,
     prompts: list,
     params: PoolingParams | list[PoolingParams],
-    task: str,
+    task: str | Sequence[str],
     *,
     field: str = "input",
     locate: Locate | None = None,

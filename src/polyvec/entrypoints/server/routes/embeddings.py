@@ -60,20 +60,31 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
     )
-    if task == "embed_sparse":  # {"indices", "values"}: what Qdrant's sparse vectors take
+    multi = not isinstance(task, str)
+    if multi or task == "embed_sparse":
         if req.encoding_format != "float":
-            raise APIError(
-                400, "embed_sparse returns indices and values; encoding_format must be float", "encoding_format"
-            )
+            message = "embed_sparse and several tasks return JSON objects; encoding_format must be float"
+            raise APIError(400, message, "encoding_format")
         tokenizer = state.engine.tokenizer
-        data = []
-        for i, o in enumerate(outputs):
-            v = o.outputs.data
-            ids = v.nonzero().squeeze(1)
+
+        def entry(name: str, v: Any) -> Any:
+            if name != "embed_sparse":
+                return float_array(v)
+            ids = v.nonzero().squeeze(1)  # {"indices", "values"}: what Qdrant's sparse vectors take
             sparse: dict[str, Any] = {"indices": ids.tolist(), "values": float_array(v[ids])}
             if req.return_tokens:
                 sparse["tokens"] = [tokenizer.id_to_token(t) or "" for t in sparse["indices"]]
-            data.append({"index": i, "object": "pooling", "data": sparse, "shape": list(v.shape)})
+            return sparse
+
+        data = []
+        for i, o in enumerate(outputs):
+            d = o.outputs.data
+            if multi:  # one entry per task, keyed by its name, all from one forward pass
+                item = {"index": i, "object": "pooling", "data": {t: entry(t, v) for t, v in d.items()}}
+                item["shape"] = {t: list(v.shape) for t, v in d.items()}
+            else:
+                item = {"index": i, "object": "pooling", "data": entry("embed_sparse", d), "shape": list(d.shape)}
+            data.append(item)
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
         return VectorJSONResponse(P.envelope("pooling", model, data, tokens))
     return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
