@@ -1,7 +1,7 @@
 """bge-m3's three outputs (dense, sparse, multi-vector): one multi-output pass against the same outputs asked for
 separately, and against FlagEmbedding's BGEM3FlagModel on the same weights and texts.
 
-    python benchmarks/multi_output.py [--layers 12] [--hidden 768] [--limit 400] [--repeats 2]
+    python benchmarks/multi_output.py [--layers 12] [--hidden 768] [--limit 400] [--repeats 2] [--dtype float32]
 
 No bge-m3 checkpoint can be had here: the model is bge-m3-shaped (an XLM-RoBERTa trunk with its 250,002-token
 vocabulary, seeded random weights, colbert_linear.pt and sparse_linear.pt beside it; fewer layers than bge-m3's
@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-flagembedding", action="store_true")
+    ap.add_argument("--dtype", default="auto", help="polyvec's dtype (FlagEmbedding runs float32)")
     args = ap.parse_args()
     texts = load_passages(("cranfield",), args.limit)
     from polyvec import LLM
@@ -63,7 +64,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "bge-m3-shaped"
         build(folder, args.layers, args.hidden)
-        llm = LLM(str(folder))
+        llm = LLM(str(folder), dtype=args.dtype)
         flag = None
         if not args.no_flagembedding:
             from FlagEmbedding import BGEM3FlagModel
