@@ -180,7 +180,7 @@ class Pooler(nn.Module):
             logits = head(hidden[lo:hi]).float()  # [chunk, V]
             lens = [e - b for b, e in pending]
             if amax:  # the activation is monotone: act(max) = max(act), on [B, V] instead of [chunk, V]
-                # (a reduction per sequence over its rows: 20x torch.segment_reduce's time on CPU)
+                # (amax per sequence slice: torch.segment_reduce is far slower on CPU, see RESULTS.md, SPLADE)
                 rows.extend(self._splade_act(torch.stack([p.amax(0) for p in logits.split(lens)])).unbind(0))
             else:
                 rows.extend(p.sum(0) for p in self._splade_act(logits).split(lens))
