@@ -42,3 +42,22 @@ TINY = dict(
     intermediate_size=64,
     max_position_embeddings=128,
 )
+
+
+def save_inference_free_splade(splade_path: Path, folder: Path, seed: int = 0) -> Path:
+    """Inference-free SPLADE as sentence-transformers saves it: a Router whose query route is a
+    SparseStaticEmbedding (seeded weights: ~20% of the vocabulary zero, the rest in (0, 5)) and whose document
+    route is SPLADE-tiny (MLMTransformer + SpladePooling max)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules.router import Router
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SparseStaticEmbedding, SpladePooling
+
+    doc = MLMTransformer(str(splade_path))
+    gen = torch.Generator().manual_seed(seed)
+    vocab = doc.tokenizer.vocab_size
+    weight = torch.rand(vocab, generator=gen) * 5 * (torch.rand(vocab, generator=gen) > 0.2)
+    query = SparseStaticEmbedding(tokenizer=doc.tokenizer, weight=weight, frozen=True)
+    pool = SpladePooling("max", word_embedding_dimension=vocab)
+    router = Router.for_query_document(query_modules=[query], document_modules=[doc, pool])
+    SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu").save(str(folder))
+    return folder

@@ -116,6 +116,10 @@ class SpladeSpec:
 
     pooling: Literal["max", "sum"] = "max"
     activation: Literal["relu", "log1p_relu"] = "relu"
+    query_weights: Path | None = None
+    """Inference-free SPLADE (a sentence-transformers Router whose query route is a `SparseStaticEmbedding`):
+    its weights file; a query's sparse vector is then weight[id] for each distinct token id of the query,
+    tokenized without special tokens, and no forward pass runs."""
 
 
 @dataclass(frozen=True)

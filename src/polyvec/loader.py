@@ -8,6 +8,7 @@ https://sbert.net/docs/sentence_transformer/usage/custom_models.html for that la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -96,9 +97,13 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
     """Walk modules.json; return the transformer folder, pooling modes, Dense specs and Normalize."""
     out: dict[str, Any] = {"transformer_dir": root, "pooling": None, "dense": [], "normalize": False, "splade": None}
     modules_file = root / "modules.json"
-    if not modules_file.is_file():
-        return out
-    for module in _read_json(modules_file):
+    if modules_file.is_file():
+        _read_modules(root, _read_json(modules_file), out)
+    return out
+
+
+def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
         folder = root / module.get("path", "")
         if kind == "Transformer" or kind == "MLMTransformer":
@@ -128,7 +133,38 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
             if strategy not in ("max", "sum") or act not in ("relu", "log1p_relu"):
                 raise ValueError(f"{folder}: SpladePooling {strategy!r} / {act!r} is not supported")
             out["splade"] = SpladeSpec(strategy, act)
-    return out
+        elif kind == "Router":
+            _read_router(folder, out)
+
+
+def _read_router(folder: Path, out: dict[str, Any]) -> None:
+    """sentence-transformers' Router (router_config.json): the document route is the model; a query route that
+    is one `SparseStaticEmbedding` makes it inference-free SPLADE (SpladeSpec.query_weights)."""
+    cfg = _read_json(folder / "router_config.json")
+    types, routes = cfg.get("types", {}), cfg.get("structure", {})
+    default = (cfg.get("parameters") or {}).get("default_route") or "document"
+    if default not in routes:
+        raise ValueError(f"{folder}: Router has no {default!r} route; routes: {', '.join(routes)}")
+
+    def modules(route: str) -> list[dict[str, Any]]:
+        return [{"type": types.get(key, ""), "path": key} for key in routes[route]]
+
+    _read_modules(folder, modules(default), out)
+    query = routes.get("query")
+    if query is None or query == routes[default]:
+        return
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules("query")]
+    if kinds != ["SparseStaticEmbedding"] or out["splade"] is None:
+        raise ValueError(
+            f"{folder}: a Router whose query route is {kinds} beside the {default!r} route is not supported "
+            "(supported: inference-free SPLADE, a SparseStaticEmbedding query route beside MLMTransformer + "
+            "SpladePooling)"
+        )
+    static = folder / query[0]
+    weights = next((static / n for n in ("model.safetensors", "pytorch_model.bin") if (static / n).is_file()), None)
+    if weights is None:
+        raise ValueError(f"{static}: SparseStaticEmbedding without model.safetensors or pytorch_model.bin")
+    out["splade"] = dataclasses.replace(out["splade"], query_weights=weights)
 
 
 def _read_bge_m3(root: Path) -> BgeM3Spec | None:

@@ -10,6 +10,7 @@ import torch
 
 from polyvec import LLM, PoolingParams
 from polyvec.layers import pooler
+from tests.helpers import save_inference_free_splade
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +118,49 @@ def test_bfloat16_decoder_stays_close(splade_path, splade_llm, cranfield_texts):
         splade_llm.embed_sparse(cranfield_texts[:10], use_tqdm=False),
     ):
         assert torch.nn.functional.cosine_similarity(a.outputs.data, b.outputs.data, dim=0) >= 0.9999
+
+
+@pytest.fixture(scope="module")
+def inference_free(tmp_path_factory, splade_path):
+    from sentence_transformers import SparseEncoder
+
+    folder = save_inference_free_splade(splade_path, tmp_path_factory.mktemp("inference-free"))
+    return folder, SparseEncoder(str(folder), device="cpu")
+
+
+def test_inference_free_splade_equals_sentence_transformers(inference_free, cranfield_texts):
+    folder, st = inference_free
+    queries = ["what is the boundary layer?", "Heat transfer; heat transfer at Mach 5!", cranfield_texts[7], ""]
+    docs = cranfield_texts[:6]
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.splade.query_weights is not None
+    q_want = st.encode_query(queries, convert_to_tensor=True).to_dense().float()
+    d_want = st.encode_document(docs, convert_to_tensor=True).to_dense().float()
+    steps = llm.engine.stats.num_batches
+    q_got = llm.embed_sparse(queries, PoolingParams(input_type="query"), use_tqdm=False)
+    assert llm.engine.stats.num_batches == steps, "queries need no forward pass"
+    for o, w in zip(q_got, q_want):
+        assert torch.equal(o.outputs.data, w)  # a table lookup: exact
+    assert q_got[3].outputs.indices == [] and q_got[1].prompt_token_ids[0] != llm.get_tokenizer().token_to_id("[CLS]")
+    for params in (None, PoolingParams(input_type="document")):
+        for o, w in zip(llm.embed_sparse(docs, params, use_tqdm=False), d_want):
+            _assert_same(o.outputs.data, w)
+    # queries and documents mixed in one call, with pruning on the query side
+    mixed = llm.embed_sparse(
+        [queries[0], docs[0]], [PoolingParams(input_type="query", sparse_top_k=2), PoolingParams()], use_tqdm=False
+    )
+    top2 = q_want[0].topk(2).indices.sort().values.tolist()
+    assert mixed[0].outputs.indices == top2
+    _assert_same(mixed[1].outputs.data, d_want[0])
+    with pytest.raises(ValueError, match="several tasks from one pass need the model"):
+        llm.encode(queries[0], PoolingParams(input_type="query"), pooling_task=["embed_sparse", "token_classify"])
+
+
+def test_router_with_another_query_route_is_refused(inference_free, tmp_path):
+    folder = tmp_path / "router"
+    shutil.copytree(inference_free[0], folder)
+    config = json.loads((folder / "router_config.json").read_text())
+    config["structure"]["query"] = ["document_0_MLMTransformer"]
+    (folder / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"query route is \['MLMTransformer'\].*not supported"):
+        LLM(str(folder), dtype="float32")

@@ -13,6 +13,7 @@ and are combined when the last one finishes (`long_input.py`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ class Engine:
             prefix_probe=probe,
         )
         self._window_groups: dict[str, Request] = {}  # parent request id → parent (long input windows)
+        self._ready: list[Request] = []  # requests whose output needs no forward pass (Request.static_output)
+        self._ready_lock = threading.Lock()  # a server adds requests while its engine thread runs a batch
         self.input_processor = InputProcessor(
             model_config,
             engine_config,
@@ -178,7 +181,10 @@ class Engine:
 
     def add_requests(self, requests: list[Request]) -> None:
         for r in requests:
-            if r.windows:
+            if r.static_output is not None:
+                with self._ready_lock:
+                    self._ready.append(r)
+            elif r.windows:
                 self._window_groups[r.request_id] = r
                 for w in r.windows:
                     self.scheduler.add(w)
@@ -187,15 +193,19 @@ class Engine:
 
     def abort_requests(self, request_ids: set[str]) -> int:
         ids = set(request_ids)
+        with self._ready_lock:
+            ready = len(self._ready)
+            self._ready = [r for r in self._ready if r.request_id not in ids]
+            dropped = ready - len(self._ready)
         for rid in request_ids:
             parent = self._window_groups.pop(rid, None)
             if parent is not None:
                 assert parent.windows is not None  # only requests split into windows are grouped
                 ids.update(w.request_id for w in parent.windows)
-        return self.scheduler.abort(ids)
+        return dropped + self.scheduler.abort(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self._ready) or self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------------------------------ stepping
 
@@ -207,9 +217,12 @@ class Engine:
 
     def run(self, batch: list[ScheduledChunk[Request]]) -> list[PoolingRequestOutput[PoolingOutput]]:
         """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it);
-        returns the requests it finished."""
+        returns the requests it finished, and those that need no forward pass."""
+        with self._ready_lock:
+            ready, self._ready = self._ready, []
+        finished = [self._output(r, r.static_output) for r in ready]
         if not batch:
-            return []
+            return finished
         start = time.perf_counter()
         if self.causal:
             self._prepare_caches(batch)
@@ -223,7 +236,6 @@ class Engine:
         self.stats.num_batches += 1
         self.stats.num_batched_tokens += sum(c.num_tokens for c in batch)
         self.stats.num_batched_seqs += len(batch)
-        finished = []
         for c, data in zip(batch, results):
             if not c.is_last:
                 continue

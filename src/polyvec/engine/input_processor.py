@@ -13,8 +13,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
+
 from ..config import EngineConfig, ModelConfig
-from ..layers.pooler import PoolingSpec
+from ..layers.pooler import PoolingSpec, prune_sparse
 from ..pooling_params import PoolingParams, token_pooling_type
 from ..tokenizer import PolyTokenizer, PromptTooLongError, TruncationSide
 from .late_interaction import LateInteractionRecipe
@@ -62,6 +64,9 @@ class InputProcessor:
         self.special_ids = frozenset(i for i, tok in tokenizer._base.get_added_tokens_decoder().items() if tok.special)
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
+        self.static_query: torch.Tensor | None = None  # inference-free SPLADE: a weight per vocabulary id
+        if model_config.splade.query_weights is not None and "embed_sparse" in self.supported_tasks:
+            self.static_query = _read_static_weights(model_config.splade.query_weights)
 
     def default_pooling(self, task: str) -> tuple[str, ...]:
         """Sequence pooling of a task: the user's PoolerConfig, else the ST Pooling module, else the model's."""
@@ -127,8 +132,12 @@ class InputProcessor:
         limit = self.model_config.max_model_len
         error_mode = (truncation or self.engine_config.truncation) == "error"
         tokenized: list[Any] = [None] * n
-        text_groups: dict[tuple[int, bool], list[int]] = {}
+        text_groups: dict[tuple[int, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
+        # Inference-free SPLADE queries: weights looked up per token id, no forward pass (Request.static_output)
+        static = [
+            self.static_query is not None and p.task == "embed_sparse" and p.input_type == "query" for p in verified
+        ]
         for i, (prompt, p) in enumerate(zip(prompts, verified)):
             max_len = p.truncate_prompt_tokens or limit
             if windowed[i] and p.truncate_prompt_tokens is None:
@@ -142,6 +151,9 @@ class InputProcessor:
             truncate = not error_mode or p.truncate_prompt_tokens is not None or self.colbert is not None
             if windowed[i] and max_len != 1 << 62 and p.truncate_prompt_tokens is None:
                 truncate = False
+            add_special = add_special_tokens
+            if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
+                truncate, add_special = True, False
             if isinstance(prompt, dict):
                 if prompt.get("multi_modal_data"):  # never drop an image silently
                     raise PromptError(
@@ -155,18 +167,18 @@ class InputProcessor:
                     raise PromptError(i, " is a dict without 'prompt' or 'prompt_token_ids'")
             if isinstance(prompt, str) or _is_text_pair(prompt):
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
-                text_groups.setdefault((max_len, truncate), []).append(i)
+                text_groups.setdefault((max_len, truncate, add_special), []).append(i)
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
                 tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
-        for (max_len, truncate), members in text_groups.items():
+        for (max_len, truncate, add_special), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode(
                     [tokenized[i] for i in members],
                     max_len,
                     truncate,
-                    add_special_tokens=add_special_tokens,
+                    add_special_tokens=add_special,
                     truncation_side=side,
                 )
             except PromptTooLongError as exc:
@@ -177,7 +189,7 @@ class InputProcessor:
         requests = []
         for i in range(n):
             ids, types, num_input = tokenized[i]
-            if not ids:  # text the tokenizer drops entirely, without special tokens around it
+            if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
                     i,
                     " has no tokens after tokenization (add_special_tokens is off and the tokenizer keeps nothing"
@@ -192,6 +204,10 @@ class InputProcessor:
                 spec=specs[i],
                 num_input_tokens=num_input,
             )
+            if static[i]:
+                request.static_output = self._static_sparse(ids, specs[i])
+                requests.append(request)
+                continue
             if self.colbert is not None:
                 self.colbert.apply(request)
             if self.causal:
@@ -214,6 +230,16 @@ class InputProcessor:
                 )
             requests.append(request)
         return requests
+
+    def _static_sparse(self, ids: list[int], spec: PoolingSpec) -> torch.Tensor:
+        """weight[id] for each distinct token id of the query (SparseStaticEmbedding), pruned as requested."""
+        weights = self.static_query
+        assert weights is not None  # only static requests get here
+        out = torch.zeros_like(weights)
+        if ids:
+            at = torch.tensor(ids, dtype=torch.long).clamp_(0, weights.numel() - 1)
+            out[at] = weights[at]
+        return prune_sparse(spec, out.unsqueeze(0))[0]
 
     def _process_multi(self, prompts, params, tasks: list[str], request_ids, add_special, truncation, side):
         if not tasks or len(set(tasks)) != len(tasks):
@@ -238,6 +264,8 @@ class InputProcessor:
             truncation_side=side,
         )
         for r, p in zip(requests, per_prompt):
+            if r.static_output is not None:
+                raise ValueError("several tasks from one pass need the model; an inference-free SPLADE query has none")
             if r.windows:
                 raise ValueError("several tasks from one pass need inputs within max_model_len (no long_input windows)")
             for task in tasks[1:]:
@@ -351,3 +379,14 @@ def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
 
 def _is_text_pair(prompt: Any) -> bool:
     return isinstance(prompt, tuple) and len(prompt) == 2 and all(isinstance(p, str) for p in prompt)
+
+
+def _read_static_weights(path) -> torch.Tensor:
+    """SparseStaticEmbedding's `weight` [vocab] (safetensors or a torch.save'd state dict), in float32."""
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    return state["weight"].float().flatten()

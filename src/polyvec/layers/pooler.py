@@ -221,12 +221,7 @@ class Pooler(nn.Module):
         return self._prune(spec, out)
 
     def _prune(self, spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:
-        if spec.sparse_threshold is not None:
-            out = torch.where(out >= spec.sparse_threshold, out, torch.zeros_like(out))
-        if spec.sparse_top_k is not None and spec.sparse_top_k < out.shape[1]:
-            kth = out.topk(spec.sparse_top_k, dim=1).values[:, -1:]
-            out = torch.where(out >= kth, out, torch.zeros_like(out))
-        return out
+        return prune_sparse(spec, out)
 
     def _splade_act(self, logits: torch.Tensor) -> torch.Tensor:
         x = logits.float().relu().log1p_()
@@ -275,3 +270,13 @@ class PoolingState:
 
     def pooled(self, mode: str) -> torch.Tensor:
         return sequence_method(mode).finish(self.states[mode], self.count)
+
+
+def prune_sparse(spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:
+    """embed_sparse's per-request pruning of [N, vocab] weights: the threshold, then the top k."""
+    if spec.sparse_threshold is not None:
+        out = torch.where(out >= spec.sparse_threshold, out, torch.zeros_like(out))
+    if spec.sparse_top_k is not None and spec.sparse_top_k < out.shape[1]:
+        kth = out.topk(spec.sparse_top_k, dim=1).values[:, -1:]
+        out = torch.where(out >= kth, out, torch.zeros_like(out))
+    return out

@@ -7,6 +7,7 @@ import pytest
 
 from polyvec import LLM, PoolingParams
 from tests.entrypoints.server.conftest import Server
+from tests.helpers import save_inference_free_splade
 
 TEXTS = ["the wing stalls at high angle of attack", "heat transfer in laminar boundary layers"]
 
@@ -68,3 +69,25 @@ def test_several_tasks_in_one_request(splade, server, minilm_llm):
     assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
     r = server.post("/pooling", {"input": "x", "task": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "task"
+
+
+def test_inference_free_queries(splade_path, tmp_path):
+    """/pooling with input_type query on inference-free SPLADE: the static query weights, no forward pass."""
+    folder = save_inference_free_splade(splade_path, tmp_path / "inference-free")
+    llm = LLM(str(folder), dtype="float32")
+    s = Server(str(folder))
+    try:
+        for input_type in ("query", "search_query", "document", None):
+            body = {"input": TEXTS, "task": "embed_sparse", "sparse_top_k": 40}
+            if input_type is not None:
+                body["input_type"] = input_type
+            got = s.post("/pooling", body).json()["data"]
+            want = llm.embed_sparse(TEXTS, PoolingParams(input_type=input_type, sparse_top_k=40), use_tqdm=False)
+            for item, w in zip(got, want):
+                assert item["data"]["indices"] == w.outputs.indices
+                assert item["data"]["values"] == pytest.approx(w.outputs.values, rel=1e-5, abs=1e-6)
+        q = s.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse", "input_type": "query"}).json()["data"][0]
+        d = s.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse"}).json()["data"][0]
+        assert len(q["data"]["indices"]) < 12 < len(d["data"]["indices"])  # query: its own tokens only
+    finally:
+        s.stop()
