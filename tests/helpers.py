@@ -61,3 +61,49 @@ def save_inference_free_splade(splade_path: Path, folder: Path, seed: int = 0) -
     router = Router.for_query_document(query_modules=[query], document_modules=[doc, pool])
     SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu").save(str(folder))
     return folder
+
+
+def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int, document_length: int):
+    """A PyLate ColBERT on the transformer in `bare` with a seeded Dense (hidden → dim, no bias), written to `out` in
+    PyLate's layout; returns (the PyLate model in memory, out)."""
+    import importlib
+    import json
+
+    from pylate import models
+    from safetensors.torch import save_file
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    dense_mod = importlib.import_module("pylate.models.Dense")
+    models.ColBERT._text_length = lambda self, t: len(t) if isinstance(t, str) else sum(map(len, t))
+    torch.manual_seed(0)
+    transformer = Transformer(str(bare))
+    dense = dense_mod.Dense(in_features=hidden, out_features=dim, bias=False)
+    model = models.ColBERT(
+        modules=[transformer, dense], device="cpu", query_length=query_length, document_length=document_length
+    )
+    transformer.save(str(out))
+    (out / "1_Dense").mkdir()
+    save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, out / "1_Dense" / "model.safetensors")
+    dense_config = {
+        "in_features": hidden,
+        "out_features": dim,
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+    }
+    (out / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules))
+    recipe = {
+        "query_prefix": model.query_prefix,
+        "document_prefix": model.document_prefix,
+        "query_length": model.query_length,
+        "document_length": model.document_length,
+        "attend_to_expansion_tokens": model.attend_to_expansion_tokens,
+        "skiplist_words": model.skiplist_words,
+        "do_query_expansion": model.do_query_expansion,
+    }
+    (out / "config_sentence_transformers.json").write_text(json.dumps(recipe))
+    return model, out

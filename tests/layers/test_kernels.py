@@ -21,7 +21,7 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
-def _reference(qkv, lens, heads, key_lens=None, bias=None):
+def _reference(qkv, lens, heads, key_lens=None, bias=None, window=None):
     """SDPA in float32, one sequence at a time."""
     dim = qkv.shape[1] // (3 * heads)
     outs, start = [], 0
@@ -29,6 +29,9 @@ def _reference(qkv, lens, heads, key_lens=None, bias=None):
         k_n = n if key_lens is None else key_lens[i]
         q, k, v = qkv[start : start + n].float().view(n, 3, heads, dim).permute(1, 2, 0, 3)
         mask = None if bias is None else bias.reshape(heads, -1, bias.shape[-1])[:, :n, :k_n].float()
+        if window is not None:
+            pos = torch.arange(n)
+            mask = (pos[:, None] - pos[None, :k_n]).abs() <= window
         o = F.scaled_dot_product_attention(q, k[:, :k_n], v[:, :k_n], attn_mask=mask)
         outs.append(o.transpose(0, 1).reshape(n, heads * dim))
         start += n
@@ -115,6 +118,37 @@ def test_kernel_output_of_a_sequence_does_not_depend_on_the_batch(dtype):
         alone = kernels.varlen_attention(qkv[start : start + n].contiguous(), torch.tensor([0, n]), heads)
         assert torch.equal(alone, out[start : start + n])
         start += n
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amx", [True, False])
+@pytest.mark.parametrize("heads,dim", [(12, 64), (4, 32), (2, 16)])
+def test_kernel_sliding_window(dtype, amx, heads, dim):
+    """A bidirectional window (ModernBERT's local layers): keys at most `window` positions from the query; a
+    sequence the window spans whole, one it cuts, and one much longer; equal to SDPA with the window's mask."""
+    assert kernels.load()
+    if not amx and not hasattr(torch.ops.polyvec, "set_amx_enabled"):
+        pytest.skip("no AMX switch in this build")
+    torch.manual_seed(5)
+    lens, window = [9, 17, 300, 1, 40], 8
+    qkv = torch.randn(sum(lens), 3 * heads * dim).to(dtype)
+    cu = AttentionMetadata.build(lens, torch.device("cpu"), packed=True).cu_seqlens
+    torch.ops.polyvec.set_amx_enabled(amx)
+    try:
+        out = kernels.varlen_attention(qkv, cu, heads, window=window)
+    finally:
+        torch.ops.polyvec.set_amx_enabled(True)
+    ref = _reference(qkv, lens, heads, window=window)
+    full = _reference(qkv, lens, heads)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    assert (out.float() - ref).abs().max() < tol
+    assert (out.float() - full)[9:].abs().max() > 0.1  # the window changed the longer sequences
+    assert torch.equal(out[:9], kernels.varlen_attention(qkv[:9].contiguous(), torch.tensor([0, 9]), heads))
+    # the SDPA fallback (a padded grid) applies the same window
+    meta = AttentionMetadata.build(lens, torch.device("cpu"), packed=False)
+    grid = varlen_attention(qkv.float(), meta, heads, meta.attn_mask(), window=window)
+    assert (grid - _reference(qkv.float(), lens, heads, window=window)).abs().max() < 2e-6
 
 
 @needs_kernel

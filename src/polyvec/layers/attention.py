@@ -143,14 +143,21 @@ class AttentionMetadata:
 
 
 def varlen_attention(
-    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, attn_mask: torch.Tensor | None
+    qkv: torch.Tensor,
+    meta: AttentionMetadata,
+    num_heads: int,
+    attn_mask: torch.Tensor | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """softmax(q kᵀ/√d + mask) v per sequence, for fused `qkv` of shape [T, 3 * hidden] → [T, hidden]."""
+    """softmax(q kᵀ/√d + mask) v per sequence, for fused `qkv` of shape [T, 3 * hidden] → [T, hidden];
+    `window`: each query attends only to keys at most this many positions away (bidirectional sliding window)."""
     if meta.packed:  # `attn_mask` is then the model's additive bias by position, or None
-        return kernels.varlen_attention(qkv, meta.cu_seqlens, num_heads, meta.key_lens, attn_mask)
+        return kernels.varlen_attention(qkv, meta.cu_seqlens, num_heads, meta.key_lens, attn_mask, window)
     total, three_h = qkv.shape
     hidden = three_h // 3
     head_dim = hidden // num_heads
+    if window is not None and meta.max_seqlen > window + 1:
+        attn_mask = _with_window(attn_mask, meta.max_seqlen, window, qkv.device)
     if meta.scatter_index is None:
         q, k, v = qkv.view(1, total, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
@@ -164,6 +171,17 @@ def varlen_attention(
     q, k, v = grid.view(batch, max_len, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     return out.transpose(1, 2).reshape(batch * max_len, hidden).index_select(0, meta.scatter_index)
+
+
+def _with_window(mask: torch.Tensor | None, length: int, window: int, device: torch.device) -> torch.Tensor:
+    """SDPA's mask with the sliding window added: [L, L] True where |query - key| <= window."""
+    pos = torch.arange(length, device=device)
+    near = (pos[:, None] - pos[None, :]).abs() <= window  # [L, L]
+    if mask is None:
+        return near
+    if mask.dtype == torch.bool:
+        return mask & near
+    return mask.masked_fill(~near, float("-inf"))
 
 
 class KVCache:

@@ -206,9 +206,11 @@ def varlen_attention(
     num_heads: int,
     key_lens: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ/√d + bias) v per sequence of the packed `qkv` [T, 3·H·d] → [T, H·d]; sequence i's queries
     see its first `key_lens[i]` keys; `bias` is [heads, L, L] (or [1, heads, L, L]) by position in the
-    sequence, L ≥ the longest sequence."""
+    sequence, L ≥ the longest sequence; `window`: each query sees only keys at most this many positions away."""
     head_dim = qkv.shape[1] // (3 * num_heads)
-    return torch.ops.polyvec.varlen_attention(qkv, cu_seqlens, key_lens, bias, num_heads, head_dim**-0.5)
+    w = -1 if window is None else window
+    return torch.ops.polyvec.varlen_attention(qkv, cu_seqlens, key_lens, bias, num_heads, head_dim**-0.5, w)

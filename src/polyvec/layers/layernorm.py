@@ -14,14 +14,14 @@ from torch import nn
 
 class LayerNorm(nn.LayerNorm):
     native = False
+    _zero_bias: torch.Tensor | None = None  # a bias-free norm (ModernBERT's) gives the kernel zeros
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            self.native
-            and x.dim() == 2
-            and x.dtype in (torch.float32, torch.bfloat16)
-            and self.weight is not None
-            and self.bias is not None
-        ):
-            return torch.ops.polyvec.layer_norm(x, self.weight, self.bias, self.eps)
+        if self.native and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16) and self.weight is not None:
+            bias = self.bias
+            if bias is None:
+                if self._zero_bias is None or self._zero_bias.dtype != self.weight.dtype:
+                    self._zero_bias = torch.zeros_like(self.weight)
+                bias = self._zero_bias
+            return torch.ops.polyvec.layer_norm(x, self.weight, bias, self.eps)
         return super().forward(x)

@@ -114,4 +114,70 @@ class DecoderArgs:
         )
 
 
-Args = EncoderArgs | DecoderArgs
+@dataclass(frozen=True)
+class ModernBertArgs:
+    """ModernBERT (answerdotai's layout; transformers >= 5 writes `layer_types` and `rope_parameters`)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int = 8192
+    hidden_activation: str = "gelu"
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    """Per layer "full_attention" or "sliding_attention"; older configs: every `global_attn_every_n_layers`-th
+    layer (from 0) is global."""
+    local_attention: int = 128
+    """The local layers' whole window: a query sees keys at most local_attention // 2 positions away."""
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    classifier_pooling: str = "cls"
+    classifier_activation: str = "gelu"
+    classifier_bias: bool = False
+    decoder_bias: bool = True
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> ModernBertArgs:
+        layers = int(config["num_hidden_layers"])
+        every = int(config.get("global_attn_every_n_layers", 3))
+        types = config.get("layer_types") or [
+            "sliding_attention" if i % every else "full_attention" for i in range(layers)
+        ]
+        rope = config.get("rope_parameters") or {}
+        thetas = {}
+        for kind, key, default in (("full_attention", "global_rope_theta", 160000.0), ("sliding_attention",
+                                   "local_rope_theta", 10000.0)):  # fmt: skip
+            params = rope.get(kind) or {}
+            if params.get("rope_type", "default") != "default":
+                raise ValueError(f"ModernBERT rope_type {params['rope_type']!r} is not supported (only default)")
+            thetas[kind] = float(params.get("rope_theta", config.get(key, default)))
+        if config.get("hidden_activation", "gelu") != "gelu":
+            raise ValueError(f"ModernBERT hidden_activation {config['hidden_activation']!r} is not supported")
+        return cls(
+            hidden_size=config["hidden_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_hidden_layers=layers,
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            max_position_embeddings=int(config.get("max_position_embeddings", 8192)),
+            norm_eps=float(config.get("norm_eps", 1e-5)),
+            norm_bias=bool(config.get("norm_bias", False)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            layer_types=tuple(types),
+            local_attention=int(config.get("local_attention", 128)),
+            global_rope_theta=thetas["full_attention"],
+            local_rope_theta=thetas["sliding_attention"],
+            classifier_pooling=str(config.get("classifier_pooling", "cls")),
+            classifier_activation=str(config.get("classifier_activation", "gelu")),
+            classifier_bias=bool(config.get("classifier_bias", False)),
+            decoder_bias=bool(config.get("decoder_bias", True)),
+        )
+
+
+Args = EncoderArgs | DecoderArgs | ModernBertArgs

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.attention import AttentionMetadata
-from .args import DecoderArgs, EncoderArgs
+from .args import DecoderArgs, EncoderArgs, ModernBertArgs
 from .bert import (
     BERT_HEAD_RULES,
     ENCODER_RULES,
@@ -36,6 +36,13 @@ from .decoder import (
     Qwen2Model,
     Qwen3Model,
 )
+from .modernbert import (
+    MODERNBERT_HEAD_RULES,
+    MODERNBERT_RULES,
+    ModernBertClassifier,
+    ModernBertEncoder,
+    ModernBertMaskedLMHead,
+)
 from .mpnet import MPNET_ENCODER_RULES, MPNetEncoder
 from .roberta import RobertaEncoder
 from .weights import Rule, load_mapped
@@ -50,7 +57,7 @@ class ScoreHead(nn.Linear):
 
 @dataclass(frozen=True)
 class Family:
-    encoder: type[BertEncoder] | type[DecoderModel]
+    encoder: type[BertEncoder] | type[DecoderModel] | type[ModernBertEncoder]
     prefix: str  # base-model prefix in task checkpoints ("bert." in BertForMaskedLM)
     encoder_rules: list[Rule]
     head_rules: dict[str, list[Rule]]
@@ -62,6 +69,7 @@ FAMILIES: dict[str, Family] = {
     "Roberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "XLMRoberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "MPNet": Family(MPNetEncoder, "mpnet.", MPNET_ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+    "ModernBert": Family(ModernBertEncoder, "model.", MODERNBERT_RULES, MODERNBERT_HEAD_RULES, ModernBertClassifier),
     "Llama": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
     "Mistral": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
     "Qwen2": Family(Qwen2Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
@@ -93,9 +101,11 @@ class PoolingModel(nn.Module):
         family, head = split_architecture(model_config.architecture)
         self.family, self.head_kind = family, head
         self.supported_tasks: tuple[str, ...] = HEADS[head]
-        self.encoder: BertEncoder | DecoderModel
+        self.encoder: BertEncoder | DecoderModel | ModernBertEncoder
         if issubclass(family.encoder, DecoderModel):
             self.encoder = family.encoder(DecoderArgs.from_hf(model_config.hf_config))
+        elif issubclass(family.encoder, ModernBertEncoder):
+            self.encoder = family.encoder(ModernBertArgs.from_hf(model_config.hf_config))
         else:
             self.encoder = family.encoder(EncoderArgs.from_hf(model_config.hf_config))
         args = self.encoder.args
@@ -106,7 +116,15 @@ class PoolingModel(nn.Module):
         self.default_pooling = "LAST" if self.causal else "CLS"
         self.sequence_head: nn.Module | None = None
         self.token_head: nn.Module | None = None
-        if head == "ForSequenceClassification":
+        if isinstance(args, ModernBertArgs):  # its heads: a dense → act → norm block before the last layer
+            self.default_pooling = "MEAN" if args.classifier_pooling == "mean" else "CLS"
+            if head == "ForSequenceClassification":
+                self.sequence_head = ModernBertClassifier(args, model_config.num_labels)
+            elif head == "ForTokenClassification":
+                self.token_head = ModernBertClassifier(args, model_config.num_labels)
+            elif head == "ForMaskedLM":
+                self.token_head = ModernBertMaskedLMHead(args)
+        elif head == "ForSequenceClassification":
             self.sequence_head = family.sequence_head(hidden, model_config.num_labels)
         elif head == "ForTokenClassification":
             self.token_head = nn.Linear(hidden, model_config.num_labels)
@@ -123,6 +141,8 @@ class PoolingModel(nn.Module):
         if self.token_head is not None:
             return self.token_head
         head = self.sequence_head
+        if isinstance(head, ModernBertClassifier):
+            return head
         return getattr(head, "classifier", head) if head is not None else None
 
     def forward(
@@ -142,11 +162,17 @@ class PoolingModel(nn.Module):
         load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,), optional=optional)
         if from_tokens:
             self._score_from_lm_head(state)
-        if tied and not any(k.endswith(("predictions.decoder.weight", "lm_head.decoder.weight")) for k in state):
-            # ForMaskedLM: a MaskedLMHead on an encoder (the constructor refuses decoders)
-            assert isinstance(self.token_head, MaskedLMHead) and isinstance(self.encoder, BertEncoder)
+        decoders = ("predictions.decoder.weight", "lm_head.decoder.weight")
+        if tied and not any(k.endswith(decoders) or k == "decoder.weight" for k in state):
+            # ForMaskedLM: a masked-LM head on an encoder (the constructor refuses decoders)
+            assert isinstance(self.token_head, (MaskedLMHead, ModernBertMaskedLMHead))
+            if isinstance(self.encoder, ModernBertEncoder):
+                embeddings = self.encoder.tok_embeddings.weight
+            else:
+                assert isinstance(self.encoder, BertEncoder)
+                embeddings = self.encoder.embeddings.word_embeddings.weight
             with torch.no_grad():  # tied decoder: the checkpoint stores the input embeddings only
-                self.token_head.decoder.weight.copy_(self.encoder.embeddings.word_embeddings.weight)
+                self.token_head.decoder.weight.copy_(embeddings)
 
     def _score_from_lm_head(self, state: dict[str, torch.Tensor]) -> None:
         """A `*ForCausalLM` served with convert="classify" and no `score` weights: vLLM's
@@ -176,7 +202,7 @@ def build_model(model_config: ModelConfig, state: dict[str, torch.Tensor], devic
     for head in (model.sequence_head, model.token_head):
         if head is not None:
             head.to(device=device, dtype=torch.float32)
-    if isinstance(model.token_head, MaskedLMHead) and model_config.dtype == torch.bfloat16:
+    if isinstance(model.token_head, (MaskedLMHead, ModernBertMaskedLMHead)) and model_config.dtype == torch.bfloat16:
         # A vocabulary-wide decoder is most of a SPLADE model's work: it runs in the trunk's bfloat16 (AMX),
         # its logits in float32; float32 models keep it in float32.
         model.token_head.decoder.to(dtype=model_config.dtype)

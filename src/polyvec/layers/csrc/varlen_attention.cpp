@@ -12,7 +12,9 @@
 // SDPA to rounding. bf16 with head_dim % 32 == 0 has faster paths (attend_bf16): AMX tile multiplies where the
 // CPU has AMX (Sapphire Rapids on), else AVX512-BF16 dot products; both multiply the stored bf16 values exactly
 // and sum in float32, with a float32 softmax. Each (sequence, head) is computed alone, so a sequence's output
-// does not depend on the rest of the batch.
+// does not depend on the rest of the batch. An optional additive bias ([heads, L, L] by position: MPNet's
+// relative positions) or a sliding window (keys at most `window` positions from the query: ModernBERT's local
+// layers) goes in as a row of score offsets per query; a window's is one shared row, read shifted.
 //
 // Registered as torch.ops.polyvec.varlen_attention; built on first use by polyvec/layers/kernels.py.
 
@@ -297,6 +299,13 @@ struct Buffers {
   std::vector<float> q, k, kt, v, s, o, scratch, zero_row;
 };
 
+// The additive score bias of query q of head h: a row of a [heads, L, L] bias (bias_len = L > 0), or for a
+// sliding window (bias_len < 0) one row shared by every query and head, read shifted: `bias` points at its
+// center, and key j of query q reads bias[j - q] (0 within the window, -inf outside).
+inline const float* bias_row(const float* bias, int64_t bias_len, int64_t h, int64_t q) {
+  return bias_len < 0 ? bias - q : bias + (h * bias_len + q) * bias_len;
+}
+
 // Heads [h0, h1) of one sequence. Its rows are contiguous in qkv and are read once, front to back, into
 // float32 buffers: q (scaled) and v row-major, k transposed per head. Reading each head's 128 bytes from
 // every 4.6 KB row instead was latency-bound (the prefetchers do not follow strides that cross pages).
@@ -339,7 +348,7 @@ void attend(const T* qkv, T* out, int64_t start, int64_t n, int64_t n_keys, int6
       for (int r = 0; r < kRows; ++r) {
         rows[r] = i + r < n ? o + (i + r) * hidden : scratch.data() + r * d;
         // bias[h][i][j]: the additive score bias of query i and key j (a padding row reuses row n - 1)
-        bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
+        bias_rows[r] = bias ? bias_row(bias, bias_len, h0 + hh, std::min(i + r, n - 1)) : nullptr;
       }
       query_block<kRows>(q + i * cols, cols, kt, v, cols, buf.s.data(), n_keys, n_pad, d,
                          bias ? bias_rows : nullptr, rows, buf.o.data());
@@ -383,7 +392,7 @@ void attend_f32(const float* qkv, float* out, int64_t start, int64_t n, int64_t 
         const bool real = i + r < n;
         q_rows[r] = real ? base + (i + r) * stride + hh * d : buf.zero_row.data();
         rows[r] = real ? out + (start + i + r) * hidden + off + hh * d : buf.scratch.data() + r * d;
-        bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
+        bias_rows[r] = bias ? bias_row(bias, bias_len, h0 + hh, std::min(i + r, n - 1)) : nullptr;
         if (i + R + r < n)  // the next block's query and output rows
           for (int64_t c = 0; c < d; c += 16) {
             _mm_prefetch((const char*)(base + (i + R + r) * stride + hh * d + c), _MM_HINT_T0);
@@ -537,7 +546,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_head(
     }
     const float* bias_rows[16];
     for (int r = 0; r < 16; ++r)
-      bias_rows[r] = bias ? bias + std::min(i + r, n - 1) * bias_len : nullptr;
+      bias_rows[r] = bias ? bias_row(bias, bias_len, 0, std::min(i + r, n - 1)) : nullptr;
     float inv_sum[16];
     softmax_to_bf16(s, p16, 16, n_keys, n_pad, scale, bias ? bias_rows : nullptr, inv_sum);
     for (int64_t c0 = 0; c0 < d; c0 += 16) {
@@ -592,7 +601,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
   if (amx) {
     for (int64_t hh = 0; hh < nh; ++hh)
       amx_head(buf.q.data() + hh * d, cols, buf.kt.data() + hh * half * n_pad, buf.v2.data() + hh * n_pairs * d * 2, d,
-               n, n_keys, n_pad, scale, bias ? bias + (h0 + hh) * bias_len * bias_len : nullptr, bias_len, buf,
+               n, n_keys, n_pad, scale, bias ? bias_row(bias, bias_len, h0 + hh, 0) : nullptr, bias_len, buf,
                out + start * hidden + off + hh * d, hidden);
     return;
   }
@@ -604,7 +613,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
       const float* bias_rows[kRows];
       for (int r = 0; r < kRows; ++r) {
         rows[r] = i + r < n ? o + (i + r) * hidden : scratch.data() + r * d;
-        bias_rows[r] = bias ? bias + ((h0 + hh) * bias_len + std::min(i + r, n - 1)) * bias_len : nullptr;
+        bias_rows[r] = bias ? bias_row(bias, bias_len, h0 + hh, std::min(i + r, n - 1)) : nullptr;
       }
       query_block_bf16<kRows>(buf.q.data() + i * cols + hh * d, cols, buf.kt.data() + hh * half * n_pad,
                               buf.v2.data() + hh * n_pairs * d * 2, d, buf.s.data(), buf.p.data(), n_keys, n_pad,
@@ -616,7 +625,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
 #endif
 
 template <typename T>
-void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const float* bias, int64_t bias_len,
+void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const float* bias_all, int64_t bias_len,
          int64_t batch, int64_t heads, int64_t d, float scale) {
   // Whole sequences per task when there are enough of them to share out; otherwise (a few long
   // sequences) one head per task, so every thread has work.
@@ -648,6 +657,8 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
       const int64_t n = cu[b + 1] - cu[b];
       if (n <= 0) continue;
       const int64_t n_keys = key_lens ? std::max<int64_t>(1, std::min(key_lens[b], n)) : n;
+      // a sliding window (bias_len = -(half width + 1)) that spans the whole sequence masks nothing
+      const float* bias = bias_all && !(bias_len < 0 && std::max(n, n_keys) <= -bias_len) ? bias_all : nullptr;
 #ifdef POLYVEC_DPBF16
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         if (dpbf16) {
@@ -672,7 +683,7 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
 
 at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& key_lens, const std::optional<at::Tensor>& bias,
-                            int64_t num_heads, double scale) {
+                            int64_t num_heads, double scale, int64_t window) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous CPU [T, 3*H*d]");
   TORCH_CHECK(qkv.size(1) % (3 * num_heads) == 0, "qkv width is not 3 * num_heads * head_dim");
   const int64_t d = qkv.size(1) / (3 * num_heads);
@@ -695,7 +706,18 @@ at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
   const int64_t batch = cu.size(0) - 1;
   const int64_t* klp = kl.defined() ? kl.data_ptr<int64_t>() : nullptr;
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  if (bp) {
+  std::vector<float> window_row;
+  if (window >= 0) {  // keys within `window` positions of the query on either side (ModernBERT's local layers)
+    TORCH_CHECK(!bp, "a sliding window and a bias together are not supported");
+    auto cpu = cu.accessor<int64_t, 1>();
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, cpu[b + 1] - cpu[b]);
+    window_row.assign(2 * longest + 1, -std::numeric_limits<float>::infinity());
+    for (int64_t c = std::max<int64_t>(0, longest - window); c <= std::min(2 * longest, longest + window); ++c)
+      window_row[c] = 0.f;
+    bp = window_row.data() + longest;
+    bias_len = -(window + 1);
+  } else if (bp) {
     auto cpu = cu.accessor<int64_t, 1>();
     for (int64_t b = 0; b < cu.size(0) - 1; ++b) TORCH_CHECK(cpu[b + 1] - cpu[b] <= bias_len, "bias shorter than a sequence");
   }
@@ -721,6 +743,6 @@ at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
 
 TORCH_LIBRARY(polyvec, m) {
   m.def("varlen_attention(Tensor qkv, Tensor cu_seqlens, Tensor? key_lens, Tensor? bias, int num_heads, "
-        "float scale) -> Tensor");
+        "float scale, int window=-1) -> Tensor");
   m.impl("varlen_attention", c10::DispatchKey::CPU, TORCH_FN(varlen_attention));
 }
