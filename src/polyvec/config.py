@@ -155,7 +155,9 @@ class ColBERTConfig:
     (expansion), and drop skiplist (punctuation) tokens from document outputs.
     """
 
-    layout: Literal["pylate", "stanford"]
+    layout: Literal["pylate", "stanford", "vllm"]
+    """vllm: vLLM's ColBERTModel / ColBERTModernBertModel checkpoints, a trunk and its `linear` projection and no
+    recipe: every token of the text as it is, no markers, expansion or skiplist, for queries and documents."""
     query_prefix: str
     """Marker token inserted after [CLS] in query mode ("[Q] " in PyLate, "[unused0]" in Stanford ColBERT)."""
     document_prefix: str

@@ -181,9 +181,21 @@ def _tokenizer_max_length(folder: Path) -> int | None:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
+# vLLM's ColBERT architectures → the trunk they put the `linear` projection on.
+VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBertModel"}
+
+
 def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[str, Any]) -> ColBERTConfig | None:
     """PyLate: a token-level Dense in modules.json + prefixes in config_sentence_transformers.json.
-    Stanford ColBERT: architecture HF_ColBERT + artifact.metadata."""
+    Stanford ColBERT: architecture HF_ColBERT + artifact.metadata. vLLM: ColBERTModel / ColBERTModernBertModel."""
+    if hf_config.get("architectures", [""])[0] in VLLM_COLBERT:
+        dim = hf_config.get("colbert_dim") or hf_config.get("dim") or hf_config.get("projection_dim")
+        if not dim:
+            raise ValueError(
+                "ColBERT dimension not found in config.json (colbert_dim, dim or projection_dim); name it with "
+                "hf_overrides={'dim': 128}"
+            )
+        return ColBERTConfig("vllm", "", "", 0, 0, do_query_expansion=False, dim=int(dim))
     if hf_config.get("architectures", [""])[0] == "HF_ColBERT":
         meta_path = next((p for p in (tdir / "artifact.metadata", root / "artifact.metadata") if p.is_file()), None)
         meta = _read_json(meta_path) if meta_path else {}
@@ -290,9 +302,12 @@ def load_model_config(
     if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)
         architecture = "BertModel"
         sources["architecture"] = "config.json HF_ColBERT (Stanford ColBERT: BERT + linear projection)"
+    if architecture in VLLM_COLBERT:  # vLLM's ColBERT: a trunk plus `linear` (in the same checkpoint)
+        sources["architecture"] = f"config.json {architecture} (vLLM's ColBERT: {VLLM_COLBERT[architecture]} + linear)"
+        architecture = VLLM_COLBERT[architecture]
     if colbert is not None:
-        sources["colbert"] = (
-            "artifact.metadata" if colbert.layout == "stanford" else "config_sentence_transformers.json"
+        sources["colbert"] = {"stanford": "artifact.metadata", "vllm": "config.json (vLLM's ColBERT layout)"}.get(
+            colbert.layout, "config_sentence_transformers.json"
         )
     if st["pooling"] is not None or colbert is not None:
         # A sentence-transformers model with a Pooling module is an embedding model: its config.json often

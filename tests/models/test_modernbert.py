@@ -221,3 +221,45 @@ def test_served_over_http(bare):
             assert cosine_rows(torch.tensor(item["embedding"]), o.outputs.data).item() >= 0.99999
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("trunk", ["ModernBert", "Bert"])
+def test_vllm_colbert_layout(tmp_path, bare, minilm_path, trunk):
+    """vLLM's ColBERTModernBertModel / ColBERTModel: the trunk's checkpoint with `linear.weight` beside it and
+    `colbert_dim` in config.json; every token, normalized, no query/document recipe; MaxSim scores."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    src = bare if trunk == "ModernBert" else minilm_path
+    folder = tmp_path / "vllm-colbert"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        shutil.copy(src / name, folder / name)
+    hidden = json.loads((src / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(1)
+    proj = torch.randn(24, hidden) / hidden**0.5
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({**state, "linear.weight": proj}, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    arch = "ColBERTModernBertModel" if trunk == "ModernBert" else "ColBERTModel"
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
+    with pytest.raises(ValueError, match="ColBERT dimension not found"):
+        LLM(str(folder), dtype="float32")
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [arch], "colbert_dim": 24}))
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.engine.is_late_interaction and llm.supported_tasks == ("token_embed",)
+    model = getattr(transformers, f"{trunk}Model").from_pretrained(str(src)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    texts = TEXTS[:3]
+    for input_type in ("query", "document"):
+        outs = llm.token_embed(texts, PoolingParams(input_type=input_type), use_tqdm=False)
+        for text, o in zip(texts, outs):
+            enc = tok(text, return_tensors="pt")
+            assert o.prompt_token_ids == enc["input_ids"][0].tolist()  # no markers, no expansion
+            with torch.no_grad():
+                ref = torch.nn.functional.normalize(model(**enc).last_hidden_state[0] @ proj.T, dim=-1)
+            assert cosine_rows(o.outputs.data, ref).min() >= 0.9999
+    q = llm.token_embed("what is flutter?", use_tqdm=False)[0].outputs.data
+    d = llm.token_embed(texts[1], use_tqdm=False)[0].outputs.data
+    score = llm.score("what is flutter?", texts[1], use_tqdm=False)[0].outputs.score
+    assert score == pytest.approx((q @ d.T).amax(1).sum().item(), rel=1e-5)

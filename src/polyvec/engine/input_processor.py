@@ -144,11 +144,12 @@ class InputProcessor:
                 max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
                 if self.model_config.pooler_config.max_embed_len:  # vLLM's cap on chunked inputs: longer is an error
                     max_len = self.model_config.pooler_config.max_embed_len
-            if self.colbert is not None:  # the recipe's own length, less the marker inserted after [CLS]
+            if self.colbert is not None and self.colbert.inserts_marker:  # its length, less the marker after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type)) - 1
             # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
             # a ColBERT recipe always truncates to its query/document length, as its reference does.
-            truncate = not error_mode or p.truncate_prompt_tokens is not None or self.colbert is not None
+            recipe = self.colbert is not None and self.colbert.inserts_marker
+            truncate = not error_mode or p.truncate_prompt_tokens is not None or recipe
             if windowed[i] and max_len != 1 << 62 and p.truncate_prompt_tokens is None:
                 truncate = False
             add_special = add_special_tokens

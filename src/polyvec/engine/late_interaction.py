@@ -27,6 +27,8 @@ class LateInteractionRecipe:
         cb = model_config.colbert
         if cb is None:
             return None
+        if cb.layout == "vllm":  # no markers, expansion or skiplist
+            return cls(cb, -1, -1, -1, frozenset())
         ids = {}
         for name, token in (("query", cb.query_prefix), ("document", cb.document_prefix), ("mask", "[MASK]")):
             found = tokenizer.token_to_id(token)
@@ -39,6 +41,11 @@ class LateInteractionRecipe:
         skip = {unk if i is None else i for i in (tokenizer.token_to_id(w) for w in cb.skiplist_words)}
         return cls(cb, ids["query"], ids["document"], ids["mask"], frozenset(i for i in skip if i is not None))
 
+    @property
+    def inserts_marker(self) -> bool:
+        """Whether a query/document marker goes after [CLS] (PyLate, Stanford; not vLLM's layout)."""
+        return self.config.layout != "vllm"
+
     def length(self, input_type: str | None) -> int:
         return self.config.query_length if input_type == "query" else self.config.document_length
 
@@ -46,6 +53,9 @@ class LateInteractionRecipe:
         """Insert the mode's marker after [CLS]; expand queries with [MASK]; mark document skiplist tokens."""
         cb, ids = self.config, request.prompt_token_ids
         mode = request.params.input_type or "document"
+        if not self.inserts_marker:
+            request.input_type = mode
+            return
         ids = ids[:1] + [self.query_id if mode == "query" else self.document_id] + ids[1:]
         types = request.token_type_ids
         if types is not None:

@@ -96,9 +96,16 @@ class ModelRunner:
         state = read_state_dict(model_config.transformer_dir)
         self.model: PoolingModel = build_model(model_config, state, self.device)
         token_projection = _load_dense_stack(model_config, self.device, on_tokens=True)
-        if model_config.colbert is not None and model_config.colbert.layout == "stanford":
-            # Stanford ColBERT keeps its projection (`linear`, no bias) beside the BERT weights.
-            weight = state["linear.weight"]
+        if model_config.colbert is not None and model_config.colbert.layout in ("stanford", "vllm"):
+            # Stanford ColBERT and vLLM's keep the projection (`linear` or `colbert_linear`, no bias) beside the
+            # trunk's weights.
+            names = [p + n for p in ("", "model.", "bert.") for n in ("linear.weight", "colbert_linear.weight")]
+            key = next((k for k in names if k in state), None)
+            if key is None:
+                raise ValueError(
+                    f"{model_config.transformer_dir}: the checkpoint has no ColBERT projection (linear.weight)"
+                )
+            weight = state[key]
             token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
             token_projection.weight.data.copy_(weight)
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
