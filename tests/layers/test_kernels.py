@@ -152,6 +152,29 @@ def test_kernel_sliding_window(dtype, amx, heads, dim):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rope_in_place_equals_rotate_halves(dtype):
+    """torch.ops.polyvec.rope_ rotates q and k of a fused qkv in place, v untouched: as apply_rope computes it
+    in float32, rounded once to the storage dtype."""
+    from polyvec.models.decoder import apply_rope
+
+    assert kernels.load()
+    torch.manual_seed(6)
+    rows, heads, dim = 37, 3, 64
+    qkv = torch.randn(rows, 3 * heads * dim)
+    angles = torch.rand(rows, dim // 2) * 50
+    cos, sin = angles.cos(), angles.sin()
+    full = [torch.cat((t, t), -1).unsqueeze(1) for t in (cos, sin)]
+    parts = qkv.view(rows, 3, heads, dim)
+    want = torch.cat([apply_rope(parts[:, 0], *full), apply_rope(parts[:, 1], *full), parts[:, 2]], 1)
+    got = qkv.to(dtype)
+    torch.ops.polyvec.rope_(got, cos, sin, heads)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert (got.float().view(rows, 3 * heads, dim) - want.view(rows, 3 * heads, dim)).abs().max() < tol * 4
+    assert torch.equal(got.view(rows, 3, heads, dim)[:, 2], qkv.to(dtype).view(rows, 3, heads, dim)[:, 2])
+
+
+@needs_kernel
 def test_kernel_rejects_bad_shapes():
     assert kernels.load()
     with pytest.raises(RuntimeError, match="head_dim"):

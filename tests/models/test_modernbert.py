@@ -263,3 +263,22 @@ def test_vllm_colbert_layout(tmp_path, bare, minilm_path, trunk):
     d = llm.token_embed(texts[1], use_tqdm=False)[0].outputs.data
     score = llm.score("what is flutter?", texts[1], use_tqdm=False)[0].outputs.score
     assert score == pytest.approx((q @ d.T).amax(1).sum().item(), rel=1e-5)
+
+
+def test_local_layers_in_segments_equal_whole_sequences(bare, monkeypatch):
+    """Long sequences attend in the local layers segment by segment (each with its window's keys on either
+    side): the same hidden states as attending over the whole sequence with the window mask."""
+    from polyvec.models import modernbert
+
+    llm = LLM(str(bare), dtype="float32")
+    texts = [" ".join(f"w{i}" for i in range(n)) for n in (30, 200, 45)] + TEXTS
+    monkeypatch.setattr(modernbert, "SEGMENT_QUERIES", 16)  # ±8 window: sequences over 64 tokens are cut
+    calls = []
+    plan = modernbert.LocalSegments.plan
+    monkeypatch.setattr(modernbert.LocalSegments, "plan", lambda *a: calls.append(r := plan(*a)) or r)
+    cut = llm.token_embed(texts, PoolingParams(use_activation=False), use_tqdm=False)
+    assert calls and calls[0] is not None and len(calls[0].cu_seqlens) > len(texts) + 10
+    monkeypatch.setattr(modernbert.LocalSegments, "plan", lambda *a: None)
+    whole = llm.token_embed(texts, PoolingParams(use_activation=False), use_tqdm=False)
+    for a, b in zip(cut, whole):
+        assert (a.outputs.data - b.outputs.data).abs().max() <= 1e-5

@@ -4,7 +4,8 @@
 header comment): no padded grid, no mask, each (sequence, head) on its own. `csrc/dynamic_quant.cpp` holds the
 per-token quantize / dequantize passes around oneDNN's int8 matmul (`quantization="int8"`), and
 `csrc/layer_norm.cpp` a one-read LayerNorm (layers/layernorm.py), `csrc/amx_linear.cpp` the bf16 projections of
-small batches on AMX (layers/linear.py), with the helpers they share in `csrc/cpu_common.h`.
+small batches on AMX (layers/linear.py), `csrc/rope.cpp` rotary positions applied in place to a fused qkv
+(models/modernbert.py), with the helpers they share in `csrc/cpu_common.h`.
 
 They are built with PyTorch's extension loader (a C++ compiler and ninja), for the vector width PyTorch itself
 uses here (AVX-512 or AVX2), into `$POLYVEC_CACHE/kernels/` (default `~/.cache/polyvec/kernels`). The
@@ -39,8 +40,11 @@ from ..cache import cache_dir
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("varlen_attention.cpp", "dynamic_quant.cpp", "layer_norm.cpp", "amx_linear.cpp")]
-_OPS = ("varlen_attention", "quantize_rows", "layer_norm", "amx_linear")
+_SOURCES = [
+    _CSRC / name
+    for name in ("varlen_attention.cpp", "dynamic_quant.cpp", "layer_norm.cpp", "amx_linear.cpp", "rope.cpp")
+]
+_OPS = ("varlen_attention", "quantize_rows", "layer_norm", "amx_linear", "rope_")
 # PyTorch's vector classes are header-only; these select the width they compile to (as ATen's own builds do).
 _ISA_FLAGS = {
     "AVX512": [

@@ -85,7 +85,7 @@ class PackedLinear(nn.Module):
             self.amx_weight = pack_amx_weight(linear.weight.detach())
             self.amx_bias = None if self.bias is None else self.bias.float()
             self.amx_act = _GELU_CODES[activation] if activation else 0
-        self.forms: set[str] = set()  # "plain" / "add": the oneDNN primitives this layer's model calls
+        self.forms: set[str] = set()  # "plain" / "add" / "mul": the oneDNN primitives this layer's model calls
 
     def _amx(self, x: torch.Tensor) -> bool:
         return self.amx_weight is not None and x.dim() == 2 and x.shape[0] <= AMX_MAX_ROWS
@@ -107,6 +107,14 @@ class PackedLinear(nn.Module):
             )
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
 
+    def forward_mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """`other * (x @ W.T + b)` with the product fused into the matmul's epilogue (GeGLU's gate)."""
+        assert self.attr == "none", "a binary post-op replaces the activation"
+        if self._amx(x):
+            return self.forward(x) * other
+        self.forms.add("mul")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, "mul")
+
     def primitive_keys(self) -> list[tuple]:
         """What oneDNN keys this layer's primitives on, besides the row count (one per form called)."""
         shape = (self.in_features, self.out_features, self.weight.dtype, self.bias is None, self.attr, self.algorithm)
@@ -116,15 +124,22 @@ class PackedLinear(nn.Module):
     def warm(self, form: str, rows: int) -> None:
         """Run the oneDNN primitive of `form` for `rows` rows once (on zeros), so it is compiled and cached."""
         x = torch.zeros(rows, self.in_features, dtype=self.weight.dtype)
-        if form == "add":
+        if form in ("add", "mul"):
             torch.ops.mkldnn._linear_pointwise.binary(x, torch.zeros(rows, self.out_features, dtype=x.dtype),
-                                                      self.weight, self.bias, "add")  # fmt: skip
+                                                      self.weight, self.bias, form)  # fmt: skip
         else:
             torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
 
     def extra_repr(self) -> str:
         amx = ", amx" if self.amx_weight is not None else ""
         return f"in={self.in_features}, out={self.out_features}, fused={self.attr}{amx}"
+
+
+def linear_mul(linear: nn.Module, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`other * linear(x)`, fused where the linear is prepacked."""
+    if isinstance(linear, PackedLinear):
+        return linear.forward_mul(x, other)
+    return other * linear(x)
 
 
 def int8_available(device: torch.device) -> bool:

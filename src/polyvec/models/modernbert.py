@@ -10,24 +10,67 @@ GeGLU feed-forward, and a final norm; no position or segment embeddings. Attenti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers import kernels
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
 from ..layers.layernorm import LayerNorm
-from ..layers.linear import linear_add
+from ..layers.linear import linear_add, linear_mul
 from .args import ModernBertArgs
 from .decoder import apply_rope
 from .interface import ProjectionPacker
 from .weights import Rule
 
+# Local layers: a sequence longer than this many windows' worth of tokens is attended in overlapping segments.
+SEGMENT_QUERIES = 256
+
+
+@dataclass
+class LocalSegments:
+    """A local layer's batch cut into overlapping segments, so attention costs O(n · window), not O(n²): each
+    segment holds SEGMENT_QUERIES queries of one sequence plus the `window` tokens on either side of them (all
+    the keys those queries can see), as a sequence of its own for the kernel."""
+
+    rows: torch.Tensor  # [T'] the packed row each segment row copies
+    cu_seqlens: torch.Tensor  # [S + 1] segment boundaries
+    take: torch.Tensor  # [T] for each token, the segment row whose output is its output
+
+    @classmethod
+    def plan(cls, seq_lens: list[int], window: int, device: torch.device) -> LocalSegments | None:
+        """None when no sequence is long enough to gain from segments."""
+        block = max(SEGMENT_QUERIES, 2 * window)
+        if max(seq_lens) <= 2 * (block + 2 * window):
+            return None
+        rows, take, lens = [], [], []
+        start = used = 0
+        for n in seq_lens:
+            q0s = range(0, n, block) if n > 2 * (block + 2 * window) else [0]
+            for q0 in q0s:
+                q1 = n if len(q0s) == 1 else min(n, q0 + block)
+                k0, k1 = (0, n) if len(q0s) == 1 else (max(0, q0 - window), min(n, q1 + window))
+                rows.append(torch.arange(start + k0, start + k1))
+                take.append(torch.arange(used + q0 - k0, used + q1 - k0))
+                lens.append(k1 - k0)
+                used += k1 - k0
+            start += n
+        cu = torch.zeros(len(lens) + 1, dtype=torch.long)
+        torch.cumsum(torch.tensor(lens), 0, out=cu[1:])
+        return cls(torch.cat(rows).to(device), cu.to(device), torch.cat(take).to(device))
+
 
 class ModernBertLayer(nn.Module):
-    """[norm →] attention (rotary, global or windowed) → add; norm → GeGLU → add, on a flat [T, H] tensor."""
+    """[norm →] attention (rotary, global or windowed) → add; norm → GeGLU → add, on a flat [T, H] tensor.
+
+    Where the platform packs the projections, GeGLU's up projection is split in two: the input half with GELU
+    fused, the gate half with the product fused (no separate activation or product pass)."""
+
+    native = False  # set by the CPU platform where polyvec's kernels are built: rotary positions in place
 
     def __init__(self, args: ModernBertArgs, index: int):
         super().__init__()
@@ -47,29 +90,65 @@ class ModernBertLayer(nn.Module):
         self.mlp_norm = LayerNorm(hidden, eps=eps, bias=bias)
         self.ffn_up: nn.Module = nn.Linear(hidden, 2 * args.intermediate_size, bias=args.mlp_bias)  # input, gate
         self.ffn_down: nn.Module = nn.Linear(args.intermediate_size, hidden, bias=args.mlp_bias)
+        self.act_name = args.hidden_activation
         self.act = get_act_fn(args.hidden_activation)
+        self.ffn_in: nn.Module | None = None  # the split up projection, once packed
+        self.ffn_gate: nn.Module | None = None
 
     def replace_projections(self, pack: ProjectionPacker) -> None:
         qkv, attn_out, ffn_up, ffn_down = (
             cast(nn.Linear, m) for m in (self.qkv, self.attn_out, self.ffn_up, self.ffn_down)
         )
-        self.qkv, self.attn_out, self.ffn_up, self.ffn_down = pack(qkv), pack(attn_out), pack(ffn_up), pack(ffn_down)
+        self.qkv, self.attn_out, self.ffn_down = pack(qkv), pack(attn_out), pack(ffn_down)
+        halves = []
+        for rows in ffn_up.weight.chunk(2, dim=0):  # input, gate
+            half = nn.Linear(ffn_up.in_features, rows.shape[0], bias=ffn_up.bias is not None)
+            half.weight.data = rows.contiguous()
+            halves.append(half)
+        if ffn_up.bias is not None:
+            for half, b in zip(halves, ffn_up.bias.chunk(2)):
+                cast(torch.Tensor, half.bias).data = b.contiguous()
+        fused = pack.fuses(self.act_name)
+        self.ffn_in = pack(halves[0], self.act_name) if fused else pack(halves[0])
+        self.ffn_gate = pack(halves[1])
+        if fused:
+            self.act = get_act_fn("identity")
+        self.ffn_up = nn.Identity()  # replaced by the two halves
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        segments: LocalSegments | None = None,
     ) -> torch.Tensor:
         h = x if self.attn_norm is None else self.attn_norm(x)
         qkv = self.qkv(h)  # [T, 3H]
         total = qkv.shape[0]
         parts = qkv.view(total, 3, self.num_heads, self.head_dim)
-        cos, sin = rope  # [T, 1, d]
-        # rotate q and k in place: the kernel reads the fused [T, 3H] layout
-        parts[:, 0] = apply_rope(parts[:, 0], cos, sin)
-        parts[:, 1] = apply_rope(parts[:, 1], cos, sin)
-        attn = varlen_attention(qkv, meta, self.num_heads, meta.attn_mask(), self.window)  # [T, H]
+        cos, sin = rope  # [T, d/2] float32
+        # rotate q and k in place: the attention kernel reads the fused [T, 3H] layout
+        if self.native and qkv.device.type == "cpu" and qkv.is_contiguous():
+            torch.ops.polyvec.rope_(qkv, cos, sin, self.num_heads)
+        else:
+            full_cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(qkv.dtype)  # [T, 1, d]
+            full_sin = torch.cat((sin, sin), dim=-1).unsqueeze(1).to(qkv.dtype)
+            parts[:, 0] = apply_rope(parts[:, 0], full_cos, full_sin)
+            parts[:, 1] = apply_rope(parts[:, 1], full_cos, full_sin)
+        if self.local and segments is not None:  # long sequences: overlapping segments (packed kernel only)
+            seg_qkv = qkv.index_select(0, segments.rows)  # [T', 3H]
+            attn = kernels.varlen_attention(seg_qkv, segments.cu_seqlens, self.num_heads, None, None, self.window)
+            attn = attn.index_select(0, segments.take)  # [T, H]
+        else:
+            attn = varlen_attention(qkv, meta, self.num_heads, meta.attn_mask(), self.window)  # [T, H]
         x = linear_add(self.attn_out, attn, x)
-        gate_in, gate = self.ffn_up(self.mlp_norm(x)).chunk(2, dim=-1)  # [T, I] each
-        return linear_add(self.ffn_down, self.act(gate_in) * gate, x)  # [T, H]
+        h = self.mlp_norm(x)
+        if self.ffn_in is not None and self.ffn_gate is not None:
+            g = linear_mul(self.ffn_gate, h, self.act(self.ffn_in(h)))  # [T, I]
+        else:
+            gate_in, gate = self.ffn_up(h).chunk(2, dim=-1)  # [T, I] each
+            g = self.act(gate_in) * gate
+        return linear_add(self.ffn_down, g, x)  # [T, H]
 
 
 class ModernBertEncoder(nn.Module):
@@ -86,23 +165,26 @@ class ModernBertEncoder(nn.Module):
         self.final_norm = LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
         self.head_dim = args.hidden_size // args.num_attention_heads
 
-    def rotary(self, positions: torch.Tensor, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, d/2] in float32 (each frequency serves both halves of a head)."""
         d = self.head_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float, device=positions.device) / d))
         freqs = positions.float().unsqueeze(1) * inv_freq.unsqueeze(0)  # [T, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return freqs.cos(), freqs.sin()
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
     ) -> torch.Tensor:
         x = self.embed_norm(self.tok_embeddings(input_ids))  # [T, H]
         ropes = {
-            False: self.rotary(meta.positions, self.args.global_rope_theta, x.dtype),
-            True: self.rotary(meta.positions, self.args.local_rope_theta, x.dtype),
+            False: self.rotary(meta.positions, self.args.global_rope_theta),
+            True: self.rotary(meta.positions, self.args.local_rope_theta),
         }
+        segments = None
+        if meta.packed and meta.key_lens is None:
+            segments = LocalSegments.plan(meta.seq_lens, self.args.local_attention // 2, x.device)
         for layer in self.layers:
-            x = layer(x, ropes[cast(ModernBertLayer, layer).local], meta)
+            x = layer(x, ropes[cast(ModernBertLayer, layer).local], meta, segments)
         return self.final_norm(x)
 
 

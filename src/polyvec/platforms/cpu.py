@@ -139,9 +139,9 @@ class CpuPlatform(Platform):
             for layer in layers:
                 cast("Layer", layer).replace_projections(projections)
         if native:
-            for module in model.modules():
-                if isinstance(module, LayerNorm):
-                    module.native = True
+            for module in model.modules():  # LayerNorm, and layers with a native step of their own (`native`)
+                if isinstance(module, LayerNorm) or hasattr(module, "native"):
+                    setattr(module, "native", True)  # noqa: B010 (nn.Module's typed attribute access)
 
     def warm_kernels(self, model: PoolingModel, rows: int) -> None:
         # oneDNN keys a primitive on the shapes, not the weights: one call per distinct projection and form.
