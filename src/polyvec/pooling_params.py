@@ -65,6 +65,9 @@ class PoolingParams:
     """embed_sparse: drop weights below this value."""
     return_tokens: bool = False
     """embed_sparse: also return the vocabulary string of each index."""
+    pool_factor: int | None = None
+    """token_embed of documents: cluster the token vectors into len // pool_factor groups and return their means
+    (PyLate's hierarchical token pooling; the first vector is kept). Queries are never pooled."""
     late_chunking_params: LateChunkingParams | None = None
     """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
     chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
@@ -90,6 +93,14 @@ class PoolingParams:
             raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
         if self.late_chunking_params is not None and task != "token_embed":
             raise ValueError("Late chunking requires token_embed")
+        factor = self.pool_factor
+        if factor is not None:
+            if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+                raise ValueError(f"pool_factor must be a positive integer, got {factor!r}")
+            if task != "token_embed":
+                raise ValueError(f"pool_factor applies to token_embed, not {task!r}")
+            if self.late_chunking_params is not None:
+                raise ValueError("pool_factor and late_chunking_params cannot be combined")
 
         sparse = task == "embed_sparse"
         if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):

@@ -25,6 +25,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingState
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
+from ..token_pooling import hierarchical_pool
 from ..tokenizer import PolyTokenizer, TruncationSide
 from .input_processor import InputProcessor, Prompt
 from .late_interaction import LateInteractionRecipe
@@ -283,6 +284,10 @@ class Engine:
     def _output(self, r: Request, data: Any) -> PoolingRequestOutput[PoolingOutput]:
         r.pool_state = None
         assert r.params.task is not None  # verified params name their task
+        factor = r.params.pool_factor
+        query = (r.input_type or r.params.input_type) == "query"
+        if factor and factor > 1 and not query and r.params.task == "token_embed" and data is not None:
+            data = hierarchical_pool(data, factor)  # documents only, as PyLate pools them
         return PoolingRequestOutput(
             request_id=r.request_id,
             outputs=PoolingOutput(data),  # several tasks: a dict, task name → output

@@ -244,6 +244,9 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     the server's --long-input."""
     window_overlap: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     """long_input="window": tokens shared by consecutive windows (default: the server's --window-overlap)."""
+    pool_factor: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    """token_embed of documents: token vectors clustered into len // pool_factor groups, one mean each (PyLate's
+    hierarchical token pooling, the first vector kept); queries are not pooled."""
 
 
 class PoolingRequest(EmbeddingRequest):

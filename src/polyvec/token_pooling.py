@@ -1,0 +1,38 @@
+"""Token pooling: fewer token vectors per document, as PyLate's `pool_factor` computes them.
+
+Clark et al., "A Reproducibility Study of PLAID" / Answer.AI's token pooling (2024): a document's token vectors
+are clustered hierarchically (Ward linkage on cosine distance, 1 - q·k of the normalized vectors) into
+len // pool_factor clusters, each replaced by its mean; the first `protected` vectors ([CLS], the marker) are
+kept as they are. Clustering is scipy's (`pip install 'polyvec[compression]'`), the same calls PyLate makes,
+so a document gives the same clusters in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+PROTECTED_TOKENS = 1  # PyLate's default: the [CLS] vector stays its own
+
+
+def hierarchical_pool(vectors: torch.Tensor, pool_factor: int, protected: int = PROTECTED_TOKENS) -> torch.Tensor:
+    """[n, d] token vectors → [protected + clusters, d]: the protected ones, then one mean per cluster (in
+    scipy's cluster order). Unchanged when pooling would not reduce the count."""
+    try:
+        from scipy.cluster import hierarchy
+    except ImportError as e:  # an optional extra: the core install stays light
+        raise ImportError("pool_factor needs scipy: pip install 'polyvec[compression]'") from e
+    x = vectors.detach().to("cpu", torch.float32)
+    kept, rest = x[:protected], x[protected:]
+    n = rest.shape[0]
+    clusters = max(n // pool_factor, 1)
+    if clusters >= n:
+        return vectors
+    distance = 1 - torch.mm(rest, rest.t()).numpy()  # [n, n]
+    linkage = hierarchy.linkage(distance[np.triu_indices(n, k=1)], method="ward")
+    labels = torch.from_numpy(hierarchy.fcluster(linkage, t=clusters, criterion="maxclust").astype(np.int64)) - 1
+    sums = torch.zeros(clusters, rest.shape[1]).index_add_(0, labels, rest)  # [clusters, d]
+    counts = torch.bincount(labels, minlength=clusters)
+    used = counts > 0  # fcluster may form fewer clusters than asked
+    pooled = sums[used] / counts[used].unsqueeze(1)
+    return torch.cat([kept, pooled]).to(vectors.dtype)

@@ -1,0 +1,69 @@
+"""Token pooling (pool_factor) against PyLate's hierarchical pooling, offline and over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyvec import LLM, PoolingParams
+from polyvec.token_pooling import hierarchical_pool
+from tests.helpers import cosine_rows
+
+DOCS = [
+    "The boundary layer on a flat plate in supersonic flow was measured at several Mach numbers and compared "
+    "with theory; the agreement is good near the leading edge and poorer downstream where transition occurs.",
+    "flutter of wings",
+    "Heat transfer, skin friction and pressure distributions on blunt bodies at hypersonic speeds.",
+]
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_same_clusters_as_pylate(pylate_model, factor):
+    model, folder = pylate_model
+    llm = LLM(str(folder), dtype="float32")
+    got = llm.token_embed(DOCS, PoolingParams(input_type="document", pool_factor=factor), use_tqdm=False)
+    full = llm.token_embed(DOCS, PoolingParams(input_type="document"), use_tqdm=False)
+    want = model.encode(DOCS, is_query=False, pool_factor=factor)
+    for g, f, w in zip(got, full, want):
+        w = torch.as_tensor(w)
+        n = f.outputs.data.shape[0]
+        assert g.outputs.data.shape == w.shape  # the same clusters, in the same order
+        assert g.outputs.data.shape[0] <= 1 + max((n - 1) // factor, 1)
+        assert cosine_rows(g.outputs.data, w).min() >= 0.9999
+    # the function alone, on polyvec's own vectors, and queries left as they are
+    assert torch.equal(hierarchical_pool(full[0].outputs.data, factor), got[0].outputs.data)
+    q = llm.token_embed(DOCS[1], PoolingParams(input_type="query", pool_factor=factor), use_tqdm=False)[0]
+    assert q.outputs.data.shape[0] == model.query_length
+
+
+def test_pool_factor_checks(minilm_llm):
+    for bad, message in [
+        (PoolingParams(pool_factor=0), "pool_factor must be a positive integer"),
+        (PoolingParams(pool_factor=True), "pool_factor must be a positive integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            minilm_llm.token_embed("x", bad, use_tqdm=False)
+    with pytest.raises(ValueError, match="pool_factor applies to token_embed, not 'embed'"):
+        minilm_llm.embed("x", PoolingParams(pool_factor=2), use_tqdm=False)
+    one = minilm_llm.token_embed(DOCS[0], PoolingParams(pool_factor=1), use_tqdm=False)[0].outputs.data
+    assert torch.equal(one, minilm_llm.token_embed(DOCS[0], use_tqdm=False)[0].outputs.data)
+    two = minilm_llm.token_embed(DOCS[0], PoolingParams(pool_factor=2), use_tqdm=False)[0].outputs.data
+    assert two.shape[0] < one.shape[0]
+
+
+def test_pool_factor_over_http(pylate_model):
+    from tests.entrypoints.server.conftest import Server
+
+    _, folder = pylate_model
+    llm = LLM(str(folder), dtype="float32")
+    s = Server(str(folder))
+    try:
+        body = s.post("/pooling", {"input": DOCS, "task": "token_embed", "pool_factor": 2}).json()
+        want = llm.token_embed(DOCS, PoolingParams(pool_factor=2), use_tqdm=False)
+        for item, w in zip(body["data"], want):
+            assert item["shape"] == list(w.outputs.data.shape)
+            assert cosine_rows(torch.tensor(item["data"]), w.outputs.data).min() >= 0.99999
+        r = s.post("/pooling", {"input": DOCS[0], "task": "token_embed", "pool_factor": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "pool_factor"
+    finally:
+        s.stop()
