@@ -2,6 +2,7 @@
 separately, and against FlagEmbedding's BGEM3FlagModel on the same weights and texts.
 
     python benchmarks/multi_output.py [--layers 12] [--hidden 768] [--limit 400] [--repeats 2] [--dtype float32]
+                                     [--no-separate] [--no-flagembedding]
 
 No bge-m3 checkpoint can be had here: the model is bge-m3-shaped (an XLM-RoBERTa trunk with its 250,002-token
 vocabulary, seeded random weights, colbert_linear.pt and sparse_linear.pt beside it; fewer layers than bge-m3's
@@ -56,6 +57,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-flagembedding", action="store_true")
+    ap.add_argument("--no-separate", action="store_true", help="skip the three-requests system (float32 runs)")
     ap.add_argument("--dtype", default="auto", help="polyvec's dtype (FlagEmbedding runs float32)")
     args = ap.parse_args()
     texts = load_passages(("cranfield",), args.limit)
@@ -79,6 +81,8 @@ def main() -> int:
                 if name == "multi":
                     llm.encode(texts, pooling_task=TASKS, use_tqdm=False)
                 elif name == "separate":
+                    if args.no_separate:
+                        continue
                     for task in TASKS:
                         llm.encode(texts, pooling_task=task, use_tqdm=False)
                 elif flag is not None:
@@ -101,7 +105,8 @@ def main() -> int:
         if times[name]:
             print(f"| {label} | {', '.join(f'{t:.1f}' for t in times[name])} | {len(texts) / min(times[name]):.1f} |")
     sep = [s / m for s, m in zip(times["separate"], times["multi"])]
-    print(f"\nseparate / multi per repeat: {', '.join(f'{x:.2f}' for x in sep)}")
+    if sep:
+        print(f"\nseparate / multi per repeat: {', '.join(f'{x:.2f}' for x in sep)}")
     if times["flagembedding"]:
         fe = [f / m for f, m in zip(times["flagembedding"], times["multi"])]
         print(f"FlagEmbedding / polyvec multi per repeat: {', '.join(f'{x:.2f}' for x in fe)}")

@@ -170,8 +170,9 @@ def matmul_ceiling(threads: int) -> dict[str, float]:
 def flops_per_token(model_path: str, mean_len: float) -> float:
     cfg = json.load(open(Path(model_path) / "config.json"))
     h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    mlp = 3 if cfg.get("model_type") == "modernbert" else 2  # GeGLU: the up projection is twice as wide
     # 2 FLOPs per multiply-add: q/k/v/out projections, the MLP, and attention scores + weighted sum.
-    return layers * 2 * (4 * h * h + 2 * h * i + 2 * mean_len * h)
+    return layers * 2 * (4 * h * h + mlp * h * i + 2 * mean_len * h)
 
 
 def main() -> int:
