@@ -1,0 +1,136 @@
+"""Images in: decoded and checked with Pillow, turned into the pixel patches a vision tower reads.
+
+Accepted forms: a `PIL.Image.Image`, encoded bytes, and base64 `data:` URLs (`data:image/png;base64,...`).
+Every refusal is an `ImageError` naming the image's position and what is wrong: not an image, truncated, a
+decompression bomb, more pixels than the limit, an aspect ratio the resize rule cannot keep.
+
+`qwen2_vl_patches` is the Qwen2-VL / Qwen2.5-VL / ColQwen2 processor's rule (transformers'
+`Qwen2VLImageProcessor`): resize (bicubic) so both sides are multiples of patch × merge and the pixel count is
+within [min_pixels, max_pixels], scale to [0, 1], normalize with CLIP's mean and std, and cut into patches of
+`temporal_patch_size` frames (the image repeated) × patch × patch, ordered so each merge × merge group of patches
+is contiguous. Pillow is the `vision` extra (`pip install 'polyvec[vision]'`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_IMAGE_PIXELS = 50_000_000  # decoded size above which an image is refused (Pillow's bomb check, made an error)
+
+
+class ImageError(ValueError):
+    """A bad image, with its position in the request."""
+
+    def __init__(self, index: int, detail: str):
+        super().__init__(f"image {index}: {detail}")
+        self.index = index
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image
+    except ImportError as e:  # an optional extra: the core install stays light
+        raise ImportError("image inputs need Pillow: pip install 'polyvec[vision]'") from e
+    return Image
+
+
+def load_image(source: Any, index: int = 0, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
+    """A PIL image in RGB from a PIL image, encoded bytes or a base64 data: URL; ImageError if it is not one."""
+    Image = _pil()
+    if isinstance(source, Image.Image):
+        image = source
+    else:
+        if isinstance(source, str):
+            if not source.startswith("data:"):
+                raise ImageError(index, "a string image must be a base64 data: URL (data:image/png;base64,...)")
+            header, _, payload = source.partition(",")
+            if not header.endswith(";base64"):
+                raise ImageError(index, "the data: URL is not base64-encoded")
+            try:
+                source = base64.b64decode(payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise ImageError(index, "the data: URL's base64 payload does not decode") from None
+        if not isinstance(source, (bytes, bytearray)):
+            raise ImageError(index, f"expected a PIL image, bytes or a data: URL, got {type(source).__name__}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(source))
+                if image.width * image.height > max_pixels:
+                    raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
+                image.load()  # decode now: a truncated file fails here, not later
+        except ImageError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise ImageError(index, "a decompression bomb (its decoded size is far beyond the pixel limit)") from None
+        except Exception as e:  # Pillow's UnidentifiedImageError, OSError for truncated data, ...
+            raise ImageError(index, f"not a readable image ({type(e).__name__}: {e})") from None
+    if image.width * image.height > max_pixels:
+        raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
+    if image.width < 1 or image.height < 1:
+        raise ImageError(index, "the image is empty")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's size rule: both sides multiples of `factor`, pixels within [min_pixels, max_pixels], the aspect
+    ratio kept as well as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f}:1 is over the limit of 200:1")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+@dataclass(frozen=True)
+class Qwen2VLPixels:
+    """One image as a Qwen2-VL vision tower reads it."""
+
+    patches: torch.Tensor  # [grid_h * grid_w, 3 * temporal * patch * patch] float32
+    grid_thw: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
+
+
+def qwen2_vl_patches(
+    image: Any,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    mean: tuple[float, float, float] = CLIP_MEAN,
+    std: tuple[float, float, float] = CLIP_STD,
+    index: int = 0,
+) -> Qwen2VLPixels:
+    """A PIL image (RGB) → its normalized patches, in the order the processor writes them."""
+    Image = _pil()
+    try:
+        h, w = smart_resize(image.height, image.width, patch_size * merge_size, min_pixels, max_pixels)
+    except ValueError as e:
+        raise ImageError(index, str(e)) from None
+    resized = image.resize((w, h), resample=Image.Resampling.BICUBIC)
+    x = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) * np.float32(1 / 255)  # [3, h, w]
+    x = (x - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]
+    gh, gw, m, p = h // patch_size, w // patch_size, merge_size, patch_size
+    x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, 3, p, p]
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], temporal_patch_size, p, p))  # frames: the image twice
+    patches = np.ascontiguousarray(x).reshape(gh * gw, 3 * temporal_patch_size * p * p)
+    return Qwen2VLPixels(torch.from_numpy(patches), (1, gh, gw))

@@ -1,0 +1,93 @@
+"""Image decoding and checks, and Qwen2-VL's pixel patches against transformers' processor."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("PIL", reason="Pillow is the vision extra (tests/models.txt installs it with the test extra)")
+from PIL import Image  # noqa: E402
+
+from polyvec.multimodal.image import ImageError, load_image, qwen2_vl_patches, smart_resize  # noqa: E402
+
+
+def _image(w: int, h: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    data = rng.integers(0, 256, (h, w, channels), dtype=np.uint8)
+    return Image.fromarray(data[..., 0] if channels == 1 else data, mode)
+
+
+def _png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("size", "pixels"),
+    [((640, 480), None), ((97, 53), None), ((2000, 300), (56 * 56, 28 * 28 * 64)), ((20, 20), (200 * 200, 10**6))],
+)
+def test_patches_equal_transformers_processor(size, pixels):
+    """The resized, normalized patches and the grid as transformers' Qwen2-VL processor makes them (within 1e-6):
+    a plain size, sides not multiples of 28, an image over max_pixels, one under min_pixels."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image = _image(*size)
+    kwargs = {} if pixels is None else {"min_pixels": pixels[0], "max_pixels": pixels[1]}
+    ref = Qwen2VLImageProcessorPil(**kwargs)(images=[image], return_tensors="pt")
+    got = qwen2_vl_patches(image, **kwargs)
+    assert list(got.grid_thw) == ref["image_grid_thw"][0].tolist()
+    assert got.patches.shape == ref["pixel_values"].shape
+    assert (got.patches - ref["pixel_values"].float()).abs().max() <= 1e-6
+
+
+def test_smart_resize_rule():
+    assert smart_resize(480, 640, 28, 56 * 56, 28 * 28 * 1280) == (476, 644)
+    h, w = smart_resize(4000, 3000, 28, 56 * 56, 28 * 28 * 256)
+    assert h % 28 == w % 28 == 0 and h * w <= 28 * 28 * 256
+    with pytest.raises(ValueError, match="aspect ratio"):
+        smart_resize(10, 3000, 28, 56 * 56, 28 * 28 * 1280)
+
+
+def test_load_image_forms_and_modes():
+    rgb = _image(40, 30)
+    url = "data:image/png;base64," + base64.b64encode(_png(rgb)).decode()
+    for source in (rgb, _png(rgb), url):
+        got = load_image(source)
+        assert got.mode == "RGB" and got.size == (40, 30)
+        assert np.array_equal(np.asarray(got), np.asarray(rgb))
+    assert load_image(_image(8, 8, "RGBA")).mode == "RGB" and load_image(_png(_image(8, 8, "L"))).mode == "RGB"
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (b"not an image at all", "not a readable image"),
+        (_png(_image(64, 64))[:200], "not a readable image"),  # truncated
+        ("http://example.com/a.png", "must be a base64 data: URL"),
+        ("data:image/png,rawbytes", "not base64-encoded"),
+        ("data:image/png;base64,@@@", "does not decode"),
+        (12, "expected a PIL image, bytes or a data: URL, got int"),
+    ],
+)
+def test_bad_images_name_the_item(source, message):
+    with pytest.raises(ImageError, match=message) as err:
+        load_image(source, index=3)
+    assert err.value.index == 3 and str(err.value).startswith("image 3: ")
+
+
+def test_pixel_limits():
+    big = _png(_image(300, 200))
+    with pytest.raises(ImageError, match="60000 pixels|300x200 pixels, more than the limit of 1000"):
+        load_image(big, max_pixels=1000)
+    with pytest.raises(ImageError, match="300x200 pixels"):
+        load_image(_image(300, 200), max_pixels=1000)
+    with pytest.raises(ImageError, match="aspect ratio"):
+        qwen2_vl_patches(_image(4000, 10))
+    patches = qwen2_vl_patches(_image(56, 56)).patches
+    assert patches.dtype == torch.float32 and patches.shape == (16, 3 * 2 * 14 * 14)
