@@ -11,6 +11,10 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)  # CLIP's and Qwen2-VL's vision towers
+
+
 _HIDDEN_ACTS = {
     "gelu": F.gelu,  # exact (erf) GELU, as BERT defines it
     "gelu_new": _gelu_tanh,
@@ -21,6 +25,7 @@ _HIDDEN_ACTS = {
     "swish": F.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
+    "quick_gelu": _quick_gelu,
     "identity": lambda x: x,
 }
 

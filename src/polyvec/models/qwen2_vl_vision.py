@@ -1,0 +1,163 @@
+"""Qwen2-VL's vision tower over packed images (the encoder ColQwen2 reads page images with).
+
+Wang et al., "Qwen2-VL" (2024), https://arxiv.org/abs/2409.12191. Each image arrives as its patches
+(multimodal/image.py: 3 channels x 2 frames x 14 x 14 pixels each, in merge-group order) and its (t, h, w) grid.
+A linear patch embedding (the checkpoint's Conv3d, whose kernel equals its stride), pre-norm blocks of full
+bidirectional attention within each image (the packed batch: one sequence per image) with 2-D rotary positions
+(the first half of each head's rotary frequencies turn with the patch's row, the second with its column), a
+quick-GELU MLP, then the patch merger: LayerNorm, each merge x merge group of patches concatenated, an MLP to the
+language model's width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..layers import kernels
+from ..layers.activation import get_act_fn
+from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.layernorm import LayerNorm
+from .decoder import apply_rope
+from .weights import Rule, load_mapped
+
+
+@dataclass(frozen=True)
+class VisionArgs:
+    embed_dim: int
+    depth: int
+    num_heads: int
+    hidden_size: int
+    """The language model's width: what the merger projects to."""
+    mlp_ratio: float = 4.0
+    hidden_act: str = "quick_gelu"
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> VisionArgs:
+        rope = config.get("rope_parameters") or {}
+        return cls(
+            embed_dim=int(config["embed_dim"]),
+            depth=int(config["depth"]),
+            num_heads=int(config["num_heads"]),
+            hidden_size=int(config["hidden_size"]),
+            mlp_ratio=float(config.get("mlp_ratio", 4)),
+            hidden_act=str(config.get("hidden_act", "quick_gelu")),
+            patch_size=int(config.get("patch_size", 14)),
+            temporal_patch_size=int(config.get("temporal_patch_size", 2)),
+            spatial_merge_size=int(config.get("spatial_merge_size", 2)),
+            in_channels=int(config.get("in_channels", 3)),
+            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        )
+
+
+class VisionBlock(nn.Module):
+    """norm → attention (2-D rotary, within each image) → add; norm → MLP → add, on a flat [N, D] tensor."""
+
+    native = False  # set by the CPU platform where polyvec's kernels are built: rotary positions in place
+
+    def __init__(self, args: VisionArgs):
+        super().__init__()
+        dim = args.embed_dim
+        self.num_heads = args.num_heads
+        self.head_dim = dim // args.num_heads
+        self.norm1 = LayerNorm(dim, eps=1e-6)
+        self.qkv: nn.Module = nn.Linear(dim, 3 * dim)
+        self.proj: nn.Module = nn.Linear(dim, dim)
+        self.norm2 = LayerNorm(dim, eps=1e-6)
+        hidden = int(dim * args.mlp_ratio)
+        self.fc1: nn.Module = nn.Linear(dim, hidden)
+        self.fc2: nn.Module = nn.Linear(hidden, dim)
+        self.act = get_act_fn(args.hidden_act)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        qkv = self.qkv(self.norm1(x)).contiguous()  # [N, 3D]
+        cos, sin = rope  # [N, d/2] float32
+        if self.native and qkv.device.type == "cpu":
+            torch.ops.polyvec.rope_(qkv, cos, sin, self.num_heads)
+        else:
+            parts = qkv.view(qkv.shape[0], 3, self.num_heads, self.head_dim)
+            full = [torch.cat((t, t), -1).unsqueeze(1) for t in (cos, sin)]  # [N, 1, d], float32 as the reference
+            parts[:, 0] = apply_rope(parts[:, 0].float(), *full).to(qkv.dtype)
+            parts[:, 1] = apply_rope(parts[:, 1].float(), *full).to(qkv.dtype)
+        x = x + self.proj(varlen_attention(qkv, meta, self.num_heads, meta.attn_mask()))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class VisionTower(nn.Module):
+    """Patches of a batch of images [N, C·T·P·P] and their grids → merged tokens [N / merge², hidden_size]."""
+
+    def __init__(self, args: VisionArgs):
+        super().__init__()
+        self.args = args
+        patch_in = args.in_channels * args.temporal_patch_size * args.patch_size**2
+        self.patch_embed = nn.Linear(patch_in, args.embed_dim, bias=False)
+        self.blocks = nn.ModuleList(VisionBlock(args) for _ in range(args.depth))
+        merged = args.embed_dim * args.spatial_merge_size**2
+        self.merger_norm = LayerNorm(args.embed_dim, eps=1e-6)
+        self.merger_fc1 = nn.Linear(merged, merged)
+        self.merger_fc2 = nn.Linear(merged, args.hidden_size)
+        self.packed_attention = False  # set by `prepare`: the native kernel on the packed images
+
+    @property
+    def head_dim(self) -> int:
+        return self.args.embed_dim // self.args.num_heads
+
+    def prepare(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.packed_attention = kernels.packed_attention_available(device, dtype, self.head_dim)
+
+    def rotary(self, grids: Sequence[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, d/2] in float32: each patch's row and column angles, patches in merge-group order."""
+        m, quarter = self.args.spatial_merge_size, self.head_dim // 4
+        inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, 2 * quarter, 2, dtype=torch.float) / (2 * quarter)))
+        rows, cols = [], []
+        for t, h, w in grids:
+            hh, ww = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            shape = (h // m, m, w // m, m)
+            rows.append(hh.reshape(shape).transpose(1, 2).flatten().repeat(t))
+            cols.append(ww.reshape(shape).transpose(1, 2).flatten().repeat(t))
+        angles = torch.cat(
+            [torch.cat(rows)[:, None].float() * inv_freq, torch.cat(cols)[:, None].float() * inv_freq], dim=1
+        )  # [N, d/2]
+        return angles.cos().to(device), angles.sin().to(device)
+
+    def forward(self, patches: torch.Tensor, grids: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+        dtype = self.patch_embed.weight.dtype
+        x = self.patch_embed(patches.to(dtype))  # [N, D]
+        lens = [t * h * w for t, h, w in grids]
+        meta = AttentionMetadata.build(lens, x.device, packed=self.packed_attention)
+        rope = self.rotary(grids, x.device)
+        for block in self.blocks:
+            x = block(x, rope, meta)
+        merged = self.merger_norm(x).reshape(-1, self.merger_fc1.in_features)  # [N / m², D·m²]
+        return self.merger_fc2(torch.nn.functional.gelu(self.merger_fc1(merged)))  # [N / m², hidden]
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], prefix: str = "") -> None:
+        """transformers' names (Qwen2VisionTransformerPretrainedModel), after `prefix` ("visual.", ...)."""
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        conv = state.pop("patch_embed.proj.weight")  # Conv3d [D, C, T, P, P], kernel = stride: a linear map
+        with torch.no_grad():
+            self.patch_embed.weight.copy_(conv.reshape(conv.shape[0], -1))
+        load_mapped(self, state, VISION_RULES, optional=("patch_embed.weight",))
+
+
+_B = r"^blocks\.(\d+)\."
+VISION_RULES: list[Rule] = [
+    (_B + r"attn\.qkv\.", r"blocks.\1.qkv.", None),
+    (_B + r"attn\.proj\.", r"blocks.\1.proj.", None),
+    (_B + r"mlp\.fc1\.", r"blocks.\1.fc1.", None),
+    (_B + r"mlp\.fc2\.", r"blocks.\1.fc2.", None),
+    (r"^merger\.ln_q\.", "merger_norm.", None),
+    (r"^merger\.mlp\.0\.", "merger_fc1.", None),
+    (r"^merger\.mlp\.2\.", "merger_fc2.", None),
+]
