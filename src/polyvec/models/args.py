@@ -84,6 +84,9 @@ class DecoderArgs:
     """... and from this layer on."""
     model_type: str | None = None
     classifier_from_token_ids: tuple[int, ...] = ()
+    mrope_section: tuple[int, ...] | None = None
+    """Qwen2-VL's multimodal rotary positions: how many of each head's d/2 frequencies turn with the temporal,
+    height and width position (their sum is d/2); None: one position per token."""
     """vLLM's `classifier_from_token` as vocabulary ids (the loader sets them): LM-head rows → classifier."""
 
     @classmethod
@@ -111,7 +114,16 @@ class DecoderArgs:
             max_window_layers=config.get("max_window_layers", 0),
             model_type=config.get("model_type"),
             classifier_from_token_ids=tuple(config.get("classifier_from_token_ids") or ()),
+            mrope_section=_mrope_section(config),
         )
+
+
+def _mrope_section(config: Mapping[str, Any]) -> tuple[int, ...] | None:
+    for key in ("rope_parameters", "rope_scaling"):
+        section = (config.get(key) or {}).get("mrope_section")
+        if section:
+            return tuple(int(s) for s in section)
+    return None
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def rope_inv_freq(args: DecoderArgs, head_dim: int) -> torch.Tensor:
     p = rope_parameters(args)
     inv_freq = 1.0 / (float(p["rope_theta"]) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = p["rope_type"]
-    if kind == "default":
+    if kind in ("default", "mrope"):  # mrope: default frequencies, shared out among 3 positions (DecoderModel)
         return inv_freq.float()
     if kind == "linear":
         return (inv_freq / float(p["factor"])).float()
@@ -161,17 +161,33 @@ class DecoderModel(nn.Module):
         return len(self.layers), self.num_kv_heads, self.head_dim
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, d] for positions [T], or for Qwen2-VL's [3, T] (temporal, height, width): frequency
+        section s of `mrope_section` turns with position row s."""
         if self._inv_freq is None or self._inv_freq.device != positions.device:
             self._inv_freq = rope_inv_freq(self.args, self.head_dim).to(positions.device)
-        freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)  # [T, d/2]
+        if positions.dim() == 2:
+            section = self.args.mrope_section
+            if section is None or sum(section) != self.head_dim // 2:
+                raise ValueError(f"3-row positions need mrope_section summing to head_dim / 2, got {section}")
+            rows = torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section)).to(positions.device)
+            freqs = positions.float()[rows].t() * self._inv_freq.unsqueeze(0)  # [T, d/2]: row rows[j] for freq j
+        else:
+            freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)  # [T, d/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        meta: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, H]
-        cos, sin = self.rotary(meta.positions, x.dtype)
+        """`embeds` [T, H] instead of `input_ids` (image features in place of their tokens); `rope_positions`
+        [3, T] instead of the metadata's positions (Qwen2-VL's multimodal rotary positions)."""
+        x = self.embed_tokens(input_ids) if embeds is None else embeds  # [T, H]
+        cos, sin = self.rotary(meta.positions if rope_positions is None else rope_positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, meta)
         return self.norm(x)
