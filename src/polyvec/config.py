@@ -123,6 +123,23 @@ class SpladeSpec:
 
 
 @dataclass(frozen=True)
+class ColQwen2Spec:
+    """A ColQwen2 checkpoint's image side: Qwen2-VL's vision config, the placeholder token, the processor's pixel
+    budget per image and its prompts (colpali-engine's ColQwen2Processor)."""
+
+    vision_config: dict[str, Any]
+    image_token_id: int
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    visual_prompt: str = (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>"
+    )
+    query_prefix: str = "Query: "
+    query_suffix: str = "<|endoftext|>" * 10  # query augmentation tokens
+    image_pad: str = "<|image_pad|>"
+
+
+@dataclass(frozen=True)
 class BgeM3Spec:
     """bge-m3's two extra heads beside its XLM-RoBERTa trunk (FlagEmbedding's layout): multi-vector =
     normalize(colbert_linear(h)) of every token but the first; sparse = relu(sparse_linear(h)) per token, special
@@ -155,7 +172,7 @@ class ColBERTConfig:
     (expansion), and drop skiplist (punctuation) tokens from document outputs.
     """
 
-    layout: Literal["pylate", "stanford", "vllm"]
+    layout: Literal["pylate", "stanford", "vllm", "colqwen2"]
     """vllm: vLLM's ColBERTModel / ColBERTModernBertModel checkpoints, a trunk and its `linear` projection and no
     recipe: every token of the text as it is, no markers, expansion or skiplist, for queries and documents."""
     query_prefix: str
@@ -199,6 +216,8 @@ class ModelConfig:
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
     bge_m3: BgeM3Spec | None = None
+    colqwen2: ColQwen2Spec | None = None
+    """ColQwen2: images in (multimodal/image.py), token vectors out; `architecture` is "ColQwen2"."""
     """colbert_linear.pt and sparse_linear.pt beside the trunk: token_embed and embed_sparse from those heads."""
     splade: SpladeSpec = field(default_factory=SpladeSpec)
     """embed_sparse of masked-LM checkpoints (SPLADE): the modules.json SpladePooling, else max + relu."""

@@ -18,7 +18,16 @@ from typing import Any
 
 import torch
 
-from .config import Activation, BgeM3Spec, ColBERTConfig, DenseSpec, ModelConfig, PoolerConfig, SpladeSpec
+from .config import (
+    Activation,
+    BgeM3Spec,
+    ColBERTConfig,
+    ColQwen2Spec,
+    DenseSpec,
+    ModelConfig,
+    PoolerConfig,
+    SpladeSpec,
+)
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -181,6 +190,29 @@ def _tokenizer_max_length(folder: Path) -> int | None:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
+# transformers' ColQwen2ForRetrieval and colpali-engine's ColQwen2 (its config.json names the class).
+COLQWEN2 = ("ColQwen2ForRetrieval", "ColQwen2")
+
+
+def _read_colqwen2(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any], ColQwen2Spec]:
+    """The language model's config flattened to the top level (as a decoder's), the vision side in the spec;
+    the processor's pixel budget from preprocessor_config.json when it has one."""
+    vlm = hf_config.get("vlm_config") or hf_config
+    text = vlm.get("text_config") or vlm
+    flat = {**text, "architectures": ["ColQwen2"], "model_type": "qwen2_vl"}
+    flat["embedding_dim"] = int(hf_config.get("embedding_dim", 128))
+    pre = root / "preprocessor_config.json"
+    cfg = _read_json(pre) if pre.is_file() else {}
+    size = cfg.get("size") or {}
+    spec = ColQwen2Spec(
+        vision_config=dict(vlm["vision_config"]),
+        image_token_id=int(vlm.get("image_token_id", 151655)),
+        min_pixels=int(cfg.get("min_pixels") or size.get("shortest_edge") or 4 * 28 * 28),
+        max_pixels=int(cfg.get("max_pixels") or size.get("longest_edge") or 768 * 28 * 28),
+    )
+    return flat, spec
+
+
 # vLLM's ColBERT architectures → the trunk they put the `linear` projection on.
 VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBertModel"}
 
@@ -188,6 +220,8 @@ VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBe
 def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[str, Any]) -> ColBERTConfig | None:
     """PyLate: a token-level Dense in modules.json + prefixes in config_sentence_transformers.json.
     Stanford ColBERT: architecture HF_ColBERT + artifact.metadata. vLLM: ColBERTModel / ColBERTModernBertModel."""
+    if hf_config.get("architectures", [""])[0] == "ColQwen2":  # flattened by _read_colqwen2
+        return ColBERTConfig("colqwen2", "", "", 0, 0, do_query_expansion=False, dim=int(hf_config["embedding_dim"]))
     if hf_config.get("architectures", [""])[0] in VLLM_COLBERT:
         dim = hf_config.get("colbert_dim") or hf_config.get("dim") or hf_config.get("projection_dim")
         if not dim:
@@ -298,6 +332,11 @@ def load_model_config(
         raise ValueError(f"{tdir / 'config.json'} names no architectures")
     architecture = architectures[0]
     sources["architecture"] = "config.json"
+    colqwen2 = None
+    if architecture in COLQWEN2:
+        hf_config, colqwen2 = _read_colqwen2(root, hf_config)
+        sources["architecture"] = f"config.json {architecture} (ColQwen2: Qwen2-VL + token projection)"
+        architecture = "ColQwen2"
     colbert = _read_colbert(root, tdir, st, hf_config)
     if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)
         architecture = "BertModel"
@@ -399,7 +438,8 @@ def load_model_config(
 
     return ModelConfig(
         model=str(model),
-        is_causal=architecture.startswith(CAUSAL_FAMILIES),
+        is_causal=architecture.startswith(CAUSAL_FAMILIES) or architecture == "ColQwen2",
+        colqwen2=colqwen2,
         prompts=prompts,
         default_prompt_name=default_prompt,
         path=root,

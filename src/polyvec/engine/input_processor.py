@@ -132,6 +132,7 @@ class InputProcessor:
         limit = self.model_config.max_model_len
         error_mode = (truncation or self.engine_config.truncation) == "error"
         tokenized: list[Any] = [None] * n
+        pixels: dict[int, list[Any]] = {}  # prompt index → its images' patches (ColQwen2)
         text_groups: dict[tuple[int, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
         # Inference-free SPLADE queries: weights looked up per token id, no forward pass (Request.static_output)
@@ -155,11 +156,18 @@ class InputProcessor:
             add_special = add_special_tokens
             if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
                 truncate, add_special = True, False
+            if type(prompt).__module__.startswith("PIL."):  # a bare image: the model's own image prompt
+                prompt = {"multi_modal_data": {"image": prompt}}
             if isinstance(prompt, dict):
                 if prompt.get("multi_modal_data"):  # never drop an image silently
-                    raise PromptError(
-                        i, " carries multi_modal_data; this model reads text only (images are not supported yet)"
-                    )
+                    spec = self.model_config.colqwen2
+                    if spec is None:
+                        raise PromptError(i, " carries multi_modal_data; this model reads text only")
+                    pixels[i] = self._pixels(i, prompt["multi_modal_data"])
+                    prompt = prompt.get("prompt") or spec.visual_prompt
+                    text_groups.setdefault((1 << 62, False, False), []).append(i)
+                    tokenized[i] = prompt
+                    continue
                 if "prompt_token_ids" in prompt:
                     prompt = prompt["prompt_token_ids"]
                 elif "prompt" in prompt:
@@ -170,6 +178,9 @@ class InputProcessor:
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 text_groups.setdefault((max_len, truncate, add_special), []).append(i)
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
+                spec = self.model_config.colqwen2
+                if spec is not None and isinstance(prompt, str) and p.input_type == "query":
+                    tokenized[i] = spec.query_prefix + prompt + spec.query_suffix  # colpali-engine's queries
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
                 tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
@@ -190,6 +201,9 @@ class InputProcessor:
         requests = []
         for i in range(n):
             ids, types, num_input = tokenized[i]
+            if i in pixels:
+                ids, num_input = self._expand_images(i, ids, pixels[i]), 0
+                num_input = len(ids)
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
                     i,
@@ -207,6 +221,14 @@ class InputProcessor:
             )
             if static[i]:
                 request.static_output = self._static_sparse(ids, specs[i])
+                requests.append(request)
+                continue
+            if self.model_config.colqwen2 is not None:  # whole prompts, one step each; no prefix caching
+                request.images = pixels.get(i)
+                request.input_type = "document" if i in pixels else (verified[i].input_type or "document")
+                budget = min(self.engine_config.max_num_batched_tokens, limit)
+                if request.num_tokens > budget:
+                    raise PromptError(i, f" has {request.num_tokens} tokens (images included), more than {budget}")
                 requests.append(request)
                 continue
             if self.colbert is not None:
@@ -231,6 +253,55 @@ class InputProcessor:
                 )
             requests.append(request)
         return requests
+
+    def _pixels(self, i: int, data: Any) -> list[Any]:
+        """A prompt's multi_modal_data: its images' patches (an ImageError becomes a PromptError naming both)."""
+        from ..multimodal.image import ImageError, load_image, qwen2_vl_patches
+
+        spec = self.model_config.colqwen2
+        assert spec is not None
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise PromptError(i, ": multi_modal_data takes 'image' (one image or a list) only")
+        images = data["image"] if isinstance(data["image"], (list, tuple)) else [data["image"]]
+        if not images:
+            raise PromptError(i, ": multi_modal_data['image'] is empty")
+        vision = spec.vision_config
+        out = []
+        for k, source in enumerate(images):
+            try:
+                image = load_image(source, k)
+                out.append(
+                    qwen2_vl_patches(
+                        image,
+                        spec.min_pixels,
+                        spec.max_pixels,
+                        int(vision.get("patch_size", 14)),
+                        int(vision.get("spatial_merge_size", 2)),
+                        int(vision.get("temporal_patch_size", 2)),
+                        index=k,
+                    )
+                )
+            except ImageError as e:
+                raise PromptError(i, f": {e}") from None
+        return out
+
+    def _expand_images(self, i: int, ids: list[int], pixels: list[Any]) -> list[int]:
+        """Each image placeholder token → as many as the image has merged tokens (the processor's expansion)."""
+        spec = self.model_config.colqwen2
+        assert spec is not None
+        pad = spec.image_token_id
+        merge = int(spec.vision_config.get("spatial_merge_size", 2)) ** 2
+        if ids.count(pad) != len(pixels):
+            raise PromptError(i, f" has {ids.count(pad)} {spec.image_pad} placeholders for {len(pixels)} images")
+        out: list[int] = []
+        k = 0
+        for t in ids:
+            if t == pad:
+                out += [pad] * (pixels[k].patches.shape[0] // merge)
+                k += 1
+            else:
+                out.append(t)
+        return out
 
     def _static_sparse(self, ids: list[int], spec: PoolingSpec) -> torch.Tensor:
         """weight[id] for each distinct token id of the query (SparseStaticEmbedding), pruned as requested."""

@@ -27,7 +27,7 @@ class LateInteractionRecipe:
         cb = model_config.colbert
         if cb is None:
             return None
-        if cb.layout == "vllm":  # no markers, expansion or skiplist
+        if cb.layout in ("vllm", "colqwen2"):  # no markers, expansion or skiplist (ColQwen2: prompt text instead)
             return cls(cb, -1, -1, -1, frozenset())
         ids = {}
         for name, token in (("query", cb.query_prefix), ("document", cb.document_prefix), ("mask", "[MASK]")):
@@ -44,7 +44,7 @@ class LateInteractionRecipe:
     @property
     def inserts_marker(self) -> bool:
         """Whether a query/document marker goes after [CLS] (PyLate, Stanford; not vLLM's layout)."""
-        return self.config.layout != "vllm"
+        return self.config.layout not in ("vllm", "colqwen2")
 
     def length(self, input_type: str | None) -> int:
         return self.config.query_length if input_type == "query" else self.config.document_length

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
@@ -22,7 +23,9 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.pooler import Pooler, PoolingState
+from ..models.colqwen2 import PROJECTION_KEYS, ColQwen2Trunk, ImageBatch
 from ..models.decoder import DecoderModel
+from ..models.qwen2_vl import mrope_positions
 from ..models.registry import PoolingModel, build_model
 from ..models.weights import read_state_dict
 from ..platforms import get_platform
@@ -96,7 +99,14 @@ class ModelRunner:
         state = read_state_dict(model_config.transformer_dir)
         self.model: PoolingModel = build_model(model_config, state, self.device)
         token_projection = _load_dense_stack(model_config, self.device, on_tokens=True)
-        if model_config.colbert is not None and model_config.colbert.layout in ("stanford", "vllm"):
+        if model_config.colqwen2 is not None:  # its projection beside the language model, with a bias
+            prefix = next(p for p in PROJECTION_KEYS if p + "weight" in state)
+            weight, bias = state[prefix + "weight"], state.get(prefix + "bias")
+            token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            token_projection.load_state_dict({"weight": weight} | ({"bias": bias} if bias is not None else {}))
+            token_projection = token_projection.to(self.device).eval().requires_grad_(False)
+            cast(ColQwen2Trunk, self.model.encoder).visual.prepare(self.device, model_config.dtype)
+        elif model_config.colbert is not None and model_config.colbert.layout in ("stanford", "vllm"):
             # Stanford ColBERT and vLLM's keep the projection (`linear` or `colbert_linear`, no bias) beside the
             # trunk's weights.
             names = [p + n for p in ("", "model.", "bert.") for n in ("linear.weight", "colbert_linear.weight")]
@@ -143,6 +153,8 @@ class ModelRunner:
     @property
     def _decoder(self) -> DecoderModel:
         encoder = self.model.encoder
+        if isinstance(encoder, ColQwen2Trunk):
+            return encoder.decoder
         assert isinstance(encoder, DecoderModel), "only causal models keep KV caches"
         return encoder
 
@@ -176,6 +188,26 @@ class ModelRunner:
             yield size
         self.platform.release_memory()
 
+    def _images(self, requests: list[Request]) -> ImageBatch:
+        """A ColQwen2 batch's images (whole requests: image prompts are never split) and rotary positions."""
+        spec = self.model_config.colqwen2
+        assert spec is not None
+        merge = int(spec.vision_config.get("spatial_merge_size", 2))
+        patches, grids, positions = [], [], []
+        for r in requests:
+            pixels = r.images or []
+            patches += [p.patches for p in pixels]
+            grids += [p.grid_thw for p in pixels]
+            positions.append(
+                mrope_positions(r.prompt_token_ids, spec.image_token_id, [p.grid_thw for p in pixels], merge)
+            )
+        empty = torch.zeros(0, 0)
+        return ImageBatch(
+            torch.cat(patches).to(self.device) if patches else empty,
+            grids,
+            torch.cat(positions, dim=1).to(self.device),
+        )
+
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk[Request]]) -> tuple[list[torch.Tensor | None], torch.Tensor]:
         """Outputs of the requests whose last chunk this is (None for the others), and the batch's final
@@ -205,6 +237,8 @@ class ModelRunner:
             meta = AttentionMetadata.build_causal(
                 lens, [c.start for c in chunks], [r.kv_cache for r in requests], self.device
             )
+            if self.model_config.colqwen2 is not None:
+                meta.images = self._images(requests)
         else:
             key_lens = None
             if any(r.num_key_tokens is not None for r in requests):

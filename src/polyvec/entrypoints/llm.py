@@ -432,16 +432,20 @@ def _tokenization_options(
     return truncate, options
 
 
+def _is_image(p: object) -> bool:
+    return type(p).__module__.startswith("PIL.")  # a PIL image, without importing Pillow
+
+
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
+    if isinstance(prompts, (str, dict)) or _is_image(prompts):
+        return [cast(Prompt, prompts)]
     items = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [cast(list[int], items)]  # one prompt given as token ids
     for i, p in enumerate(items):
-        if not isinstance(p, (str, dict, list, tuple)):
+        if not isinstance(p, (str, dict, list, tuple)) and not _is_image(p):
             raise TypeError(
-                f"prompt {i} must be a string, a list of token ids or a prompt dict, not {type(p).__name__}"
+                f"prompt {i} must be a string, a list of token ids, a prompt dict or an image, not {type(p).__name__}"
             )
     return cast(list[Prompt], items)  # no bare token ids left: the loop rejects them
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ class AttentionMetadata:
     # then `key_lens` holds each sequence's attended keys when some are fewer than its tokens.
     packed: bool = False
     key_lens: torch.Tensor | None = None
+    images: Any = None  # models.colqwen2.ImageBatch: a multimodal batch's images and rotary positions
 
     @property
     def num_seqs(self) -> int:

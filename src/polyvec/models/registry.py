@@ -29,6 +29,7 @@ from .bert import (
     MaskedLMHead,
     RobertaSequenceHead,
 )
+from .colqwen2 import ColQwen2Trunk
 from .decoder import (
     DECODER_HEAD_RULES,
     DECODER_RULES,
@@ -98,10 +99,21 @@ class PoolingModel(nn.Module):
 
     def __init__(self, model_config: ModelConfig):
         super().__init__()
+        self.encoder: BertEncoder | DecoderModel | ModernBertEncoder | ColQwen2Trunk
+        self.sequence_head: nn.Module | None = None
+        self.token_head: nn.Module | None = None
+        self.supported_tasks: tuple[str, ...]
+        if model_config.colqwen2 is not None:  # Qwen2-VL + a token projection (in the pooler)
+            spec = model_config.colqwen2
+            self.family, self.head_kind = FAMILIES["Qwen2"], "Model"
+            self.supported_tasks = ("token_embed",)
+            self.encoder = ColQwen2Trunk(model_config.hf_config, spec.vision_config, spec.image_token_id)
+            self.causal = True
+            self.default_pooling = "LAST"
+            return
         family, head = split_architecture(model_config.architecture)
         self.family, self.head_kind = family, head
-        self.supported_tasks: tuple[str, ...] = HEADS[head]
-        self.encoder: BertEncoder | DecoderModel | ModernBertEncoder
+        self.supported_tasks = HEADS[head]
         if issubclass(family.encoder, DecoderModel):
             self.encoder = family.encoder(DecoderArgs.from_hf(model_config.hf_config))
         elif issubclass(family.encoder, ModernBertEncoder):
@@ -114,8 +126,6 @@ class PoolingModel(nn.Module):
         # What transformers' classifiers read (CLS for encoders, the last token for decoders); embedders
         # usually override it through their sentence-transformers Pooling module.
         self.default_pooling = "LAST" if self.causal else "CLS"
-        self.sequence_head: nn.Module | None = None
-        self.token_head: nn.Module | None = None
         if isinstance(args, ModernBertArgs):  # its heads: a dense → act → norm block before the last layer
             self.default_pooling = "MEAN" if args.classifier_pooling == "mean" else "CLS"
             if head == "ForSequenceClassification":
@@ -151,6 +161,9 @@ class PoolingModel(nn.Module):
         return self.encoder(input_ids, token_type_ids, meta)  # [T, H]
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        if isinstance(self.encoder, ColQwen2Trunk):
+            self.encoder.load_weights(state)
+            return
         rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)
         tied = self.head_kind == "ForMaskedLM"
         from_tokens = (

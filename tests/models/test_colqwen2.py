@@ -1,0 +1,186 @@
+"""ColQwen2 against the computation colpali-engine's ColQwen2 runs (transformers' Qwen2VLModel with its
+multimodal rotary positions, then the projection and L2 norm) on a small seeded configuration, in both
+checkpoint layouts (transformers' ColQwen2ForRetrieval; colpali-engine's ColQwen2)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("PIL", reason="Pillow is the vision extra")
+from PIL import Image  # noqa: E402
+
+from polyvec import LLM, PoolingParams  # noqa: E402
+from polyvec.config import ColQwen2Spec  # noqa: E402
+from polyvec.multimodal.image import qwen2_vl_patches  # noqa: E402
+from tests.helpers import cosine_rows  # noqa: E402
+
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+SPEC = ColQwen2Spec(vision_config={}, image_token_id=0)  # the default prompts and pixel budget
+QUERIES = ["what is the lift coefficient?", "flutter"]
+
+
+def _tokenizer(minilm_path: Path, folder: Path) -> dict[str, int]:
+    """MiniLM's vocabulary with Qwen2-VL's special tokens, and no [CLS]/[SEP] around texts (as Qwen's)."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.add_special_tokens(SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    tok.save(str(folder / "tokenizer.json"))
+    return {t: tok.token_to_id(t) for t in SPECIAL}
+
+
+@pytest.fixture(scope="module")
+def colqwen2(tmp_path_factory, minilm_path):
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
+
+    folder = tmp_path_factory.mktemp("colqwen2")
+    ids = _tokenizer(minilm_path, folder)
+    vlm = Qwen2VLConfig(
+        text_config=dict(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2),
+        image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm, embedding_dim=16)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(folder)
+    # a small pixel budget keeps the test fast: 4 to 64 merged tokens per image
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps({"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64})
+    )
+    return model, folder, ids
+
+
+def _images():
+    rng = np.random.default_rng(2)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((200, 150), (90, 300))]
+
+
+def _reference(model, ids: list[int], images: list | None, image_token: int) -> torch.Tensor:
+    """colpali-engine's ColQwen2.forward: Qwen2VLModel with input ids and pixels (so its multimodal rotary
+    positions), then the projection and the L2 norm."""
+    input_ids = torch.tensor([ids])
+    kwargs = {}
+    if images:
+        pix = [qwen2_vl_patches(im, 28 * 28 * 4, 28 * 28 * 64) for im in images]
+        kwargs = {
+            "pixel_values": torch.cat([p.patches for p in pix]),
+            "image_grid_thw": torch.tensor([p.grid_thw for p in pix]),
+            "mm_token_type_ids": (input_ids == image_token).int(),
+        }
+    with torch.no_grad():
+        hidden = model.vlm(input_ids=input_ids, **kwargs).last_hidden_state[0]
+        out = model.embedding_proj_layer(hidden)
+    return out / out.norm(dim=-1, keepdim=True)
+
+
+def _expected_ids(folder: Path, text: str, images: list | None, pad: int) -> list[int]:
+    """The processor's rule: the prompt tokenized, each <|image_pad|> repeated for the image's merged tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    out, k = [], 0
+    for t in tok.encode(text).ids:
+        if t == pad:
+            out += [pad] * (qwen2_vl_patches(images[k], 28 * 28 * 4, 28 * 28 * 64).patches.shape[0] // 4)
+            k += 1
+        else:
+            out.append(t)
+    return out
+
+
+def _check_layout(llm, model, folder, ids):
+    pad = ids["<|image_pad|>"]
+    assert llm.engine.is_late_interaction and llm.supported_tasks == ("token_embed",)
+    images = _images()
+    docs = llm.token_embed(images, use_tqdm=False)  # bare images: the model's image prompt
+    for img, o in zip(images, docs):
+        want_ids = _expected_ids(folder, SPEC.visual_prompt, [img], pad)
+        assert o.prompt_token_ids == want_ids and o.input_type == "document"
+        ref = _reference(model, want_ids, [img], pad)
+        assert o.outputs.data.shape == ref.shape
+        assert cosine_rows(o.outputs.data, ref).min() >= 0.9999
+    queries = llm.token_embed(QUERIES, PoolingParams(input_type="query"), use_tqdm=False)
+    for q, o in zip(QUERIES, queries):
+        want_ids = _expected_ids(folder, SPEC.query_prefix + q + SPEC.query_suffix, None, pad)
+        assert o.prompt_token_ids == want_ids
+        assert cosine_rows(o.outputs.data, _reference(model, want_ids, None, pad)).min() >= 0.9999
+    return docs, queries
+
+
+def test_transformers_layout_matches_reference(colqwen2):
+    model, folder, ids = colqwen2
+    llm = LLM(str(folder), dtype="float32")
+    docs, queries = _check_layout(llm, model, folder, ids)
+    # MaxSim of a text query against page images, in float32
+    scores = llm.score(QUERIES[0], _images(), use_tqdm=False)
+    for s, d in zip(scores, docs):
+        want = (queries[0].outputs.data @ d.outputs.data.T).amax(1).sum().item()
+        assert s.outputs.score == pytest.approx(want, rel=1e-5)
+    # two images in one prompt, and vLLM's prompt + multi_modal_data form
+    block = "<|vision_start|><|image_pad|><|vision_end|>"
+    two = SPEC.visual_prompt.replace(block, block + block)
+    got = llm.token_embed({"prompt": two, "multi_modal_data": {"image": _images()}}, use_tqdm=False)[0]
+    want_ids = _expected_ids(folder, two, _images(), ids["<|image_pad|>"])
+    assert got.prompt_token_ids == want_ids
+    ref = _reference(model, want_ids, _images(), ids["<|image_pad|>"])
+    assert cosine_rows(got.outputs.data, ref).min() >= 0.9999
+    # an image alone equals it among others (batch invariance across images and texts)
+    mixed = llm.token_embed([_images()[1], "a text", _images()[0]], use_tqdm=False)
+    assert (mixed[0].outputs.data - docs[1].outputs.data).abs().max() <= 1e-5
+
+
+def test_colpali_engine_layout(colqwen2, tmp_path):
+    """colpali-engine's save: config.json is the Qwen2-VL config naming ColQwen2, weights `visual.`, `model.`
+    and `custom_text_proj.`."""
+    from safetensors.torch import load_file, save_file
+
+    model, folder, ids = colqwen2
+    other = tmp_path / "colpali"
+    other.mkdir()
+    shutil.copy(folder / "tokenizer.json", other)
+    shutil.copy(folder / "preprocessor_config.json", other)
+    renames = (
+        ("vlm.visual.", "visual."),
+        ("vlm.language_model.", "model."),
+        ("embedding_proj_layer.", "custom_text_proj."),
+    )
+    state = {}
+    for k, v in load_file(str(folder / "model.safetensors")).items():
+        for a, b in renames:
+            if k.startswith(a):
+                k = b + k[len(a) :]
+        state[k] = v
+    save_file(state, str(other / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())["vlm_config"]
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["ColQwen2"]}))
+    _check_layout(LLM(str(other), dtype="float32"), model, folder, ids)
+
+
+def test_bad_images_and_text_models(colqwen2, minilm_llm):
+    _, folder, _ = colqwen2
+    llm = LLM(str(folder), dtype="float32")
+    with pytest.raises(ValueError, match=r"prompt 1: image 0: not a readable image"):
+        llm.token_embed(["fine", {"multi_modal_data": {"image": b"not an image"}}], use_tqdm=False)
+    with pytest.raises(ValueError, match="takes 'image'"):
+        llm.token_embed({"multi_modal_data": {"video": b"x"}}, use_tqdm=False)
+    with pytest.raises(ValueError, match="2 <\\|image_pad\\|> placeholders for 1 images"):
+        two = SPEC.visual_prompt.replace("<|image_pad|>", "<|image_pad|><|image_pad|>")
+        llm.token_embed({"prompt": two, "multi_modal_data": {"image": _images()[0]}}, use_tqdm=False)
+    with pytest.raises(ValueError, match="this model reads text only"):
+        minilm_llm.embed({"prompt": "x", "multi_modal_data": {"image": _images()[0]}}, use_tqdm=False)
