@@ -107,3 +107,50 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
     }
     (out / "config_sentence_transformers.json").write_text(json.dumps(recipe))
     return model, out
+
+
+COLQWEN2_SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+]
+
+
+def save_colqwen2(folder: Path, minilm_path: Path):
+    """A seeded transformers ColQwen2ForRetrieval (2 + 2 layers, 16-d vectors) with MiniLM's vocabulary plus
+    Qwen2-VL's special tokens (no [CLS]/[SEP] around texts, as Qwen's tokenizer), a pixel budget of 4 to 64
+    merged tokens per image; returns (the model, the special tokens' ids)."""
+    import json
+
+    from tokenizers import Tokenizer, processors
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
+
+    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.add_special_tokens(COLQWEN2_SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in COLQWEN2_SPECIAL}
+    vlm = Qwen2VLConfig(
+        text_config=dict(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2),
+        image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm, embedding_dim=16)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(folder)
+    budget = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64}
+    (folder / "preprocessor_config.json").write_text(json.dumps(budget))
+    return model, ids

@@ -18,51 +18,16 @@ from PIL import Image  # noqa: E402
 from polyvec import LLM, PoolingParams  # noqa: E402
 from polyvec.config import ColQwen2Spec  # noqa: E402
 from polyvec.multimodal.image import qwen2_vl_patches  # noqa: E402
-from tests.helpers import cosine_rows  # noqa: E402
+from tests.helpers import cosine_rows, save_colqwen2  # noqa: E402
 
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 SPEC = ColQwen2Spec(vision_config={}, image_token_id=0)  # the default prompts and pixel budget
 QUERIES = ["what is the lift coefficient?", "flutter"]
 
 
-def _tokenizer(minilm_path: Path, folder: Path) -> dict[str, int]:
-    """MiniLM's vocabulary with Qwen2-VL's special tokens, and no [CLS]/[SEP] around texts (as Qwen's)."""
-    from tokenizers import Tokenizer, processors
-
-    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    tok.add_special_tokens(SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    tok.save(str(folder / "tokenizer.json"))
-    return {t: tok.token_to_id(t) for t in SPECIAL}
-
-
 @pytest.fixture(scope="module")
 def colqwen2(tmp_path_factory, minilm_path):
-    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
-
     folder = tmp_path_factory.mktemp("colqwen2")
-    ids = _tokenizer(minilm_path, folder)
-    vlm = Qwen2VLConfig(
-        text_config=dict(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2),
-        image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm, embedding_dim=16)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_q" in name:
-                p.add_(torch.randn_like(p) * 0.2)
-    model.save_pretrained(folder)
-    # a small pixel budget keeps the test fast: 4 to 64 merged tokens per image
-    (folder / "preprocessor_config.json").write_text(
-        json.dumps({"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64})
-    )
+    model, ids = save_colqwen2(folder, minilm_path)
     return model, folder, ids
 
 

@@ -156,7 +156,9 @@ class InputProcessor:
             add_special = add_special_tokens
             if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
                 truncate, add_special = True, False
-            if type(prompt).__module__.startswith("PIL."):  # a bare image: the model's own image prompt
+            if type(prompt).__module__.startswith("PIL.") or (
+                self.model_config.colqwen2 is not None and isinstance(prompt, str) and prompt.startswith("data:image/")
+            ):  # a bare image (or, for an image model, a base64 data: URL): the model's own image prompt
                 prompt = {"multi_modal_data": {"image": prompt}}
             if isinstance(prompt, dict):
                 if prompt.get("multi_modal_data"):  # never drop an image silently

@@ -193,7 +193,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[dict[str, Any]] | None = None
-    """A string, or content parts: {"type": "text", "text": ...} (image parts are refused)."""
+    """A string, or content parts: {"type": "text", "text": ...}; an image model (ColQwen2) takes one
+    {"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}} part instead, text models refuse it."""
 
 
 class ChatFields(StrictModel):
@@ -357,7 +358,7 @@ class CohereImageURL(StrictModel):
 
 
 class CohereImage(StrictModel):
-    """An image part of a Cohere `inputs` item: refused with a 400 (images are not supported yet)."""
+    """An image part of a Cohere `inputs` item (a base64 data: URL): image models only, alone in its item."""
 
     type: Literal["image_url"]
     image_url: CohereImageURL
@@ -367,7 +368,7 @@ class CohereEmbedInput(StrictModel):
     """One Cohere v2 `inputs` item, embedded as one vector."""
 
     content: Annotated[list[Annotated[CohereText | CohereImage, Field(discriminator="type")]], Field(min_length=1)]
-    """Its parts: text parts are joined with a newline; an image_url part is refused (not supported yet)."""
+    """Its parts: text parts are joined with a newline; an image model takes one image_url part alone."""
 
 
 class CohereEmbedV1Request(StrictModel):
@@ -378,7 +379,7 @@ class CohereEmbedV1Request(StrictModel):
     texts: Annotated[Texts, _inputs("texts")] | None = None
     """Texts to embed."""
     images: list[str] | None = None
-    """Images as data URIs: refused with a 400 (images are not supported yet)."""
+    """Images as base64 data: URIs, for image models (ColQwen2); text models answer 400."""
     input_type: str | None = None
     """search_query, search_document, classification or clustering: a late-interaction (ColBERT) model's query
     or document mode, or the model's instruction prompt of that name (config_sentence_transformers.json)."""
@@ -395,7 +396,7 @@ class CohereEmbedRequest(CohereEmbedV1Request):
     """Cohere embed v2: `POST /v2/embed`. Exactly one of `texts` and `inputs`."""
 
     inputs: Annotated[list[CohereEmbedInput], Field(min_length=1)] | None = None
-    """Inputs of content parts (text only for now), each embedded as one vector."""
+    """Inputs of content parts (text; one image for image models), each embedded as one vector."""
     output_dimension: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size."""
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None

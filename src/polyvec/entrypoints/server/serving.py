@@ -140,7 +140,39 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
     rendered by the chat template as one text, which then gets no special tokens unless the body asks."""
     if req.messages is None:
         return prompts_of(state, req.input), req.add_special_tokens
+    if state.model_config.colqwen2 is not None:  # an image model: the messages' image, with its own prompt
+        return [image_of_messages(req.messages)], req.add_special_tokens
     return [render_messages(state, req)], chat_special_tokens(req)
+
+
+def image_url(url: Any, where: str, param: str) -> str:
+    """An image_url part's URL, which must be a base64 data: URL (remote images are not fetched)."""
+    value = url.get("url") if isinstance(url, dict) else getattr(url, "url", url)
+    if not isinstance(value, str) or not value.startswith("data:image/"):
+        raise APIError(
+            400,
+            f"{where}: images must be base64 data: URLs (data:image/png;base64,...); remote URLs are not fetched",
+            param,
+        )
+    return value
+
+
+def image_of_messages(messages: list[Any]) -> str:
+    """A ColQwen2-style model encodes one image with its own prompt: the messages must hold exactly one image
+    part and no text (a query is sent as text `input` with input_type query)."""
+    found = []
+    for i, message in enumerate(messages):
+        content = message.content
+        parts = content if isinstance(content, list) else ([] if content in (None, "") else [{"type": "text"}])
+        for j, part in enumerate(parts):
+            where = f"messages item {i} content part {j}"
+            if part.get("type") != "image_url":
+                message = "this model encodes an image with its own prompt; send text as 'input' (input_type query)"
+                raise APIError(400, f"{where}: {message}, images alone in messages", "messages")
+            found.append(image_url(part.get("image_url"), where, "messages"))
+    if len(found) != 1:
+        raise APIError(400, f"messages hold {len(found)} images; send one image per request item", "messages")
+    return found[0]
 
 
 def chat_special_tokens(req: Any) -> bool:

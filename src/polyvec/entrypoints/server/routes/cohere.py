@@ -1,6 +1,7 @@
 """Cohere embed: `/v2/embed` and `/v1/embed`, for text (`texts`, or v2 `inputs` of text parts), with every
 embedding type (float, int8, uint8, binary, ubinary, base64: see `encode_by_type`) and truncate END, START or
-NONE. Images (the `images` field, image_url parts, input_type "image") are refused with a 400, never dropped.
+NONE. Images (the `images` field, image_url parts of `inputs`, as base64 data: URLs) are embedded by image models
+(ColQwen2) and refused with a 400 by text models, never dropped.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from fastapi.responses import Response
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, encode_by_type
 from ..errors import POST_ERRORS, APIError
-from ..serving import State, check_model, pooling_params, prompts_of, run_pooling
+from ..serving import State, check_model, image_url, pooling_params, prompts_of, run_pooling
 
 router = APIRouter()
 
@@ -36,8 +37,9 @@ async def cohere_embed_v1(req: P.CohereEmbedV1Request, raw: Request, state: Stat
 
 async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, version: str) -> Response:
     check_model(state, req.model)
-    field, texts = _texts(req)
-    if req.input_type == "image":
+    field, texts = _texts(req, state.model_config.colqwen2 is not None)
+    images = state.model_config.colqwen2 is not None
+    if req.input_type == "image" and not images:
         raise APIError(400, f"input_type 'image' is for images; {_NO_IMAGES}", "input_type")
     v2 = req if isinstance(req, P.CohereEmbedRequest) else None
     max_tokens = v2.max_tokens if v2 else None
@@ -51,6 +53,8 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
     # END and START always cut (to max_tokens, else the model's maximum), whatever the server's --long-input.
     cut = None if req.truncate == "NONE" else (max_tokens or -1)
     params = pooling_params(req, dimensions=v2.output_dimension if v2 else None, truncate_prompt_tokens=cut)
+    if req.input_type == "image":  # an image model's documents
+        params.input_type = "search_document"
     side: dict[str, Any] = {"truncation_side": "left"} if req.truncate == "START" else {}  # keep the last tokens
     outputs = await run_pooling(
         state,
@@ -91,12 +95,19 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
     return VectorJSONResponse(body)
 
 
-def _texts(req: P.CohereEmbedV1Request) -> tuple[str, list[str]]:
-    """The texts to embed and the field they come from: `texts`, or v2 `inputs` (each item's text parts joined
-    with a newline, as vLLM joins text parts); any image is refused."""
-    if req.images is not None:
-        raise APIError(400, f"'images': {_NO_IMAGES} (send 'texts')", "images")
+def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list[str]]:
+    """The texts to embed and the field they come from: `texts`, `images` (data: URLs, for an image model), or v2
+    `inputs` (each item's text parts joined with a newline, as vLLM joins text parts; for an image model an item
+    of one image part is that image); other images are refused."""
     inputs = req.inputs if isinstance(req, P.CohereEmbedRequest) else None
+    if req.images is not None:
+        if not images:
+            raise APIError(400, f"'images': {_NO_IMAGES} (send 'texts')", "images")
+        if req.texts is not None or inputs is not None:
+            raise APIError(400, "give one of 'texts', 'images' and 'inputs'", "images")
+        if not req.images:
+            raise APIError(400, "'images' must not be empty", "images")
+        return "images", [image_url(u, f"'images' item {i}", "images") for i, u in enumerate(req.images)]
     if req.texts is not None:
         if inputs is not None:
             raise APIError(400, "give one of 'texts' and 'inputs', not both", "inputs")
@@ -110,7 +121,13 @@ def _texts(req: P.CohereEmbedV1Request) -> tuple[str, list[str]]:
         for j, part in enumerate(item.content):
             where = f"'inputs' item {i} content {j}"
             if isinstance(part, P.CohereImage):
-                raise APIError(400, f"{where} is an image_url part; {_NO_IMAGES}", "inputs")
+                if not images:
+                    raise APIError(400, f"{where} is an image_url part; {_NO_IMAGES}", "inputs")
+                if len(item.content) != 1:
+                    raise APIError(400, f"'inputs' item {i}: an image is encoded alone (one image part, no text)",
+                                   "inputs")  # fmt: skip
+                parts.append(image_url(part.image_url, where, "inputs"))
+                continue
             try:
                 part.text.encode("utf-8")
             except UnicodeEncodeError:
