@@ -11,8 +11,11 @@ pytest.importorskip("PIL", reason="Pillow is the vision extra")
 from PIL import Image  # noqa: E402
 
 from polyvec.layers import kernels  # noqa: E402
+from polyvec.layers.activation import identity  # noqa: E402
+from polyvec.layers.linear import PackedLinear, onednn_available  # noqa: E402
 from polyvec.models.qwen2_vl_vision import VisionArgs, VisionTower  # noqa: E402
 from polyvec.multimodal.image import qwen2_vl_patches  # noqa: E402
+from polyvec.platforms.cpu import Projections  # noqa: E402
 from tests.helpers import cosine_rows  # noqa: E402
 
 
@@ -39,8 +42,10 @@ def _images():
     return [qwen2_vl_patches(im, min_pixels=28 * 28, max_pixels=28 * 28 * 64) for im in images]
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["packed-kernel", "sdpa"])
-def test_vision_tower_matches_transformers(native):
+@pytest.mark.parametrize(
+    "native,onednn", [(True, True), (True, False), (False, False)], ids=["cpu-platform", "packed-kernel", "sdpa"]
+)
+def test_vision_tower_matches_transformers(native, onednn):
     config, ref = _reference()
     pix = _images()
     patches = torch.cat([p.patches for p in pix])
@@ -55,6 +60,12 @@ def test_vision_tower_matches_transformers(native):
         assert tower.packed_attention
         for block in tower.blocks:
             block.native = True
+    if onednn:  # the CPU platform's projections; quick-GELU folded into fc1's fused SiLU
+        if not onednn_available(torch.device("cpu"), torch.float32):
+            pytest.skip("PyTorch without oneDNN")
+        for block in tower.blocks:
+            block.replace_projections(Projections(int8=False, amx=False))
+            assert isinstance(block.fc1, PackedLinear) and block.fc1.attr == "swish" and block.act is identity
     with torch.inference_mode():
         got = tower(patches, grids)
         assert got.shape == want.shape == (patches.shape[0] // 4, 96)

@@ -11,8 +11,15 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(1.702 * x)  # CLIP's and Qwen2-VL's vision towers
+QUICK_GELU = 1.702  # quick_gelu(x) = x·σ(1.702x) = silu(1.702x) / 1.702
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(QUICK_GELU * x)  # CLIP's and Qwen2-VL's vision towers
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 _HIDDEN_ACTS = {
@@ -25,8 +32,8 @@ _HIDDEN_ACTS = {
     "swish": F.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
-    "quick_gelu": _quick_gelu,
-    "identity": lambda x: x,
+    "quick_gelu": quick_gelu,
+    "identity": identity,
 }
 
 

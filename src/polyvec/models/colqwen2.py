@@ -49,6 +49,10 @@ class ColQwen2Trunk(nn.Module):
     def layers(self) -> nn.ModuleList:  # the platform packs the language model's projections
         return self.decoder.layers
 
+    @property
+    def towers(self) -> nn.ModuleList:  # and the vision tower's, apart (models/interface.py)
+        return self.visual.blocks
+
     def kv_shape(self) -> tuple[int, int, int]:
         return self.decoder.kv_shape()
 

@@ -39,7 +39,8 @@ class Trunk(Protocol):
     layers: nn.ModuleList
     """Each a `Layer`."""
     causal: bool
-    """Decoders also have `kv_shape()` → (layers, kv heads, head dim) for their KV caches."""
+    """Decoders also have `kv_shape()` → (layers, kv heads, head dim) for their KV caches; multimodal trunks
+    have `towers`, the `Layer`s of their input encoders (a vision tower's blocks), packed apart from `layers`."""
 
     def __call__(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..layers import kernels
-from ..layers.activation import get_act_fn
+from ..layers.activation import QUICK_GELU, get_act_fn, identity, quick_gelu
 from ..layers.attention import AttentionMetadata, varlen_attention
 from ..layers.layernorm import LayerNorm
+from ..layers.linear import linear_add
 from .decoder import apply_rope
+from .interface import ProjectionPacker
 from .weights import Rule, load_mapped
 
 
@@ -90,8 +92,23 @@ class VisionBlock(nn.Module):
             full = [torch.cat((t, t), -1).unsqueeze(1) for t in (cos, sin)]  # [N, 1, d], float32 as the reference
             parts[:, 0] = apply_rope(parts[:, 0].float(), *full).to(qkv.dtype)
             parts[:, 1] = apply_rope(parts[:, 1].float(), *full).to(qkv.dtype)
-        x = x + self.proj(varlen_attention(qkv, meta, self.num_heads, meta.attn_mask()))
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        x = linear_add(self.proj, varlen_attention(qkv, meta, self.num_heads, meta.attn_mask()), x)
+        return linear_add(self.fc2, self.act(self.fc1(self.norm2(x))), x)
+
+    def replace_projections(self, pack: ProjectionPacker) -> None:
+        """The platform's forms of the four projections. Quick-GELU, x·σ(1.702x), is SiLU of 1.702x over
+        1.702: where the platform fuses SiLU, fc1's weights are scaled by 1.702 and fc2's by 1/1.702, so the
+        activation runs in fc1's epilogue instead of three passes over the widest tensor."""
+        fc1, fc2 = cast(nn.Linear, self.fc1), cast(nn.Linear, self.fc2)
+        act = None
+        if self.act is quick_gelu and pack.fuses("silu"):
+            with torch.no_grad():
+                fc1.weight.mul_(QUICK_GELU)
+                fc1.bias.mul_(QUICK_GELU)
+                fc2.weight.div_(QUICK_GELU)
+            act, self.act = "silu", identity
+        self.qkv, self.proj = pack(cast(nn.Linear, self.qkv)), pack(cast(nn.Linear, self.proj))
+        self.fc1, self.fc2 = pack(fc1, act), pack(fc2)
 
 
 class VisionTower(nn.Module):

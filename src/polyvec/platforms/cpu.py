@@ -138,6 +138,9 @@ class CpuPlatform(Platform):
             projections = Projections(int8, amx)
             for layer in layers:
                 cast("Layer", layer).replace_projections(projections)
+            # Input encoders (a vision tower) run on hundreds of rows per image: oneDNN's forms, no AMX copies.
+            for tower in getattr(model.encoder, "towers", ()):
+                cast("Layer", tower).replace_projections(Projections(int8, amx=False))
         if native:
             for module in model.modules():  # LayerNorm, and layers with a native step of their own (`native`)
                 if isinstance(module, LayerNorm) or hasattr(module, "native"):

@@ -15,6 +15,8 @@
 // does not depend on the rest of the batch. An optional additive bias ([heads, L, L] by position: MPNet's
 // relative positions) or a sliding window (keys at most `window` positions from the query: ModernBERT's local
 // layers) goes in as a row of score offsets per query; a window's is one shared row, read shifted.
+// Long sequences without a bias or window (page images: thousands of patches) go to PyTorch's blocked
+// flash-attention kernel instead, one sequence at a time (long_sequence_min has the crossover lengths).
 //
 // Registered as torch.ops.polyvec.varlen_attention; built on first use by polyvec/layers/kernels.py.
 
@@ -625,9 +627,10 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void attend_bf16(
 
 #endif
 
+// Sequences this long go to PyTorch's CPU flash-attention kernel instead (see `long_sequence_min`).
 template <typename T>
 void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const float* bias_all, int64_t bias_len,
-         int64_t batch, int64_t heads, int64_t d, float scale) {
+         int64_t batch, int64_t heads, int64_t d, float scale, int64_t long_min) {
   // Whole sequences per task when there are enough of them to share out; otherwise (a few long
   // sequences) one head per task, so every thread has work.
   const int64_t per_seq = batch >= 4 * at::get_num_threads() ? heads : 1;
@@ -638,9 +641,11 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
 #endif
   // Work items longest first, handed out one at a time (longest-processing-time first): a static split of
   // the batch in halves left one thread with most of the quadratic work whenever long sequences clustered.
-  const int64_t items = batch * groups;
-  std::vector<int64_t> order(items);
-  for (int64_t k = 0; k < items; ++k) order[k] = k;
+  std::vector<int64_t> order;
+  order.reserve(batch * groups);
+  for (int64_t k = 0; k < batch * groups; ++k)
+    if (cu[k / groups + 1] - cu[k / groups] < long_min) order.push_back(k);
+  const int64_t items = static_cast<int64_t>(order.size());
   std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
     return cu[x / groups + 1] - cu[x / groups] > cu[y / groups + 1] - cu[y / groups];
   });
@@ -680,6 +685,36 @@ void run(const T* qkv, T* out, const int64_t* cu, const int64_t* key_lens, const
     if (amx) amx_end();
 #endif
   });
+}
+
+// The shortest sequence that PyTorch's flash-attention kernel (blocked over queries and keys) computes faster
+// than this file's, which keeps a head's whole key set in cache and suits encoder lengths: float32 from 2048
+// tokens, bf16 on the AVX512-BF16 / AMX paths from 1024, other half-precision cases (bf16 without those paths
+// or with head_dim % 32 != 0, as Qwen2-VL's 80; fp16) from 128. Only where no bias, window or key mask applies.
+int64_t long_sequence_min(at::ScalarType dtype, int64_t d, bool has_bias) {
+  constexpr int64_t never = std::numeric_limits<int64_t>::max();
+  if (has_bias) return never;
+  if (dtype == at::kFloat) return 2048;
+#ifdef POLYVEC_DPBF16
+  if (dtype == at::kBFloat16 && d % 32 == 0 && has_avx512_bf16()) return 1024;
+#endif
+  return 128;
+}
+
+// Each long sequence alone through SDPA (flash attention on CPU, parallel over heads and query blocks inside):
+// q, k, v are strided views of its rows of qkv, its first n_keys keys attended.
+void attend_long(const at::Tensor& qkv, at::Tensor& out, const int64_t* cu, const int64_t* key_lens, int64_t batch,
+                 int64_t heads, int64_t d, double scale, int64_t long_min) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = cu[b + 1] - cu[b];
+    if (n < long_min) continue;
+    const int64_t n_keys = key_lens ? std::max<int64_t>(1, std::min(key_lens[b], n)) : n;
+    auto parts = qkv.narrow(0, cu[b], n).view({n, 3, heads, d}).permute({1, 2, 0, 3});  // [3, H, n, d]
+    auto q = parts[0].unsqueeze(0), k = parts[1].narrow(1, 0, n_keys).unsqueeze(0);
+    auto v = parts[2].narrow(1, 0, n_keys).unsqueeze(0);
+    auto o = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, false, scale);  // [1, H, n, d]
+    out.narrow(0, cu[b], n).view({n, heads, d}).copy_(o[0].transpose(0, 1));
+  }
 }
 
 at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
@@ -722,17 +757,20 @@ at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
     auto cpu = cu.accessor<int64_t, 1>();
     for (int64_t b = 0; b < cu.size(0) - 1; ++b) TORCH_CHECK(cpu[b + 1] - cpu[b] <= bias_len, "bias shorter than a sequence");
   }
+  const int64_t long_min = long_sequence_min(qkv.scalar_type(), d, bp != nullptr);
+  attend_long(qkv, out, cu.data_ptr<int64_t>(), klp, batch, num_heads, d, scale, long_min);
   switch (qkv.scalar_type()) {
     case at::kFloat:
-      run(qkv.data_ptr<float>(), out.data_ptr<float>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch, num_heads, d, scale);
+      run(qkv.data_ptr<float>(), out.data_ptr<float>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch, num_heads, d, scale,
+          long_min);
       break;
     case at::kBFloat16:
       run(qkv.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch,
-          num_heads, d, scale);
+          num_heads, d, scale, long_min);
       break;
     case at::kHalf:
       run(qkv.data_ptr<c10::Half>(), out.data_ptr<c10::Half>(), cu.data_ptr<int64_t>(), klp, bp, bias_len, batch, num_heads, d,
-          scale);
+          scale, long_min);
       break;
     default:
       TORCH_CHECK(false, "varlen_attention: float32, bfloat16 or float16 only, got ", qkv.scalar_type());
