@@ -119,14 +119,15 @@ COLQWEN2_SPECIAL = [
 ]
 
 
-def save_colqwen2(folder: Path, minilm_path: Path):
+def save_colqwen2(folder: Path, minilm_path: Path, version: str = "2"):
     """A seeded transformers ColQwen2ForRetrieval (2 + 2 layers, 16-d vectors) with MiniLM's vocabulary plus
     Qwen2-VL's special tokens (no [CLS]/[SEP] around texts, as Qwen's tokenizer), a pixel budget of 4 to 64
-    merged tokens per image; returns (the model, the special tokens' ids)."""
+    merged tokens per image; returns (the model, the special tokens' ids). `version` "2.5": on Qwen2.5-VL
+    (ColQwen2.5), its vision tower of 3 blocks with windows of 2 x 2 merge groups, block 1 over whole images."""
     import json
 
     from tokenizers import Tokenizer, processors
-    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig, Qwen2VLConfig
 
     tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
     tok.no_padding()
@@ -136,11 +137,17 @@ def save_colqwen2(folder: Path, minilm_path: Path):
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in COLQWEN2_SPECIAL}
-    vlm = Qwen2VLConfig(
+    vision = (
+        dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, window_size=56,
+             fullatt_block_indexes=[1])
+        if version == "2.5"
+        else dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2)
+    )  # fmt: skip
+    vlm = (Qwen2_5_VLConfig if version == "2.5" else Qwen2VLConfig)(
         text_config=dict(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2),
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )  # fmt: skip

@@ -190,8 +190,9 @@ def _tokenizer_max_length(folder: Path) -> int | None:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
-# transformers' ColQwen2ForRetrieval and colpali-engine's ColQwen2 (its config.json names the class).
-COLQWEN2 = ("ColQwen2ForRetrieval", "ColQwen2")
+# transformers' ColQwen2ForRetrieval and colpali-engine's ColQwen2 / ColQwen2_5 (its config.json names the
+# class); ColQwen2.5 differs only in its vision tower, told apart by its config (models/qwen2_vl_vision.py).
+COLQWEN2 = ("ColQwen2ForRetrieval", "ColQwen2", "ColQwen2_5")
 
 
 def _read_colqwen2(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any], ColQwen2Spec]:
@@ -335,7 +336,8 @@ def load_model_config(
     colqwen2 = None
     if architecture in COLQWEN2:
         hf_config, colqwen2 = _read_colqwen2(root, hf_config)
-        sources["architecture"] = f"config.json {architecture} (ColQwen2: Qwen2-VL + token projection)"
+        backbone = "Qwen2.5-VL" if "out_hidden_size" in colqwen2.vision_config else "Qwen2-VL"
+        sources["architecture"] = f"config.json {architecture} (ColQwen2: {backbone} + token projection)"
         architecture = "ColQwen2"
     colbert = _read_colbert(root, tdir, st, hf_config)
     if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)

@@ -31,6 +31,13 @@ def colqwen2(tmp_path_factory, minilm_path):
     return model, folder, ids
 
 
+@pytest.fixture(scope="module")
+def colqwen2_5(tmp_path_factory, minilm_path):
+    folder = tmp_path_factory.mktemp("colqwen2_5")
+    model, ids = save_colqwen2(folder, minilm_path, version="2.5")
+    return model, folder, ids
+
+
 def _images():
     rng = np.random.default_rng(2)
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((200, 150), (90, 300))]
@@ -110,12 +117,28 @@ def test_transformers_layout_matches_reference(colqwen2):
     assert (mixed[0].outputs.data - docs[1].outputs.data).abs().max() <= 1e-5
 
 
-def test_colpali_engine_layout(colqwen2, tmp_path):
-    """colpali-engine's save: config.json is the Qwen2-VL config naming ColQwen2, weights `visual.`, `model.`
-    and `custom_text_proj.`."""
+def test_colqwen2_5_matches_reference(colqwen2_5):
+    """ColQwen2.5 (Qwen2.5-VL: RMSNorm, SwiGLU and window attention in the vision tower), transformers' layout."""
+    model, folder, ids = colqwen2_5
+    llm = LLM(str(folder), dtype="float32")
+    args = llm.engine.runner.model.encoder.visual.args
+    assert args.qwen2_5 and args.window_size == 56 and args.fullatt_block_indexes == (1,)
+    docs, queries = _check_layout(llm, model, folder, ids)
+    scores = llm.score(QUERIES[1], _images(), use_tqdm=False)
+    for s, d in zip(scores, docs):
+        want = (queries[1].outputs.data @ d.outputs.data.T).amax(1).sum().item()
+        assert s.outputs.score == pytest.approx(want, rel=1e-5)
+    mixed = llm.token_embed([_images()[1], "a text", _images()[0]], use_tqdm=False)
+    assert (mixed[0].outputs.data - docs[1].outputs.data).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("version", ["2", "2.5"])
+def test_colpali_engine_layout(colqwen2, colqwen2_5, tmp_path, version):
+    """colpali-engine's save: config.json is the Qwen2-VL (Qwen2.5-VL) config naming ColQwen2 (ColQwen2_5),
+    weights `visual.`, `model.` and `custom_text_proj.`."""
     from safetensors.torch import load_file, save_file
 
-    model, folder, ids = colqwen2
+    model, folder, ids = colqwen2_5 if version == "2.5" else colqwen2
     other = tmp_path / "colpali"
     other.mkdir()
     shutil.copy(folder / "tokenizer.json", other)
@@ -133,7 +156,8 @@ def test_colpali_engine_layout(colqwen2, tmp_path):
         state[k] = v
     save_file(state, str(other / "model.safetensors"))
     config = json.loads((folder / "config.json").read_text())["vlm_config"]
-    (other / "config.json").write_text(json.dumps({**config, "architectures": ["ColQwen2"]}))
+    name = "ColQwen2_5" if version == "2.5" else "ColQwen2"
+    (other / "config.json").write_text(json.dumps({**config, "architectures": [name]}))
     _check_layout(LLM(str(other), dtype="float32"), model, folder, ids)
 
 

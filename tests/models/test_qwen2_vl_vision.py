@@ -19,13 +19,24 @@ from polyvec.platforms.cpu import Projections  # noqa: E402
 from tests.helpers import cosine_rows  # noqa: E402
 
 
-def _reference():
-    from transformers import Qwen2VLVisionConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
-
+def _reference(version: str = "2"):
+    """Qwen2-VL's tower, or Qwen2.5-VL's: 3 blocks, windows of 2 x 2 merge groups, block 1 over whole images."""
     torch.manual_seed(0)
-    config = Qwen2VLVisionConfig(depth=2, embed_dim=64, num_heads=4, hidden_size=96, mlp_ratio=2)
-    model = Qwen2VisionTransformerPretrainedModel(config).eval()
+    if version == "2":
+        from transformers import Qwen2VLVisionConfig
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        config = Qwen2VLVisionConfig(depth=2, embed_dim=64, num_heads=4, hidden_size=96, mlp_ratio=2)
+        model = Qwen2VisionTransformerPretrainedModel(config).eval()
+    else:
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        config = Qwen2_5_VLVisionConfig(
+            depth=3, hidden_size=64, num_heads=4, intermediate_size=96, out_hidden_size=96, window_size=56,
+            fullatt_block_indexes=[1],
+        )  # fmt: skip
+        model = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "ln_q" in name:
@@ -42,11 +53,12 @@ def _images():
     return [qwen2_vl_patches(im, min_pixels=28 * 28, max_pixels=28 * 28 * 64) for im in images]
 
 
+@pytest.mark.parametrize("version", ["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])
 @pytest.mark.parametrize(
     "native,onednn", [(True, True), (True, False), (False, False)], ids=["cpu-platform", "packed-kernel", "sdpa"]
 )
-def test_vision_tower_matches_transformers(native, onednn):
-    config, ref = _reference()
+def test_vision_tower_matches_transformers(native, onednn, version):
+    config, ref = _reference(version)
     pix = _images()
     patches = torch.cat([p.patches for p in pix])
     grids = [p.grid_thw for p in pix]
@@ -65,7 +77,8 @@ def test_vision_tower_matches_transformers(native, onednn):
             pytest.skip("PyTorch without oneDNN")
         for block in tower.blocks:
             block.replace_projections(Projections(int8=False, amx=False))
-            assert isinstance(block.fc1, PackedLinear) and block.fc1.attr == "swish" and block.act is identity
+            first = block.gate_proj if version == "2.5" else block.fc1  # SiLU (quick-GELU folded) fused
+            assert isinstance(first, PackedLinear) and first.attr == "swish" and block.act is identity
     with torch.inference_mode():
         got = tower(patches, grids)
         assert got.shape == want.shape == (patches.shape[0] // 4, 96)
