@@ -247,3 +247,29 @@ def test_cli_failure_is_one_line_without_traceback(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("polyvec: error: model 'no-such-org/no-such-model'")
+
+
+def test_a_lora_adapter_on_the_hub_brings_its_base_model(tmp_path, hub_repo, minilm_path):
+    """An adapter repo (adapter_config.json naming a base repo, as vidore/colqwen2-v1.0 does): both are
+    downloaded, the adapter merged; offline afterwards, both come from the cache."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModel
+
+    adapter = tmp_path / "adapter"
+    model = peft.get_peft_model(AutoModel.from_pretrained(minilm_path), peft.LoraConfig(r=2, target_modules=["query"]))
+    model.save_pretrained(adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "acme/minilm"}))
+    cmd = [sys.executable, "-m", "polyvec", "embed", CORPUS, "--model", "acme/minilm-lora", "--limit", "2", "--quiet"]
+    with FakeHub({"acme/minilm": hub_repo, "acme/minilm-lora": adapter}) as hub:
+        out = subprocess.run(
+            cmd, env=_hub_env(tmp_path, hub.url), cwd=REPO, capture_output=True, text=True, timeout=300
+        )
+        fetched = {r.split("/resolve/", 1)[1] for r in hub.requests if r.startswith("GET ") and "/resolve/" in r}
+    assert out.returncode == 0, out.stderr
+    assert "embedded 2 texts" in out.stdout
+    assert any(f.endswith("/adapter_model.safetensors") for f in fetched)
+    assert any(f.endswith("/model.safetensors") for f in fetched)  # the base's weights
+    offline = _hub_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1")
+    again = subprocess.run(cmd, env=offline, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr

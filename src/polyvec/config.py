@@ -140,6 +140,19 @@ class ColQwen2Spec:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """A PEFT LoRA adapter (`path`) on the checkpoint `base_model`, merged into its weights at load time
+    (models/lora.py)."""
+
+    path: Path
+    base_model: str
+    r: int
+    alpha: float
+    use_rslora: bool = False
+    alpha_pattern: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class BgeM3Spec:
     """bge-m3's two extra heads beside its XLM-RoBERTa trunk (FlagEmbedding's layout): multi-vector =
     normalize(colbert_linear(h)) of every token but the first; sparse = relu(sparse_linear(h)) per token, special
@@ -216,9 +229,11 @@ class ModelConfig:
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     colbert: ColBERTConfig | None = None
     bge_m3: BgeM3Spec | None = None
+    """colbert_linear.pt and sparse_linear.pt beside the trunk: token_embed and embed_sparse from those heads."""
     colqwen2: ColQwen2Spec | None = None
     """ColQwen2: images in (multimodal/image.py), token vectors out; `architecture` is "ColQwen2"."""
-    """colbert_linear.pt and sparse_linear.pt beside the trunk: token_embed and embed_sparse from those heads."""
+    lora: LoraSpec | None = None
+    """A LoRA adapter the model was loaded from: `path` is then its base model's folder."""
     splade: SpladeSpec = field(default_factory=SpladeSpec)
     """embed_sparse of masked-LM checkpoints (SPLADE): the modules.json SpladePooling, else max + relu."""
     is_causal: bool = False

@@ -28,6 +28,7 @@ from .config import (
     PoolerConfig,
     SpladeSpec,
 )
+from .models.lora import ADAPTER_CONFIG, is_adapter, read_adapter_config
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -320,6 +321,10 @@ def load_model_config(
     if convert not in (None, "auto", "none", "embed", "classify"):
         raise ValueError(f"convert={convert!r} is not valid; allowed: auto, embed, classify")
     root = resolve_model_path(model, revision, download_dir)
+    lora, adapter_root = None, root
+    if is_adapter(root):  # a LoRA adapter: the base model's checkpoint, the adapter merged into its weights
+        lora = read_adapter_config(root)
+        root = resolve_model_path(lora.base_model, None, download_dir)
     st = _read_sentence_transformers(root)
     tdir: Path = st["transformer_dir"]
     if not (tdir / "config.json").is_file():
@@ -327,6 +332,8 @@ def load_model_config(
     hf_config = dict(_read_json(tdir / "config.json"))
     hf_config.update(hf_overrides or {})
     sources: dict[str, str] = {}
+    if lora is not None:
+        sources["lora"] = f"{adapter_root / ADAPTER_CONFIG} (merged into {lora.base_model})"
 
     architectures = hf_config.get("architectures") or []
     if not architectures:
@@ -334,8 +341,9 @@ def load_model_config(
     architecture = architectures[0]
     sources["architecture"] = "config.json"
     colqwen2 = None
-    if architecture in COLQWEN2:
-        hf_config, colqwen2 = _read_colqwen2(root, hf_config)
+    if architecture in COLQWEN2:  # the adapter's processor settings, where it ships them
+        processor = adapter_root if (adapter_root / "preprocessor_config.json").is_file() else root
+        hf_config, colqwen2 = _read_colqwen2(processor, hf_config)
         backbone = "Qwen2.5-VL" if "out_hidden_size" in colqwen2.vision_config else "Qwen2-VL"
         sources["architecture"] = f"config.json {architecture} (ColQwen2: {backbone} + token projection)"
         architecture = "ColQwen2"
@@ -388,7 +396,9 @@ def load_model_config(
         max_model_len = limit
         sources["max_model_len"] = "config.json max_position_embeddings"
 
-    tokenizer_path = tdir / "tokenizer.json"
+    tokenizer_path = adapter_root / "tokenizer.json"  # an adapter's own tokenizer first
+    if not tokenizer_path.is_file():
+        tokenizer_path = tdir / "tokenizer.json"
     if not tokenizer_path.is_file():
         tokenizer_path = root / "tokenizer.json"
     if not tokenizer_path.is_file() and (tdir / "vocab.txt").is_file():
@@ -442,6 +452,7 @@ def load_model_config(
         model=str(model),
         is_causal=architecture.startswith(CAUSAL_FAMILIES) or architecture == "ColQwen2",
         colqwen2=colqwen2,
+        lora=lora,
         prompts=prompts,
         default_prompt_name=default_prompt,
         path=root,

@@ -30,8 +30,12 @@ class ModelNotFoundError(ValueError):
     """The model argument names no checkpoint polyvec can load; the message says which fix applies."""
 
 
+# A checkpoint is named by one of these (adapter_config.json: a PEFT LoRA adapter on a base model).
+CHECKPOINT_FILES = ("config.json", "modules.json", "adapter_config.json")
+
+
 def is_checkpoint(folder: Path) -> bool:
-    return (folder / "config.json").is_file() or (folder / "modules.json").is_file()
+    return any((folder / name).is_file() for name in CHECKPOINT_FILES)
 
 
 def files_to_download(repo_files: list[str]) -> list[str]:
@@ -125,7 +129,7 @@ def _from_hf_cache(model: str, revision: str | None, download_dir: str | None) -
     with local_files_only: that refuses a snapshot holding only part of the repo, as polyvec downloads them."""
     from huggingface_hub import try_to_load_from_cache
 
-    for name in ("config.json", "modules.json"):
+    for name in CHECKPOINT_FILES:
         try:
             found = try_to_load_from_cache(model, name, cache_dir=download_dir, revision=revision)
         except Exception:  # not a valid repo id
@@ -150,10 +154,10 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         # repo_info, not list_repo_files: one request, which fails at once (no retries) when offline.
         info = HfApi().model_info(model, revision=revision)
         wanted = files_to_download([s.rfilename for s in info.siblings or []])
-        if not any(f in ("config.json", "modules.json") for f in wanted):
+        if not any(f in CHECKPOINT_FILES for f in wanted):
             raise ModelNotFoundError(
-                f"hub repo {model!r}{at} has no config.json or modules.json: it is not a "
-                f"transformers or sentence-transformers checkpoint"
+                f"hub repo {model!r}{at} has no config.json, modules.json or adapter_config.json: it is not a "
+                f"transformers, sentence-transformers or PEFT checkpoint"
             )
         logger.warning(
             "downloading %s%s from the Hugging Face hub (%d files) into the Hugging Face cache", model, at, len(wanted)
@@ -199,7 +203,8 @@ def resolve_model_path(model: str | os.PathLike, revision: str | None = None, do
     if path.is_dir():
         if not is_checkpoint(path):
             raise ModelNotFoundError(
-                f"{str(model)!r} is a folder but not a checkpoint: it has no config.json or modules.json"
+                f"{str(model)!r} is a folder but not a checkpoint: it has no config.json, modules.json or "
+                "adapter_config.json"
             )
         return path.resolve()
     model = str(model)

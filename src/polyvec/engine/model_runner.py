@@ -25,6 +25,7 @@ from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.pooler import Pooler, PoolingState
 from ..models.colqwen2 import PROJECTION_KEYS, ColQwen2Trunk, ImageBatch
 from ..models.decoder import DecoderModel
+from ..models.lora import merge_lora
 from ..models.qwen2_vl import mrope_positions
 from ..models.registry import PoolingModel, build_model
 from ..models.weights import read_state_dict
@@ -97,6 +98,8 @@ class ModelRunner:
         self.platform.configure_threads(engine_config.num_threads)
         # The trunk's weights sit beside its config.json (a subfolder in old sentence-transformers layouts).
         state = read_state_dict(model_config.transformer_dir)
+        if model_config.lora is not None:
+            merge_lora(state, model_config.lora)
         self.model: PoolingModel = build_model(model_config, state, self.device)
         token_projection = _load_dense_stack(model_config, self.device, on_tokens=True)
         if model_config.colqwen2 is not None:  # its projection beside the language model, with a bias

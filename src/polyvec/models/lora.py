@@ -1,0 +1,102 @@
+"""PEFT LoRA adapters merged into their base checkpoint's weights at load time: W + s · B·A.
+
+Some checkpoints ship only an adapter (`adapter_config.json` + `adapter_model.safetensors`) that names its base
+model, as colpali-engine's ColQwen2 and ColQwen2.5 releases do (vidore/colqwen2-v1.0 on vidore/colqwen2-base).
+The merge is PEFT's own: for each adapted linear layer, W += (alpha / r) · B @ A (alpha / √r with rsLoRA; ranks
+and alphas overridden per module by `rank_pattern` / `alpha_pattern`), computed in float32 and cast back. Tensors
+the adapter holds whole (`modules_to_save`, trained biases) replace the base's. Once merged, the model is a plain
+checkpoint: nothing of the adapter runs per request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import LoraSpec
+
+ADAPTER_CONFIG = "adapter_config.json"
+_PREFIX = "base_model.model."
+
+
+def _pattern_value(patterns: dict[str, float], module: str, default: float) -> float:
+    """PEFT's per-module override: the first key that ends the module's dotted name."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def is_adapter(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
+
+
+def read_adapter_config(folder: Path) -> LoraSpec:
+    """The adapter's settings; anything whose merge is not W + s·B·A is refused by name."""
+    cfg: dict[str, Any] = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    where = folder / ADAPTER_CONFIG
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{where}: peft_type {cfg.get('peft_type')!r} is not supported; polyvec merges LORA adapters")
+    for key in ("use_dora", "fan_in_fan_out", "layer_replication", "lora_bias", "use_qalora"):
+        if cfg.get(key):
+            raise ValueError(f"{where}: {key}={cfg[key]!r} is not supported; polyvec merges plain LoRA adapters")
+    base = cfg.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{where} names no base_model_name_or_path: polyvec cannot tell which model it adapts")
+    return LoraSpec(
+        path=folder,
+        base_model=str(base),
+        r=int(cfg.get("r", 8)),
+        alpha=float(cfg.get("lora_alpha", 8)),
+        use_rslora=bool(cfg.get("use_rslora", False)),
+        alpha_pattern={str(k): float(v) for k, v in (cfg.get("alpha_pattern") or {}).items()},
+    )
+
+
+def _read_adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "adapter_model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(folder / "adapter_model.safetensors")
+    if (folder / "adapter_model.bin").is_file():
+        return torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"no adapter_model.safetensors or adapter_model.bin in {folder}")
+
+
+def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
+    """Merge the adapter into `state` (the base checkpoint's tensors, by their names) in place; returns how many
+    layers it changed."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    whole: dict[str, torch.Tensor] = {}
+    for key, tensor in _read_adapter_weights(spec.path).items():
+        name = key[len(_PREFIX) :] if key.startswith(_PREFIX) else key
+        if ".lora_embedding_" in name or ".lora_magnitude_vector" in name:
+            raise ValueError(f"adapter tensor {key}: only LoRA on linear layers is supported")
+        m = re.fullmatch(r"(.+)\.(lora_A|lora_B)(?:\.[^.]+)?\.weight", name)
+        if m:
+            pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
+        else:  # modules_to_save, trained biases: the adapter's copy replaces the base's
+            whole[name.replace(".modules_to_save.default.", ".")] = tensor
+    for module, ab in pairs.items():
+        if set(ab) != {"lora_A", "lora_B"}:
+            raise ValueError(f"adapter module {module} lacks its {'lora_B' if 'lora_A' in ab else 'lora_A'} weight")
+        target = module + ".weight"
+        if target not in state:
+            raise ValueError(f"adapter module {module} adapts {target}, which the base checkpoint does not have")
+        a, b, w = ab["lora_A"].float(), ab["lora_B"].float(), state[target]
+        alpha = _pattern_value(spec.alpha_pattern, module, spec.alpha)
+        rank = a.shape[0]  # rank_pattern's, where it names this module
+        delta = (b @ a) * (alpha / (math.sqrt(rank) if spec.use_rslora else rank))  # [out, r] @ [r, in]
+        if delta.shape != w.shape:
+            raise ValueError(f"adapter module {module}: B·A is {tuple(delta.shape)}, {target} is {tuple(w.shape)}")
+        state[target] = (w.float() + delta).to(w.dtype)
+    for name, tensor in whole.items():
+        if name not in state:
+            raise ValueError(f"adapter tensor {name} has no counterpart in the base checkpoint")
+        state[name] = tensor.to(state[name].dtype)
+    return len(pairs)

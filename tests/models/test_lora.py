@@ -1,0 +1,119 @@
+"""PEFT LoRA adapters on a base checkpoint (colpali-engine's ColQwen releases: an adapter naming its base),
+merged at load time, against PEFT's own merge_and_unload on the same weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyvec import LLM
+from tests.helpers import cosine_rows, save_colqwen2
+
+peft = pytest.importorskip("peft")
+
+
+def _adapter(model, folder: Path, base: Path, **config):
+    """A LoRA adapter on `model` with random A and B (PEFT starts B at zero, a merge that changes nothing),
+    saved as PEFT saves it, naming `base` as its base model."""
+    torch.manual_seed(7)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights="gaussian", **config))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.05)
+            elif "modules_to_save" in name:  # trained whole: the adapter's copy differs from the base's
+                p.add_(torch.randn_like(p) * 0.1)
+    wrapped.save_pretrained(folder)
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": str(base)}))
+    return wrapped.merge_and_unload()
+
+
+def test_colqwen2_adapter_on_base(tmp_path, minilm_path):
+    """colpali-engine's layout of vidore/colqwen2-v1.0: LoRA on the language model's projections and the token
+    projection, the tokenizer and processor config beside the adapter; the base a full checkpoint."""
+    from tests.models.test_colqwen2 import _check_layout, _images
+
+    base = tmp_path / "base"
+    model, ids = save_colqwen2(base, minilm_path)
+    base_docs = LLM(str(base), dtype="float32").token_embed(_images(), use_tqdm=False)
+    adapter = tmp_path / "adapter"
+    merged = _adapter(
+        model,
+        adapter,
+        base,
+        r=4,
+        lora_alpha=8,
+        target_modules=r"(.*(language_model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
+        r"|.*(embedding_proj_layer).*$|.*visual.*qkv$)",
+        alpha_pattern={"embedding_proj_layer": 2},
+    )
+    for name in ("tokenizer.json", "preprocessor_config.json"):
+        shutil.copy(base / name, adapter)
+    llm = LLM(str(adapter), dtype="float32")
+    assert llm.engine.model_config.lora is not None and llm.engine.model_config.path == base.resolve()
+    docs, _ = _check_layout(llm, merged, base, ids)  # per-token cosine >= 0.9999 to the merged reference
+    changed = min(cosine_rows(d.outputs.data, b.outputs.data).min().item() for d, b in zip(docs, base_docs))
+    assert changed < 0.99  # the adapter moved the vectors: the merge is not a no-op
+
+
+def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):
+    """A sentence-transformers base (MiniLM), rsLoRA scaling (alpha / √r), a module saved whole
+    (`modules_to_save`), the tokenizer from the base; embeddings as transformers computes them from PEFT's merge."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    merged = _adapter(
+        model,
+        tmp_path / "adapter",
+        minilm_path,
+        r=8,
+        lora_alpha=16,
+        use_rslora=True,
+        target_modules=["query", "value", "dense"],
+        modules_to_save=["embeddings.LayerNorm"],
+    )
+    original = AutoModel.from_pretrained(minilm_path).embeddings.LayerNorm.weight
+    assert not torch.equal(merged.embeddings.LayerNorm.weight, original)
+    texts = ["a lift coefficient", "flutter of wings at high speed"]
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    with torch.no_grad():
+        batch = tok(texts, padding=True, return_tensors="pt")
+        hidden = merged(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        want = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    got = torch.tensor([o.outputs.embedding for o in LLM(str(tmp_path / "adapter"), dtype="float32").embed(texts)])
+    assert cosine_rows(got, want).min() >= 0.9999
+    plain = torch.tensor([o.outputs.embedding for o in LLM(str(minilm_path), dtype="float32").embed(texts)])
+    assert cosine_rows(got, plain).min() < 0.999
+
+
+def test_adapters_polyvec_cannot_merge_are_refused(tmp_path, minilm_path):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    cfg = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["query"]}
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="names no base_model_name_or_path"):
+        LLM(str(folder))
+    for key, value in (("use_dora", True), ("peft_type", "IA3")):
+        (folder / "adapter_config.json").write_text(
+            json.dumps({**cfg, key: value, "base_model_name_or_path": str(minilm_path)})
+        )
+        with pytest.raises(ValueError, match=key):
+            LLM(str(folder))
+    (folder / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": str(minilm_path)}))
+    from safetensors.torch import save_file
+
+    save_file(
+        {
+            "base_model.model.encoder.layer.0.nope.lora_A.weight": torch.zeros(4, 384),
+            "base_model.model.encoder.layer.0.nope.lora_B.weight": torch.zeros(384, 4),
+        },
+        str(folder / "adapter_model.safetensors"),
+    )
+    with pytest.raises(ValueError, match="encoder.layer.0.nope.weight"):
+        LLM(str(folder))
