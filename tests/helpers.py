@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -161,3 +162,24 @@ def save_colqwen2(folder: Path, minilm_path: Path, version: str = "2"):
     budget = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64}
     (folder / "preprocessor_config.json").write_text(json.dumps(budget))
     return model, ids
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path):
+    """A real HTTP file server on loopback over `folder` (remote image URLs); yields its base URL."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

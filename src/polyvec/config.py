@@ -308,6 +308,14 @@ class EngineConfig:
     kernels: KernelOptions = field(default_factory=KernelOptions.from_env)
     """Which of polyvec's native CPU paths may run (native kernels, oneDNN projections, AMX); default: all,
     less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off."""
+    max_images_per_prompt: int | None = None
+    """Most images in one prompt (vLLM's limit_mm_per_prompt={"image": N}); None: as many as its tokens allow."""
+    max_image_pixels: int = 50_000_000
+    """Largest decoded image (width × height) accepted; larger ones are refused before they are decoded."""
+    max_request_image_pixels: int | None = None
+    """Most decoded image pixels in one call of `process` (one HTTP request); None: no limit (offline)."""
+    allowed_media_domains: tuple[str, ...] = ()
+    """Hosts (and their subdomains) whose http(s) image URLs are fetched; none by default."""
 
     def __post_init__(self) -> None:
         if self.long_input not in ("truncate", "window"):
@@ -328,6 +336,12 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.max_images_per_prompt is not None and self.max_images_per_prompt < 0:
+            raise ValueError(f"max_images_per_prompt must be >= 0, got {self.max_images_per_prompt}")
+        for name in ("max_image_pixels", "max_request_image_pixels"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

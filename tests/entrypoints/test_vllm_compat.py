@@ -73,6 +73,24 @@ def test_flags_that_would_change_results_are_refused(argv, message):
         vllm_options(parse(*argv))
 
 
+def test_multimodal_flags_of_a_vllm_command_line():
+    args = parse(
+        "--limit-mm-per-prompt.image", "1", "--mm-processor-kwargs", '{"max_pixels": 602112}',
+        "--mm-processor-kwargs.min_pixels", "3136", "--allowed-media-domains", "example.com", "img.example.org",
+        "--max-image-pixels", "1000000", "--max-request-image-pixels", "0",
+    )  # fmt: skip
+    options = vllm_options(args)
+    assert options["limit_mm_per_prompt"] == {"image": 1}
+    assert options["mm_processor_kwargs"] == {"max_pixels": 602112, "min_pixels": 3136}
+    assert options["allowed_media_domains"] == ["example.com", "img.example.org"]
+    assert options["max_image_pixels"] == 1_000_000 and args.max_request_image_pixels == 0
+    defaults = vllm_options(parse())
+    assert defaults["allowed_media_domains"] is None and defaults["limit_mm_per_prompt"] is None
+    assert defaults["max_image_pixels"] == 50_000_000 and parse().max_request_image_pixels == 256_000_000
+    with pytest.raises((CommandError, ValueError), match="--limit-mm-per-prompt must be a JSON object"):
+        vllm_options(parse("--limit-mm-per-prompt", "2"))
+
+
 def test_check_returns_only_given_flags():
     assert check({"seed": None, "trust_remote_code": False, "tensor_parallel_size": 1}) == []
     assert check({"seed": 3, "trust_remote_code": True}) == ["trust_remote_code", "seed"]

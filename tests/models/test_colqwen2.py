@@ -5,6 +5,7 @@ checkpoint layouts (transformers' ColQwen2ForRetrieval; colpali-engine's ColQwen
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from PIL import Image  # noqa: E402
 from polyvec import LLM, PoolingParams  # noqa: E402
 from polyvec.config import ColQwen2Spec  # noqa: E402
 from polyvec.multimodal.image import qwen2_vl_patches  # noqa: E402
-from tests.helpers import cosine_rows, save_colqwen2  # noqa: E402
+from tests.helpers import cosine_rows, save_colqwen2, serve_folder  # noqa: E402
 
 SPEC = ColQwen2Spec(vision_config={}, image_token_id=0)  # the default prompts and pixel budget
 QUERIES = ["what is the lift coefficient?", "flutter"]
@@ -173,3 +174,59 @@ def test_bad_images_and_text_models(colqwen2, minilm_llm):
         llm.token_embed({"prompt": two, "multi_modal_data": {"image": _images()[0]}}, use_tqdm=False)
     with pytest.raises(ValueError, match="this model reads text only"):
         minilm_llm.embed({"prompt": "x", "multi_modal_data": {"image": _images()[0]}}, use_tqdm=False)
+
+
+def test_image_limits_and_processor_kwargs(colqwen2, minilm_path):
+    """vLLM's limit_mm_per_prompt and mm_processor_kwargs, the decoded-size limits, per image and per call."""
+    from polyvec.engine.factory import create_engine
+
+    _, folder, _ = colqwen2
+    images = _images()  # 200x150 and 90x300 pixels
+    llm = LLM(str(folder), dtype="float32", limit_mm_per_prompt={"image": 1}, max_image_pixels=29_000)
+    two = SPEC.visual_prompt.replace("<|image_pad|>", "<|image_pad|><|image_pad|>")
+    with pytest.raises(ValueError, match="prompt 0 has 2 images, more than the limit of 1 per prompt"):
+        llm.token_embed({"prompt": two, "multi_modal_data": {"image": images}}, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt 1: image 0: 200x150 pixels, more than the limit of 29000"):
+        llm.token_embed([images[1], images[0]], use_tqdm=False)
+
+    engine = create_engine(str(folder), dtype="float32", max_request_image_pixels=50_000)
+    engine.process([images[0]], None, "token_embed")  # 30,000 decoded pixels: within
+    with pytest.raises(ValueError, match="prompt 1: image 0: the request's images reach 57000 pixels, more than the"):
+        engine.process([images[0], images[1]], None, "token_embed")  # 30,000 + 27,000
+
+    default = LLM(str(folder), dtype="float32").token_embed(images[0], use_tqdm=False)[0].outputs.data
+    small = LLM(str(folder), dtype="float32", mm_processor_kwargs={"max_pixels": 4 * 28 * 28, "min_pixels": 784})
+    got = small.token_embed(images[0], use_tqdm=False)[0].outputs.data
+    merged = [math.prod(qwen2_vl_patches(images[0], 784, most).grid_thw) // 4 for most in (64 * 784, 4 * 784)]
+    assert merged == [35, 2] and got.shape[0] == default.shape[0] - merged[0] + merged[1]  # the prompt's text kept
+    for bad, message in [
+        ({"mm_processor_kwargs": {"size": 3}}, "size not supported; polyvec takes min_pixels, max_pixels"),
+        ({"mm_processor_kwargs": {"max_pixels": 0}}, r"mm_processor_kwargs\['max_pixels'\] must be a positive"),
+        ({"limit_mm_per_prompt": {"video": 1}}, "reads images only, not 'video'"),
+        ({"limit_mm_per_prompt": {"image": -1}}, "must be an integer >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LLM(str(folder), dtype="float32", **bad)
+    with pytest.raises(ValueError, match="mm_processor_kwargs apply to image models"):
+        LLM(str(minilm_path), mm_processor_kwargs={"max_pixels": 1000})
+
+
+def test_remote_images_only_from_allowed_domains(colqwen2, tmp_path):
+    _, folder, _ = colqwen2
+    images = _images()
+    images[0].save(tmp_path / "page.png")
+    want = LLM(str(folder), dtype="float32").token_embed(images[0], use_tqdm=False)[0].outputs.data
+    with serve_folder(tmp_path) as base:
+        url = {"multi_modal_data": {"image": base + "/page.png"}}
+        got = LLM(str(folder), dtype="float32", allowed_media_domains=["127.0.0.1"]).token_embed(url, use_tqdm=False)
+        assert torch.equal(got[0].outputs.data, want)
+        closed = LLM(str(folder), dtype="float32")
+        with pytest.raises(ValueError, match=r"image 0: remote image URLs are fetched only from --allowed-media-"):
+            closed.token_embed(url, use_tqdm=False)
+        allowed = LLM(str(folder), dtype="float32", allowed_media_domains=["example.com"])
+        with pytest.raises(ValueError, match="'127.0.0.1' is not one of them"):
+            allowed.token_embed(url, use_tqdm=False)
+        with pytest.raises(ValueError, match=r"fetching .*/missing.png failed \(HTTPError"):
+            LLM(str(folder), dtype="float32", allowed_media_domains=["127.0.0.1"]).token_embed(
+                {"multi_modal_data": {"image": base + "/missing.png"}}, use_tqdm=False
+            )

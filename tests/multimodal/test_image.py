@@ -69,7 +69,8 @@ def test_load_image_forms_and_modes():
     [
         (b"not an image at all", "not a readable image"),
         (_png(_image(64, 64))[:200], "not a readable image"),  # truncated
-        ("http://example.com/a.png", "must be a base64 data: URL"),
+        ("http://example.com/a.png", r"fetched only from --allowed-media-domains \(allowed: none\)"),
+        ("ftp://example.com/a.png", "must be a base64 data: URL"),
         ("data:image/png,rawbytes", "not base64-encoded"),
         ("data:image/png;base64,@@@", "does not decode"),
         (12, "expected a PIL image, bytes or a data: URL, got int"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, LongInput, PoolerConfig, Quantization, Truncation, resolve_dtype
+from ..config import EngineConfig, LongInput, ModelConfig, PoolerConfig, Quantization, Truncation, resolve_dtype
 from ..loader import load_model_config
 from ..platforms import KernelOptions, get_platform
 from .engine import Engine
@@ -36,6 +36,11 @@ def create_engine(
     quantization: Quantization | None = None,
     kernels: KernelOptions | None = None,
     tokenizer: str | None = None,
+    limit_mm_per_prompt: dict[str, int] | None = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
+    max_image_pixels: int = 50_000_000,
+    max_request_image_pixels: int | None = None,
+    allowed_media_domains: list[str] | tuple[str, ...] | None = None,
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
     if pooler_config is not None and pooler_config.enable_chunked_processing and long_input == "truncate":
@@ -52,6 +57,10 @@ def create_engine(
         enable_prefix_caching=enable_prefix_caching,
         quantization=quantization,
         kernels=kernels or KernelOptions.from_env(),
+        max_images_per_prompt=_images_per_prompt(limit_mm_per_prompt),
+        max_image_pixels=max_image_pixels,
+        max_request_image_pixels=max_request_image_pixels,
+        allowed_media_domains=tuple(d.lower().strip(".") for d in allowed_media_domains or ()),
     )
     platform = get_platform(checked.resolve_device(), checked.kernels)
     model_config = load_model_config(
@@ -65,5 +74,49 @@ def create_engine(
         convert=convert,
         tokenizer=tokenizer,
     )
+    if mm_processor_kwargs:
+        model_config = _with_processor_kwargs(model_config, mm_processor_kwargs)
     budget = max_num_batched_tokens or platform.default_max_num_batched_tokens(model_config, quantization)
     return Engine(model_config, dataclasses.replace(checked, max_num_batched_tokens=budget))
+
+
+def _images_per_prompt(limit: dict[str, int] | None) -> int | None:
+    """vLLM's limit_mm_per_prompt ({"image": N}); other modalities may only be limited to 0 (none are read)."""
+    if limit is None:
+        return None
+    if not isinstance(limit, dict):
+        raise ValueError(f'limit_mm_per_prompt must be a dict like {{"image": 4}}, got {limit!r}')
+    counts: dict[str, Any] = {k: (v.get("count") if isinstance(v, dict) else v) for k, v in limit.items()}
+    for modality, n in counts.items():  # vLLM's dict form {"count": N, ...} counts too
+        if modality != "image" and n:
+            raise ValueError(f"limit_mm_per_prompt: polyvec reads images only, not {modality!r}")
+    n = counts.get("image")
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"limit_mm_per_prompt['image'] must be an integer >= 0, got {n!r}")
+    return n
+
+
+PROCESSOR_KWARGS = ("min_pixels", "max_pixels")
+
+
+def _with_processor_kwargs(model_config: ModelConfig, kwargs: dict[str, Any]) -> ModelConfig:
+    """vLLM's mm_processor_kwargs: the image processor's resize budget (min_pixels / max_pixels, in pixels)."""
+    spec = model_config.colqwen2
+    if spec is None:
+        raise ValueError(f"mm_processor_kwargs apply to image models; {model_config.model} reads text only")
+    unknown = sorted(set(kwargs) - set(PROCESSOR_KWARGS))
+    if unknown:
+        raise ValueError(
+            f"mm_processor_kwargs: {', '.join(unknown)} not supported; polyvec takes min_pixels, max_pixels"
+        )
+    values = {k: kwargs[k] for k in PROCESSOR_KWARGS if k in kwargs}
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"mm_processor_kwargs[{k!r}] must be a positive integer, got {v!r}")
+    spec = dataclasses.replace(spec, **values)
+    if spec.min_pixels > spec.max_pixels:
+        raise ValueError(f"mm_processor_kwargs: min_pixels {spec.min_pixels} > max_pixels {spec.max_pixels}")
+    sources = {**model_config.sources, "pixels": "mm_processor_kwargs"}
+    return dataclasses.replace(model_config, colqwen2=spec, sources=sources)

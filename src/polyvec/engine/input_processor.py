@@ -133,6 +133,7 @@ class InputProcessor:
         error_mode = (truncation or self.engine_config.truncation) == "error"
         tokenized: list[Any] = [None] * n
         pixels: dict[int, list[Any]] = {}  # prompt index → its images' patches (ColQwen2)
+        spent = [0]  # decoded image pixels of these prompts so far
         text_groups: dict[tuple[int, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
         # Inference-free SPLADE queries: weights looked up per token id, no forward pass (Request.static_output)
@@ -165,7 +166,7 @@ class InputProcessor:
                     spec = self.model_config.colqwen2
                     if spec is None:
                         raise PromptError(i, " carries multi_modal_data; this model reads text only")
-                    pixels[i] = self._pixels(i, prompt["multi_modal_data"])
+                    pixels[i] = self._pixels(i, prompt["multi_modal_data"], spent)
                     prompt = prompt.get("prompt") or spec.visual_prompt
                     text_groups.setdefault((1 << 62, False, False), []).append(i)
                     tokenized[i] = prompt
@@ -256,8 +257,9 @@ class InputProcessor:
             requests.append(request)
         return requests
 
-    def _pixels(self, i: int, data: Any) -> list[Any]:
-        """A prompt's multi_modal_data: its images' patches (an ImageError becomes a PromptError naming both)."""
+    def _pixels(self, i: int, data: Any, spent: list[int]) -> list[Any]:
+        """A prompt's multi_modal_data: its images' patches (an ImageError becomes a PromptError naming both);
+        `spent` counts the decoded pixels of the call's images so far, against max_request_image_pixels."""
         from ..multimodal.image import ImageError, load_image, qwen2_vl_patches
 
         spec = self.model_config.colqwen2
@@ -267,11 +269,29 @@ class InputProcessor:
         images = data["image"] if isinstance(data["image"], (list, tuple)) else [data["image"]]
         if not images:
             raise PromptError(i, ": multi_modal_data['image'] is empty")
+        most = self.engine_config.max_images_per_prompt
+        if most is not None and len(images) > most:
+            raise PromptError(i, f" has {len(images)} images, more than the limit of {most} per prompt")
+        budget = self.engine_config.max_request_image_pixels
+
+        def within_budget(width: int, height: int) -> None:
+            spent[0] += width * height
+            if budget is not None and spent[0] > budget:
+                raise ImageError(
+                    k, f"the request's images reach {spent[0]} pixels, more than the limit of {budget} per request"
+                )
+
         vision = spec.vision_config
         out = []
         for k, source in enumerate(images):
             try:
-                image = load_image(source, k)
+                image = load_image(
+                    source,
+                    k,
+                    self.engine_config.max_image_pixels,
+                    allowed_domains=self.engine_config.allowed_media_domains,
+                    before_decode=within_budget,
+                )
                 out.append(
                     qwen2_vl_patches(
                         image,

@@ -178,6 +178,31 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         "(also --pooler-config.KEY VALUE)",
     )
     _flag(p, "--quantization", help=QUANTIZATION_HELP, choices=["int8"])
+    _flag(
+        p,
+        "--limit-mm-per-prompt",
+        help="image models: JSON object of the most images in one prompt, e.g. '{\"image\": 1}' (vLLM's flag)",
+    )
+    _flag(
+        p,
+        "--mm-processor-kwargs",
+        help="image models: JSON object of the image processor's resize budget in pixels, e.g. "
+        "'{\"max_pixels\": 602112}' (min_pixels, max_pixels; default: the checkpoint's preprocessor_config.json)",
+    )
+    _flag(
+        p,
+        "--max-image-pixels",
+        50_000_000,
+        "image models: largest decoded image (width x height) accepted; larger ones get 400",
+        cast=int,
+    )
+    _flag(
+        p,
+        "--allowed-media-domains",
+        help="image models: hosts whose http(s) image URLs are fetched (subdomains included); none by default, "
+        "so only base64 data: URLs are read",
+        nargs="+",
+    )
     _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N")
     _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=int)
 
@@ -237,6 +262,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=int)
     _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
+    _flag(
+        p,
+        "--max-request-image-pixels",
+        256_000_000,
+        "image models: most decoded image pixels of all images in one request; more get 400 (0: no limit)",
+        cast=int,
+    )
     _flag(
         p,
         "--max-tokens-per-request",
@@ -324,13 +356,23 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
         pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
         pooler_config = PoolerConfig.from_dict(pooler) if pooler is not None else None
+        limit_mm = vllm_compat.json_arg("limit_mm_per_prompt", args.limit_mm_per_prompt)
+        mm_kwargs = vllm_compat.json_arg("mm_processor_kwargs", args.mm_processor_kwargs)
     except (ValueError, TypeError) as exc:
         raise CommandError(str(exc)) from None
     if ignored:
         logging.getLogger("polyvec").warning(
             "vLLM flags with no effect in polyvec: %s", ", ".join("--" + n.replace("_", "-") for n in ignored)
         )
-    return {"hf_overrides": hf_overrides, "pooler_config": pooler_config, "tokenizer": args.tokenizer}
+    return {
+        "hf_overrides": hf_overrides,
+        "pooler_config": pooler_config,
+        "tokenizer": args.tokenizer,
+        "limit_mm_per_prompt": limit_mm,
+        "mm_processor_kwargs": mm_kwargs,
+        "max_image_pixels": args.max_image_pixels,
+        "allowed_media_domains": args.allowed_media_domains,
+    }
 
 
 def load_engine(args: argparse.Namespace, **kwargs):
@@ -390,6 +432,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         window_overlap=args.window_overlap,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_prefix_caching=args.enable_prefix_caching,
+        max_request_image_pixels=args.max_request_image_pixels or None,
     )
     mc = engine.model_config
     tasks = engine.supported_tasks

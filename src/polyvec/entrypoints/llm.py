@@ -69,6 +69,11 @@ class LLM:
         kernels: which of polyvec's native CPU paths may run (`KernelOptions(native=, onednn=, amx=)`; default
             all, less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off).
         tokenizer: a folder or hub id to read the tokenizer from instead of the model's.
+        limit_mm_per_prompt: image models: {"image": N}, the most images in one prompt (vLLM's).
+        mm_processor_kwargs: image models: {"min_pixels": ..., "max_pixels": ...}, the resize budget in pixels
+            (default: the checkpoint's preprocessor_config.json).
+        max_image_pixels: the largest decoded image accepted (width × height; default 50 million).
+        allowed_media_domains: hosts whose http(s) image URLs are fetched (none by default).
         runner, tensor_parallel_size, ...: vLLM's other arguments are accepted where they change nothing here
             (`entrypoints/vllm_compat.py`); a runner other than pooling, or more than one device, is refused.
     """
@@ -96,6 +101,10 @@ class LLM:
         quantization: Quantization | None = None,
         kernels: KernelOptions | None = None,
         tokenizer: str | None = None,
+        limit_mm_per_prompt: dict[str, int] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        max_image_pixels: int = 50_000_000,
+        allowed_media_domains: list[str] | None = None,
         **kwargs: Any,
     ):
         known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner"}
@@ -128,6 +137,10 @@ class LLM:
             quantization=quantization,
             kernels=kernels,
             tokenizer=tokenizer,
+            limit_mm_per_prompt=limit_mm_per_prompt,
+            mm_processor_kwargs=mm_processor_kwargs,
+            max_image_pixels=max_image_pixels,
+            allowed_media_domains=allowed_media_domains,
         )
         self.model_config = self.engine.model_config
 

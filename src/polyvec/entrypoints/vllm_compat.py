@@ -90,7 +90,10 @@ def json_arg(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | 
     return parsed
 
 
-def expand_dotted(argv: list[str], names: tuple[str, ...] = ("hf-overrides", "pooler-config")) -> list[str]:
+DOTTED = ("hf-overrides", "pooler-config", "limit-mm-per-prompt", "mm-processor-kwargs")
+
+
+def expand_dotted(argv: list[str], names: tuple[str, ...] = DOTTED) -> list[str]:
     """vLLM's dotted form of JSON options, `--pooler-config.task embed` or `--hf-overrides.a.b=1`, folded into
     one `--pooler-config JSON` argument (values parse as JSON where they can, else stay strings)."""
     merged: dict[str, dict[str, Any]] = {}

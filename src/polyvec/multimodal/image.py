@@ -1,6 +1,7 @@
 """Images in: decoded and checked with Pillow, turned into the pixel patches a vision tower reads.
 
-Accepted forms: a `PIL.Image.Image`, encoded bytes, and base64 `data:` URLs (`data:image/png;base64,...`).
+Accepted forms: a `PIL.Image.Image`, encoded bytes, base64 `data:` URLs (`data:image/png;base64,...`), and
+http(s) URLs on hosts the deployment allows (none by default: a server fetching what a client names is a risk).
 Every refusal is an `ImageError` naming the image's position and what is wrong: not an image, truncated, a
 decompression bomb, more pixels than the limit, an aspect ratio the resize rule cannot keep.
 
@@ -17,7 +18,10 @@ import base64
 import binascii
 import io
 import math
+import urllib.parse
+import urllib.request
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +31,8 @@ import torch
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_IMAGE_PIXELS = 50_000_000  # decoded size above which an image is refused (Pillow's bomb check, made an error)
+FETCH_MAX_BYTES = 64 * 1024 * 1024  # an allowed remote image larger than this is refused, not read on
+FETCH_TIMEOUT = 10.0  # seconds to connect and between reads of a remote image
 
 
 class ImageError(ValueError):
@@ -45,22 +51,56 @@ def _pil() -> Any:
     return Image
 
 
-def load_image(source: Any, index: int = 0, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
-    """A PIL image in RGB from a PIL image, encoded bytes or a base64 data: URL; ImageError if it is not one."""
+def fetch_image(url: str, index: int, allowed_domains: tuple[str, ...], max_bytes: int, timeout: float) -> bytes:
+    """An http(s) image URL's bytes, only from an allowed host (or a subdomain of one); ImageError otherwise."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if not any(host == d or host.endswith("." + d) for d in allowed_domains):
+        allowed = ", ".join(allowed_domains) if allowed_domains else "none"
+        raise ImageError(
+            index,
+            f"remote image URLs are fetched only from --allowed-media-domains (allowed: {allowed}); "
+            f"{host or url[:40]!r} is not one of them; send the image as a base64 data: URL",
+        )
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http(s) checked above)
+            data = response.read(max_bytes + 1)
+    except (OSError, ValueError) as e:  # URLError, HTTPError, timeouts
+        raise ImageError(index, f"fetching {url[:200]} failed ({type(e).__name__}: {e})") from None
+    if len(data) > max_bytes:
+        raise ImageError(index, f"the image at {url[:200]} is over {max_bytes} bytes")
+    return data
+
+
+def load_image(
+    source: Any,
+    index: int = 0,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    *,
+    allowed_domains: tuple[str, ...] = (),
+    before_decode: Callable[[int, int], None] | None = None,
+) -> Any:
+    """A PIL image in RGB from a PIL image, encoded bytes, a base64 data: URL or an http(s) URL on an allowed
+    host; ImageError if it is not one. `before_decode(width, height)` may refuse the image (by raising) once its
+    header is read, before its pixels are decoded."""
     Image = _pil()
     if isinstance(source, Image.Image):
         image = source
+        if before_decode is not None:
+            before_decode(image.width, image.height)
     else:
         if isinstance(source, str):
-            if not source.startswith("data:"):
+            if source.startswith(("http://", "https://")):
+                source = fetch_image(source, index, allowed_domains, FETCH_MAX_BYTES, FETCH_TIMEOUT)
+            elif not source.startswith("data:"):
                 raise ImageError(index, "a string image must be a base64 data: URL (data:image/png;base64,...)")
-            header, _, payload = source.partition(",")
-            if not header.endswith(";base64"):
-                raise ImageError(index, "the data: URL is not base64-encoded")
-            try:
-                source = base64.b64decode(payload, validate=True)
-            except (binascii.Error, ValueError):
-                raise ImageError(index, "the data: URL's base64 payload does not decode") from None
+            else:
+                header, _, payload = source.partition(",")
+                if not header.endswith(";base64"):
+                    raise ImageError(index, "the data: URL is not base64-encoded")
+                try:
+                    source = base64.b64decode(payload, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ImageError(index, "the data: URL's base64 payload does not decode") from None
         if not isinstance(source, (bytes, bytearray)):
             raise ImageError(index, f"expected a PIL image, bytes or a data: URL, got {type(source).__name__}")
         try:
@@ -69,6 +109,8 @@ def load_image(source: Any, index: int = 0, max_pixels: int = MAX_IMAGE_PIXELS) 
                 image = Image.open(io.BytesIO(source))
                 if image.width * image.height > max_pixels:
                     raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
+                if before_decode is not None:
+                    before_decode(image.width, image.height)
                 image.load()  # decode now: a truncated file fails here, not later
         except ImageError:
             raise

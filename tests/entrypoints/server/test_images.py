@@ -15,7 +15,7 @@ from PIL import Image  # noqa: E402
 
 from polyvec import LLM, PoolingParams  # noqa: E402
 from tests.entrypoints.server.conftest import Server  # noqa: E402
-from tests.helpers import save_colqwen2  # noqa: E402
+from tests.helpers import save_colqwen2, serve_folder  # noqa: E402
 
 
 def _url(image: Image.Image) -> str:
@@ -31,7 +31,9 @@ def served(tmp_path_factory, minilm_path):
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((120, 90), (60, 150))]
     llm = LLM(str(folder), dtype="float32")
-    s = Server(str(folder), "--dtype", "float32")
+    # two test images (19,800 decoded pixels) fit the request budget, three do not
+    s = Server(str(folder), "--dtype", "float32", "--allowed-media-domains", "127.0.0.1", "--max-request-image-pixels",
+               "25000")  # fmt: skip
     yield s, llm, images
     s.stop()
 
@@ -84,7 +86,9 @@ _MIXED = {
 BAD = [
     ("/pooling", {"input": ["ok", "data:image/png;base64,aGVsbG8="], "task": "token_embed"}, "input",
      "prompt 1: image 0: not a readable image"),
-    ("/v2/embed", {"images": ["http://example.com/a.png"]}, "images", "remote URLs are not fetched"),
+    ("/v2/embed", {"images": ["http://example.com/a.png"]}, "images",
+     "image 0: remote image URLs are fetched only from --allowed-media-domains (allowed: 127.0.0.1); 'example.com'"),
+    ("/v2/embed", {"images": ["ftp://127.0.0.1/a.png"]}, "images", "'images' item 0: images must be base64 data: URLs"),
     ("/v2/embed", {"inputs": [_MIXED]}, "inputs", "an image is encoded alone"),
     ("/v1/embeddings", {"messages": [{"role": "user", "content": "hello"}]}, "messages", "images alone in messages"),
 ]  # fmt: skip
@@ -103,3 +107,29 @@ def test_bad_images_are_400_naming_the_item(served, path, body, param, message):
 def test_text_models_still_refuse_images(server):
     r = server.post("/v2/embed", {"images": ["data:image/png;base64,aGVsbG8="]})
     assert r.status_code == 400 and "images are not supported" in r.json()["error"]["message"]
+
+
+def test_remote_images_from_an_allowed_host(served, tmp_path):
+    s, llm, images = served
+    want = [o.outputs.data for o in llm.token_embed(images, use_tqdm=False)]
+    for k, image in enumerate(images):
+        image.save(tmp_path / f"page{k}.png")
+    with serve_folder(tmp_path) as base:
+        body = s.post("/v2/embed", {"images": [f"{base}/page{k}.png" for k in range(2)], "input_type": "image"})
+        for e, w in zip(body.json()["embeddings"]["float"], want):
+            _close(e, w)
+        part = {"type": "image_url", "image_url": {"url": f"{base}/page1.png"}}
+        chat = s.post("/v1/embeddings", {"messages": [{"role": "user", "content": [part]}]}).json()
+        _close(chat["data"][0]["embedding"], want[1])
+        r = s.post("/v2/embed", {"images": [f"{base}/page0.png", f"{base}/missing.png"], "input_type": "image"})
+        assert r.status_code == 400 and "'images' item 1: image 0: fetching" in r.json()["error"]["message"]
+
+
+def test_request_image_pixel_budget(served):
+    s, llm, images = served
+    r = s.post("/pooling", {"input": [_url(im) for im in images + images[:1]], "task": "token_embed"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input"
+    assert "prompt 2: image 0: the request's images reach 30600 pixels, more than the limit of 25000" in err["message"]
+    assert s.post("/pooling", {"input": [_url(im) for im in images], "task": "token_embed"}).status_code == 200

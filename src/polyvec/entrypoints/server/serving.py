@@ -145,19 +145,23 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
     return [render_messages(state, req)], chat_special_tokens(req)
 
 
-def image_url(url: Any, where: str, param: str) -> str:
-    """An image_url part's URL, which must be a base64 data: URL (remote images are not fetched)."""
+def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
+    """An image_url part's URL: a base64 data: URL, or an http(s) URL that the engine fetches if the server
+    allows its host (--allowed-media-domains; refused with 400 otherwise)."""
     value = url.get("url") if isinstance(url, dict) else getattr(url, "url", url)
+    if isinstance(value, str) and value.startswith(("http://", "https://")):
+        return {"multi_modal_data": {"image": value}}
     if not isinstance(value, str) or not value.startswith("data:image/"):
         raise APIError(
             400,
-            f"{where}: images must be base64 data: URLs (data:image/png;base64,...); remote URLs are not fetched",
+            f"{where}: images must be base64 data: URLs (data:image/png;base64,...) or http(s) URLs on a host the "
+            "server allows (--allowed-media-domains)",
             param,
         )
     return value
 
 
-def image_of_messages(messages: list[Any]) -> str:
+def image_of_messages(messages: list[Any]) -> str | dict[str, Any]:
     """A ColQwen2-style model encodes one image with its own prompt: the messages must hold exactly one image
     part and no text (a query is sent as text `input` with input_type query)."""
     found = []

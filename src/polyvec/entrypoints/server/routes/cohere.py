@@ -95,7 +95,7 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
     return VectorJSONResponse(body)
 
 
-def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list[str]]:
+def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list[Any]]:
     """The texts to embed and the field they come from: `texts`, `images` (data: URLs, for an image model), or v2
     `inputs` (each item's text parts joined with a newline, as vLLM joins text parts; for an image model an item
     of one image part is that image); other images are refused."""
@@ -115,9 +115,10 @@ def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list
     if inputs is None:
         needed = "one of 'texts' and 'inputs' is" if isinstance(req, P.CohereEmbedRequest) else "field 'texts' is"
         raise APIError(400, f"{needed} required", "texts")
-    texts = []
+    texts: list[Any] = []
     for i, item in enumerate(inputs):
         parts = []
+        image: Any = None
         for j, part in enumerate(item.content):
             where = f"'inputs' item {i} content {j}"
             if isinstance(part, P.CohereImage):
@@ -126,12 +127,12 @@ def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list
                 if len(item.content) != 1:
                     raise APIError(400, f"'inputs' item {i}: an image is encoded alone (one image part, no text)",
                                    "inputs")  # fmt: skip
-                parts.append(image_url(part.image_url, where, "inputs"))
+                image = image_url(part.image_url, where, "inputs")
                 continue
             try:
                 part.text.encode("utf-8")
             except UnicodeEncodeError:
                 raise APIError(400, f"{where} is not valid UTF-8 text (lone surrogate)", "inputs") from None
             parts.append(part.text)
-        texts.append("\n".join(parts))
+        texts.append(image if image is not None else "\n".join(parts))
     return "inputs", texts
