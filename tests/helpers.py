@@ -164,6 +164,59 @@ def save_colqwen2(folder: Path, minilm_path: Path, version: str = "2"):
     return model, ids
 
 
+COLPALI_SPECIAL = ["<image>", "<bos>", "<pad>"]
+
+
+def save_colpali(folder: Path, minilm_path: Path, layout: str = "transformers"):
+    """A seeded transformers ColPaliForRetrieval (PaliGemma: a SigLIP tower of 2 blocks over 56 x 56 images, 16
+    patches each; Gemma of 2 layers with one key/value head; 16-d vectors) with MiniLM's vocabulary plus
+    PaliGemma's special tokens and no added tokens around texts (ColPaliProcessor writes <bos> itself); returns
+    (the model, the special tokens' ids). `layout` "colpali-engine": its ColPali class's names and config."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, processors
+    from transformers import ColPaliConfig, ColPaliForRetrieval, GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
+
+    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.add_special_tokens(COLPALI_SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in COLPALI_SPECIAL}
+    text = GemmaConfig(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                       pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"])  # fmt: skip
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                image_size=56, patch_size=14)  # fmt: skip
+    vlm = PaliGemmaConfig(text_config=text, vision_config=vision, image_token_id=ids["<image>"], projection_dim=64)
+    torch.manual_seed(0)
+    model = ColPaliForRetrieval(ColPaliConfig(vlm_config=vlm, embedding_dim=16)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # Gemma's RMSNorm weights start at 0 (it scales by 1 + w)
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(folder)
+    processor = {"image_seq_length": 16, "size": {"height": 56, "width": 56}, "image_mean": [0.5] * 3,
+                 "image_std": [0.5] * 3, "resample": 3}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    if layout == "colpali-engine":  # ColPali(PaliGemmaPreTrainedModel): `model.` = PaliGemmaForConditionalGeneration
+        state = {}
+        for key, value in model.state_dict().items():
+            key = key.replace("embedding_proj_layer.", "custom_text_proj.")
+            key = key.replace("vlm.language_model.", "model.language_model.model.")
+            key = key.replace("vlm.vision_tower.", "model.vision_tower.vision_model.").replace("vlm.", "model.")
+            state[key] = value.contiguous()
+        for f in folder.glob("model*.safetensors"):
+            f.unlink()
+        save_file(state, str(folder / "model.safetensors"))
+        config = {**vlm.to_dict(), "architectures": ["ColPali"], "model_type": "paligemma"}
+        (folder / "config.json").write_text(json.dumps(config))
+    return model, ids
+
+
 @contextlib.contextmanager
 def serve_folder(folder: Path):
     """A real HTTP file server on loopback over `folder` (remote image URLs); yields its base URL."""

@@ -124,13 +124,19 @@ class SpladeSpec:
 
 @dataclass(frozen=True)
 class ColQwen2Spec:
-    """A ColQwen2 checkpoint's image side: Qwen2-VL's vision config, the placeholder token, the processor's pixel
-    budget per image and its prompts (colpali-engine's ColQwen2Processor)."""
+    """A ColVision checkpoint's image side: the vision config, the placeholder token, the processor's image rule
+    and its prompts. `family` "qwen2_vl" (ColQwen2, ColQwen2.5; colpali-engine's ColQwen2Processor: dynamic
+    resolution within min/max_pixels) or "paligemma" (ColPali; ColPaliProcessor: every image resized to
+    image_size², one placeholder per patch, bidirectional attention, texts tokenized without added tokens)."""
 
     vision_config: dict[str, Any]
     image_token_id: int
     min_pixels: int = 4 * 28 * 28
     max_pixels: int = 768 * 28 * 28
+    family: Literal["qwen2_vl", "paligemma"] = "qwen2_vl"
+    image_size: int = 448  # paligemma: the square every image is resized to
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)  # paligemma (Qwen2-VL's are CLIP's)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     visual_prompt: str = (
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>"
     )
@@ -231,7 +237,8 @@ class ModelConfig:
     bge_m3: BgeM3Spec | None = None
     """colbert_linear.pt and sparse_linear.pt beside the trunk: token_embed and embed_sparse from those heads."""
     colqwen2: ColQwen2Spec | None = None
-    """ColQwen2: images in (multimodal/image.py), token vectors out; `architecture` is "ColQwen2"."""
+    """ColQwen2, ColQwen2.5 and ColPali: images in (multimodal/image.py), token vectors out; `architecture` is
+    "ColQwen2" or "ColPali"."""
     lora: LoraSpec | None = None
     """A LoRA adapter the model was loaded from: `path` is then its base model's folder."""
     splade: SpladeSpec = field(default_factory=SpladeSpec)

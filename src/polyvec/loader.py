@@ -215,6 +215,53 @@ def _read_colqwen2(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any
     return flat, spec
 
 
+# transformers' ColPaliForRetrieval and colpali-engine's ColPali (PaliGemma: SigLIP + Gemma).
+COLPALI = ("ColPaliForRetrieval", "ColPali")
+# GemmaConfig's defaults, which PaliGemma configs on the hub leave out of their text_config.
+GEMMA_DEFAULTS = {
+    "hidden_act": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+}
+
+
+def _read_colpali(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any], ColQwen2Spec]:
+    """PaliGemma's Gemma config flattened to the top level, SigLIP's in the spec; the processor's image size,
+    mean and std from preprocessor_config.json; prompts as colpali-engine's ColPaliProcessor writes them."""
+    vlm = hf_config.get("vlm_config") or hf_config
+    text = {**GEMMA_DEFAULTS, **(vlm.get("text_config") or {})}
+    if "hidden_activation" in text and "hidden_act" not in (vlm.get("text_config") or {}):
+        text["hidden_act"] = text["hidden_activation"]
+    flat = {**text, "architectures": ["ColPali"], "model_type": "gemma"}
+    flat["embedding_dim"] = int(hf_config.get("embedding_dim", 128))
+    vision = dict(vlm.get("vision_config") or {})
+    pre = root / "preprocessor_config.json"
+    cfg = _read_json(pre) if pre.is_file() else {}
+    size = int((cfg.get("size") or {}).get("height") or vision.get("image_size", 224))
+    patch = int(vision.get("patch_size", 14))
+    tokens = (size // patch) ** 2
+    if cfg.get("image_seq_length") not in (None, tokens):
+        raise ValueError(f"{pre}: image_seq_length {cfg['image_seq_length']} is not ({size} / {patch})² = {tokens}")
+    image_token = int(vlm.get("image_token_id", vlm.get("image_token_index", 257152)))
+    spec = ColQwen2Spec(
+        vision_config=vision,
+        image_token_id=image_token,
+        min_pixels=size * size,
+        max_pixels=size * size,
+        family="paligemma",
+        image_size=size,
+        image_mean=tuple(cfg.get("image_mean") or (0.5, 0.5, 0.5)),
+        image_std=tuple(cfg.get("image_std") or (0.5, 0.5, 0.5)),
+        visual_prompt="<image><bos>Describe the image.\n",
+        query_prefix="<bos>Question: ",
+        query_suffix="<pad>" * 10 + "\n",  # the query augmentation tokens, then PaliGemma's separator
+        image_pad="<image>",
+    )
+    return flat, spec
+
+
 # vLLM's ColBERT architectures → the trunk they put the `linear` projection on.
 VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBertModel"}
 
@@ -222,7 +269,7 @@ VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBe
 def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[str, Any]) -> ColBERTConfig | None:
     """PyLate: a token-level Dense in modules.json + prefixes in config_sentence_transformers.json.
     Stanford ColBERT: architecture HF_ColBERT + artifact.metadata. vLLM: ColBERTModel / ColBERTModernBertModel."""
-    if hf_config.get("architectures", [""])[0] == "ColQwen2":  # flattened by _read_colqwen2
+    if hf_config.get("architectures", [""])[0] in ("ColQwen2", "ColPali"):  # flattened by _read_colqwen2/colpali
         return ColBERTConfig("colqwen2", "", "", 0, 0, do_query_expansion=False, dim=int(hf_config["embedding_dim"]))
     if hf_config.get("architectures", [""])[0] in VLLM_COLBERT:
         dim = hf_config.get("colbert_dim") or hf_config.get("dim") or hf_config.get("projection_dim")
@@ -347,6 +394,11 @@ def load_model_config(
         backbone = "Qwen2.5-VL" if "out_hidden_size" in colqwen2.vision_config else "Qwen2-VL"
         sources["architecture"] = f"config.json {architecture} (ColQwen2: {backbone} + token projection)"
         architecture = "ColQwen2"
+    elif architecture in COLPALI:
+        processor = adapter_root if (adapter_root / "preprocessor_config.json").is_file() else root
+        hf_config, colqwen2 = _read_colpali(processor, hf_config)
+        sources["architecture"] = f"config.json {architecture} (ColPali: PaliGemma + token projection)"
+        architecture = "ColPali"
     colbert = _read_colbert(root, tdir, st, hf_config)
     if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)
         architecture = "BertModel"

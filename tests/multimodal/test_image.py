@@ -92,3 +92,30 @@ def test_pixel_limits():
         qwen2_vl_patches(_image(4000, 10))
     patches = qwen2_vl_patches(_image(56, 56)).patches
     assert patches.dtype == torch.float32 and patches.shape == (16, 3 * 2 * 14 * 14)
+
+
+def _patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
+    """[3, S, S] → [P, 3·p·p]: patches row-major, each in (channel, row, column) order."""
+    c, s, _ = pixels.shape
+    g = s // patch
+    return pixels.reshape(c, g, patch, g, patch).permute(1, 3, 0, 2, 4).reshape(g * g, c * patch * patch)
+
+
+@pytest.mark.parametrize(("size", "mode", "side", "patch"), [((200, 150), "RGB", 56, 14), ((90, 300), "RGBA", 64, 16)])
+def test_siglip_patches_equal_transformers_processor(size, mode, side, patch):
+    """SigLIP's (PaliGemma's) patches as transformers' slow SiglipImageProcessor makes them, patchified the way
+    the Conv2d reads them (within 1e-6): an RGB image and one converted from RGBA by load_image."""
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from polyvec.multimodal.image import siglip_patches
+
+    image = load_image(_image(*size, mode=mode, seed=7))
+    processor = SiglipImageProcessorPil(size={"height": side, "width": side}, resample=3, image_mean=[0.5] * 3,
+                                        image_std=[0.5] * 3)  # fmt: skip
+    ref = processor(images=[image], return_tensors="pt")["pixel_values"]
+    assert ref.shape == (1, 3, side, side)
+    got = siglip_patches(image, side, patch)
+    assert got.dtype == torch.float32 and got.shape == ((side // patch) ** 2, 3 * patch * patch)
+    assert (got - _patchify(ref[0].float(), patch)).abs().max() <= 1e-6
+    # the layout: the first patch is the image's top-left patch × patch square, channel by channel
+    assert (got[0].view(3, patch, patch) - ref[0, :, :patch, :patch].float()).abs().max() <= 1e-6

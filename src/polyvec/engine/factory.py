@@ -106,6 +106,8 @@ def _with_processor_kwargs(model_config: ModelConfig, kwargs: dict[str, Any]) ->
     spec = model_config.colqwen2
     if spec is None:
         raise ValueError(f"mm_processor_kwargs apply to image models; {model_config.model} reads text only")
+    if spec.family == "paligemma":
+        raise ValueError("mm_processor_kwargs: ColPali resizes every image to one square size; no budget to set")
     unknown = sorted(set(kwargs) - set(PROCESSOR_KWARGS))
     if unknown:
         raise ValueError(

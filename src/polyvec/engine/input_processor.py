@@ -179,11 +179,12 @@ class InputProcessor:
                     raise PromptError(i, " is a dict without 'prompt' or 'prompt_token_ids'")
             if isinstance(prompt, str) or _is_text_pair(prompt):
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
-                text_groups.setdefault((max_len, truncate, add_special), []).append(i)
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
                 spec = self.model_config.colqwen2
                 if spec is not None and isinstance(prompt, str) and p.input_type == "query":
                     tokenized[i] = spec.query_prefix + prompt + spec.query_suffix  # colpali-engine's queries
+                    add_special = add_special and spec.family != "paligemma"  # ColPali's prompt writes <bos>
+                text_groups.setdefault((max_len, truncate, add_special), []).append(i)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
                 tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
@@ -260,7 +261,7 @@ class InputProcessor:
     def _pixels(self, i: int, data: Any, spent: list[int]) -> list[Any]:
         """A prompt's multi_modal_data: its images' patches (an ImageError becomes a PromptError naming both);
         `spent` counts the decoded pixels of the call's images so far, against max_request_image_pixels."""
-        from ..multimodal.image import ImageError, load_image, qwen2_vl_patches
+        from ..multimodal.image import ImageError, Qwen2VLPixels, load_image, qwen2_vl_patches, siglip_patches
 
         spec = self.model_config.colqwen2
         assert spec is not None
@@ -292,6 +293,11 @@ class InputProcessor:
                     allowed_domains=self.engine_config.allowed_media_domains,
                     before_decode=within_budget,
                 )
+                if spec.family == "paligemma":  # one square size: every image gives (size / patch)² patches
+                    patch, side = int(vision.get("patch_size", 14)), spec.image_size
+                    patches = siglip_patches(image, side, patch, spec.image_mean, spec.image_std)
+                    out.append(Qwen2VLPixels(patches, (1, side // patch, side // patch)))
+                    continue
                 out.append(
                     qwen2_vl_patches(
                         image,
@@ -312,7 +318,7 @@ class InputProcessor:
         spec = self.model_config.colqwen2
         assert spec is not None
         pad = spec.image_token_id
-        merge = int(spec.vision_config.get("spatial_merge_size", 2)) ** 2
+        merge = 1 if spec.family == "paligemma" else int(spec.vision_config.get("spatial_merge_size", 2)) ** 2
         if ids.count(pad) != len(pixels):
             raise PromptError(i, f" has {ids.count(pad)} {spec.image_pad} placeholders for {len(pixels)} images")
         out: list[int] = []

@@ -23,6 +23,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.activation import Dense
 from ..layers.attention import AttentionMetadata, KVCache
 from ..layers.pooler import Pooler, PoolingState
+from ..models.colpali import ColPaliTrunk
 from ..models.colqwen2 import PROJECTION_KEYS, ColQwen2Trunk, ImageBatch
 from ..models.decoder import DecoderModel
 from ..models.lora import merge_lora
@@ -108,7 +109,7 @@ class ModelRunner:
             token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             token_projection.load_state_dict({"weight": weight} | ({"bias": bias} if bias is not None else {}))
             token_projection = token_projection.to(self.device).eval().requires_grad_(False)
-            cast(ColQwen2Trunk, self.model.encoder).visual.prepare(self.device, model_config.dtype)
+            cast("ColQwen2Trunk | ColPaliTrunk", self.model.encoder).visual.prepare(self.device, model_config.dtype)
         elif model_config.colbert is not None and model_config.colbert.layout in ("stanford", "vllm"):
             # Stanford ColBERT and vLLM's keep the projection (`linear` or `colbert_linear`, no bias) beside the
             # trunk's weights.
@@ -192,7 +193,8 @@ class ModelRunner:
         self.platform.release_memory()
 
     def _images(self, requests: list[Request]) -> ImageBatch:
-        """A ColQwen2 batch's images (whole requests: image prompts are never split) and rotary positions."""
+        """A ColQwen2 or ColPali batch's images (whole requests: image prompts are never split) and, for
+        ColQwen2, every token's multimodal rotary positions."""
         spec = self.model_config.colqwen2
         assert spec is not None
         merge = int(spec.vision_config.get("spatial_merge_size", 2))
@@ -201,14 +203,15 @@ class ModelRunner:
             pixels = r.images or []
             patches += [p.patches for p in pixels]
             grids += [p.grid_thw for p in pixels]
-            positions.append(
-                mrope_positions(r.prompt_token_ids, spec.image_token_id, [p.grid_thw for p in pixels], merge)
-            )
+            if spec.family == "qwen2_vl":  # ColPali's positions are the metadata's
+                positions.append(
+                    mrope_positions(r.prompt_token_ids, spec.image_token_id, [p.grid_thw for p in pixels], merge)
+                )
         empty = torch.zeros(0, 0)
         return ImageBatch(
             torch.cat(patches).to(self.device) if patches else empty,
             grids,
-            torch.cat(positions, dim=1).to(self.device),
+            torch.cat(positions, dim=1).to(self.device) if positions else None,
         )
 
     @torch.inference_mode()
@@ -247,6 +250,8 @@ class ModelRunner:
             if any(r.num_key_tokens is not None for r in requests):
                 key_lens = [r.num_key_tokens or r.num_tokens for r in requests] + padding
             meta = AttentionMetadata.build(lens + padding, self.device, key_lens, packed=self.packed_attention)
+            if self.model_config.colqwen2 is not None:  # ColPali: bidirectional, whole prompts
+                meta.images = self._images(requests)
         hidden = self.model(input_ids, token_type_ids, meta)
         if padding:
             meta, hidden, input_ids = meta.first(len(chunks)), hidden[:total], input_ids[:total]

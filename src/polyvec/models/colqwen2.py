@@ -30,7 +30,7 @@ class ImageBatch:
 
     patches: torch.Tensor  # [N, C·T·P·P]
     grids: list[tuple[int, int, int]]
-    rope_positions: torch.Tensor  # [3, T]
+    rope_positions: torch.Tensor | None  # [3, T] (Qwen2-VL); None: the metadata's (ColPali)
 
 
 class ColQwen2Trunk(nn.Module):

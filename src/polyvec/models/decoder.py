@@ -141,6 +141,7 @@ class DecoderModel(nn.Module):
     causal = True
     qkv_bias_default = False
     qk_norm = False
+    layer_class: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, args: DecoderArgs):
         super().__init__()
@@ -150,7 +151,7 @@ class DecoderModel(nn.Module):
         qkv_bias = self.qkv_bias_default or args.attention_bias
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, i, qkv_bias, self.qk_norm) for i in range(args.num_hidden_layers)
+            self.layer_class(args, i, qkv_bias, self.qk_norm) for i in range(args.num_hidden_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         # Not a buffer: the model is built on the meta device and only its parameters are loaded.

@@ -29,6 +29,7 @@ from .bert import (
     MaskedLMHead,
     RobertaSequenceHead,
 )
+from .colpali import ColPaliTrunk
 from .colqwen2 import ColQwen2Trunk
 from .decoder import (
     DECODER_HEAD_RULES,
@@ -99,7 +100,7 @@ class PoolingModel(nn.Module):
 
     def __init__(self, model_config: ModelConfig):
         super().__init__()
-        self.encoder: BertEncoder | DecoderModel | ModernBertEncoder | ColQwen2Trunk
+        self.encoder: BertEncoder | DecoderModel | ModernBertEncoder | ColQwen2Trunk | ColPaliTrunk
         self.sequence_head: nn.Module | None = None
         self.token_head: nn.Module | None = None
         self.supported_tasks: tuple[str, ...]
@@ -107,8 +108,9 @@ class PoolingModel(nn.Module):
             spec = model_config.colqwen2
             self.family, self.head_kind = FAMILIES["Qwen2"], "Model"
             self.supported_tasks = ("token_embed",)
-            self.encoder = ColQwen2Trunk(model_config.hf_config, spec.vision_config, spec.image_token_id)
-            self.causal = True
+            trunk = ColPaliTrunk if spec.family == "paligemma" else ColQwen2Trunk
+            self.encoder = trunk(model_config.hf_config, spec.vision_config, spec.image_token_id)
+            self.causal = self.encoder.causal
             self.default_pooling = "LAST"
             return
         family, head = split_architecture(model_config.architecture)
@@ -161,7 +163,7 @@ class PoolingModel(nn.Module):
         return self.encoder(input_ids, token_type_ids, meta)  # [T, H]
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        if isinstance(self.encoder, ColQwen2Trunk):
+        if isinstance(self.encoder, (ColQwen2Trunk, ColPaliTrunk)):
             self.encoder.load_weights(state)
             return
         rules = list(self.family.head_rules.get(self.head_kind, [])) + list(self.family.encoder_rules)

@@ -176,3 +176,29 @@ def qwen2_vl_patches(
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], temporal_patch_size, p, p))  # frames: the image twice
     patches = np.ascontiguousarray(x).reshape(gh * gw, 3 * temporal_patch_size * p * p)
     return Qwen2VLPixels(torch.from_numpy(patches), (1, gh, gw))
+
+
+def siglip_patches(
+    image: Any,
+    size: int,
+    patch_size: int,
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5),
+    resample: str = "bicubic",
+) -> torch.Tensor:
+    """A PIL image (RGB) → its patches [P, 3·p·p] float32 as a SigLIP tower reads them (models/siglip.py), by
+    SiglipImageProcessor's rule (PaliGemma's and ColPali's processors): resize to size × size (Pillow's
+    bicubic, ignoring the aspect ratio), scale to [0, 1], normalize, cut into patch × patch squares, row-major,
+    each flattened in (channel, row, column) order: the layout of the patch embedding's Conv2d weight."""
+    Image = _pil()
+    if size % patch_size:
+        raise ValueError(f"image size {size} is not a multiple of the patch size {patch_size}")
+    filters = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+    if resample not in filters:
+        raise ValueError(f"unsupported resample {resample!r}; supported: {', '.join(filters)}")
+    resized = image.resize((size, size), resample=filters[resample])
+    x = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) * np.float32(1 / 255)  # [3, s, s]
+    x = (x - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]
+    g, p = size // patch_size, patch_size
+    x = x.reshape(3, g, p, g, p).transpose(1, 3, 0, 2, 4)  # [g, g, 3, p, p]
+    return torch.from_numpy(np.ascontiguousarray(x).reshape(g * g, 3 * p * p))

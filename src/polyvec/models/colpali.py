@@ -1,0 +1,123 @@
+"""ColPali (Faysse et al., "ColPali", 2024, https://arxiv.org/abs/2407.01449): PaliGemma (Beyer et al., 2024,
+https://arxiv.org/abs/2407.07726) reads a page image or a query, and every output token is projected to a small
+vector (the pooler's token projection) for MaxSim.
+
+PaliGemma is a SigLIP vision tower (models/siglip.py) whose patch features a linear projector maps to Gemma's
+width, in place of the prompt's `<image>` placeholders (one per patch), then Gemma (Gemma Team, 2024,
+https://arxiv.org/abs/2403.08295): the decoder block with RMSNorm scaled by (1 + w), a GeGLU MLP (tanh GELU),
+embeddings scaled by √hidden, and here bidirectional attention over the whole prompt, as PaliGemma attends
+within its prefix (all of a ColPali input is prefix). Positions count from 1, as PaliGemma's do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.linear import linear_add
+from .args import DecoderArgs
+from .colqwen2 import ImageBatch
+from .decoder import DECODER_RULES, DecoderLayer, DecoderModel, apply_rope
+from .siglip import SiglipArgs, SiglipTower
+from .weights import load_mapped
+
+
+class GemmaBidirectionalLayer(DecoderLayer):
+    """Gemma's block with every token attending to every token of its sequence (no KV cache)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = self.input_layernorm(x)  # [T, H]
+        total = h.shape[0]
+        q = self.q_proj(h).view(total, self.num_heads, self.head_dim)  # [T, heads, d]
+        k = self.k_proj(h).view(total, self.num_kv_heads, self.head_dim)  # [T, kv heads, d]
+        v = self.v_proj(h).view(total, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = self.num_heads // self.num_kv_heads
+        if group > 1:  # grouped keys/values shared out to their query heads for the fused attention
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        qkv = torch.cat((q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)), dim=1)  # [T, 3·heads·d]
+        attn = varlen_attention(qkv, meta, self.num_heads, meta.attn_mask())  # [T, heads·d]
+        x = linear_add(self.o_proj, attn, x)
+        h = self.post_attention_layernorm(x)
+        return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)
+
+
+class GemmaModel(DecoderModel):
+    causal = False
+    layer_class = GemmaBidirectionalLayer
+
+
+class ColPaliTrunk(nn.Module):
+    """Packed ids (+ the batch's images in `meta.images`) → hidden states [T, H]."""
+
+    causal = False
+
+    def __init__(self, text: Mapping[str, Any], vision: Mapping[str, Any], image_token_id: int):
+        super().__init__()
+        self.args = DecoderArgs.from_hf(text)
+        self.decoder = GemmaModel(self.args)
+        self.visual = SiglipTower(SiglipArgs.from_hf(vision))
+        self.projector = nn.Linear(int(vision["hidden_size"]), self.args.hidden_size)
+        self.image_token_id = image_token_id
+
+    @property
+    def layers(self) -> nn.ModuleList:  # the platform packs the language model's projections
+        return self.decoder.layers
+
+    @property
+    def towers(self) -> nn.ModuleList:  # and the vision tower's, apart (models/interface.py)
+        return self.visual.blocks
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        images: ImageBatch | None = meta.images
+        is_image = input_ids == self.image_token_id
+        # The placeholder may lie beyond the embedding table (PaliGemma maps it to 0 before the lookup).
+        embeds = self.decoder.embed_tokens(input_ids.masked_fill(is_image, 0))  # [T, H]
+        if images is not None and images.grids:
+            features = self.projector(self.visual(images.patches, len(images.grids)))  # [images · P, H]
+            embeds = embeds.masked_scatter(is_image.unsqueeze(-1), features.to(embeds.dtype))
+        return self.decoder(None, None, meta, embeds=embeds, rope_positions=meta.positions + 1)
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """transformers' ColPaliForRetrieval (`vlm.`, `vlm.model.`) or colpali-engine's ColPali (`model.`): each
+        part found by its first tensor's name, whatever the prefix before it."""
+
+        def prefix_of(suffix: str) -> str:
+            found = next((k for k in state if k.endswith(suffix)), None)
+            if found is None:
+                raise ValueError(f"the checkpoint has no ...{suffix}: not a PaliGemma / ColPali checkpoint")
+            return found[: -len(suffix)]
+
+        vision = prefix_of("embeddings.patch_embedding.weight")
+        self.visual.load_weights(state, prefix=vision)
+        projector = prefix_of("multi_modal_projector.linear.weight") + "multi_modal_projector.linear."
+        with torch.no_grad():
+            self.projector.weight.copy_(state[projector + "weight"])
+            self.projector.bias.copy_(state[projector + "bias"])
+        text_prefix = prefix_of("layers.0.self_attn.q_proj.weight")
+        text: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            if not key.startswith(text_prefix) or key.startswith(vision):
+                continue
+            name = key[len(text_prefix) :]
+            if name.startswith("lm_head.") or "rotary_emb" in name:
+                continue
+            if name.endswith("norm.weight"):  # Gemma's RMSNorm scales by (1 + w)
+                value = value.float() + 1.0
+            elif name == "embed_tokens.weight":  # Gemma scales its embeddings by √hidden (in float32 here)
+                value = value.float() * math.sqrt(self.args.hidden_size)
+            text[name] = value
+
+        class _Holder(nn.Module):  # the names DECODER_RULES write to
+            def __init__(self, decoder: nn.Module):
+                super().__init__()
+                self.encoder = decoder
+
+        load_mapped(_Holder(self.decoder), text, DECODER_RULES)
