@@ -1,8 +1,10 @@
 """Page images: polyvec's ColQwen2 against colpali-engine's computation (transformers' Qwen2VLModel with input
-ids and pixels, then the projection and L2 norm), on the same weights and images, interleaved in one process.
+ids and pixels, then the projection and L2 norm), on the same weights and images, interleaved in one process;
+`--model colpali`: polyvec's ColPali against transformers' ColPaliForRetrieval (SigLIP-So400m and Gemma-2B
+widths: 1,024 image tokens per page).
 
-    python benchmarks/visual.py [--pages 8] [--vision-layers 4] [--text-layers 4] [--repeats 2]
-                                [--dtypes float32 bfloat16]
+    python benchmarks/visual.py [--model colqwen2|colpali] [--pages 8] [--vision-layers 4] [--text-layers 4]
+                                [--repeats 2] [--dtypes float32 bfloat16]
 
 No ColQwen2 weights can be had here: the model has ColQwen2 (Qwen2-VL-2B)'s widths (vision 1280 x 16 heads,
 language model 1536 x 12 heads / 2 KV heads, intermediate 8960, 128-d vectors) with fewer layers and seeded
@@ -122,8 +124,73 @@ def reference_encoder(folder: Path, dtype):
     return pages, queries
 
 
+def build_colpali(folder: Path, vision_layers: int, text_layers: int) -> None:
+    import torch
+    from tokenizers import Tokenizer, processors
+    from transformers import ColPaliConfig, ColPaliForRetrieval, GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
+
+    from polyvec.resolve import resolve_model_path
+    from tests.helpers import COLPALI_SPECIAL
+
+    tok = Tokenizer.from_file(str(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2") / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.add_special_tokens(COLPALI_SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in COLPALI_SPECIAL}
+    text = GemmaConfig(vocab_size=30528, hidden_size=2048, intermediate_size=16384, num_hidden_layers=text_layers,
+                       num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=8192,
+                       pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"])  # fmt: skip
+    vision = SiglipVisionConfig(hidden_size=1152, intermediate_size=4304, num_hidden_layers=vision_layers,
+                                num_attention_heads=16, image_size=448, patch_size=14,
+                                vision_use_head=False)  # fmt: skip
+    vlm = PaliGemmaConfig(text_config=text, vision_config=vision, image_token_id=ids["<image>"], projection_dim=2048)
+    torch.manual_seed(0)
+    ColPaliForRetrieval(ColPaliConfig(vlm_config=vlm, embedding_dim=128)).eval().save_pretrained(folder)
+
+
+def reference_colpali(folder: Path, dtype):
+    """transformers' ColPaliForRetrieval as ColPaliProcessor feeds it: right-padded batches with attention masks
+    and all-zero token types (the whole prompt is PaliGemma's prefix)."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import ColPaliForRetrieval
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    model = ColPaliForRetrieval.from_pretrained(str(folder), dtype=dtype).eval()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = SiglipImageProcessorPil(size={"height": 448, "width": 448}, resample=3, image_mean=[0.5] * 3,
+                                        image_std=[0.5] * 3)  # fmt: skip
+
+    def run(prompts: list[list[int]], images: list | None) -> list:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+        kwargs = {"token_type_ids": torch.zeros_like(ids)}
+        if images:
+            kwargs["pixel_values"] = processor(images, return_tensors="pt").pixel_values.to(dtype)
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=mask, **kwargs).embeddings
+        return [out[i, : len(p)].float() for i, p in enumerate(prompts)]
+
+    def pages(images: list) -> list:
+        doc = tok.encode("<image><bos>Describe the image.\n", add_special_tokens=False).ids
+        k = doc.index(tok.token_to_id("<image>"))
+        prompt = doc[:k] + doc[k : k + 1] * 1024 + doc[k + 1 :]
+        return run([prompt] * len(images), images)
+
+    def queries(texts: list[str]) -> list:
+        return run([tok.encode("<bos>Question: " + t + "<pad>" * 10 + "\n", add_special_tokens=False).ids
+                    for t in texts], None)  # fmt: skip
+
+    return pages, queries
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["colqwen2", "colpali"], default="colqwen2")
     ap.add_argument("--pages", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--vision-layers", type=int, default=4)
@@ -138,9 +205,10 @@ def main() -> int:
     texts = load_passages(("cranfield",), args.pages)
     images = render_pages(texts)
     queries = ["what is the lift of a wing at supersonic speed?", "heat transfer in boundary layers"]
-    folder = Path(tempfile.mkdtemp(prefix="colqwen2-bench-"))
-    build(folder, args.vision_layers, args.text_layers)
-    print(f"## ColQwen2-shaped ({args.vision_layers} vision + {args.text_layers} language layers), {len(images)} "
+    folder = Path(tempfile.mkdtemp(prefix=f"{args.model}-bench-"))
+    (build_colpali if args.model == "colpali" else build)(folder, args.vision_layers, args.text_layers)
+    shape = "ColPali" if args.model == "colpali" else "ColQwen2"
+    print(f"## {shape}-shaped ({args.vision_layers} vision + {args.text_layers} language layers), {len(images)} "
           f"rendered pages, batches of {args.batch}\n{time.strftime('%Y-%m-%d')}, {hardware()}\n")  # fmt: skip
     print("| dtype | system | pages/s per repeat | query ms per repeat (median of 10) |")
     print("|---|---|---|---|")
@@ -148,7 +216,8 @@ def main() -> int:
         torch_dtype = getattr(torch, dtype)
         llm = LLM(str(folder), dtype=dtype)
         enc_pages = llm.token_embed  # bound now: the lambdas below must not see the next dtype's engine
-        ref_pages, ref_queries = reference_encoder(folder, torch_dtype)
+        reference = reference_colpali if args.model == "colpali" else reference_encoder
+        ref_pages, ref_queries = reference(folder, torch_dtype)
         systems = {
             "polyvec": (
                 lambda batch: [o.outputs.data for o in enc_pages(batch, use_tqdm=False)],
