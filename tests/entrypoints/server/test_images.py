@@ -15,7 +15,7 @@ from PIL import Image  # noqa: E402
 
 from polyvec import LLM, PoolingParams  # noqa: E402
 from tests.entrypoints.server.conftest import Server  # noqa: E402
-from tests.helpers import save_colqwen2, serve_folder  # noqa: E402
+from tests.helpers import save_colpali, save_colqwen2, serve_folder  # noqa: E402
 
 
 def _url(image: Image.Image) -> str:
@@ -133,3 +133,23 @@ def test_request_image_pixel_budget(served):
     assert err["param"] == "input"
     assert "prompt 2: image 0: the request's images reach 30600 pixels, more than the limit of 25000" in err["message"]
     assert s.post("/pooling", {"input": [_url(im) for im in images], "task": "token_embed"}).status_code == 200
+
+
+def test_colpali_over_http(tmp_path, minilm_path):
+    save_colpali(tmp_path, minilm_path)
+    rng = np.random.default_rng(5)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((120, 90), (60, 150))]
+    llm = LLM(str(tmp_path), dtype="float32")
+    s = Server(str(tmp_path), "--dtype", "float32")
+    try:
+        want = [o.outputs.data for o in llm.token_embed(images, use_tqdm=False)]
+        body = s.post("/pooling", {"input": [_url(im) for im in images], "task": "token_embed"}).json()
+        for item, w in zip(body["data"], want):
+            _close(item["data"], w)
+        q = llm.token_embed("flutter", PoolingParams(input_type="query"), use_tqdm=False)[0].outputs.data
+        _close(s.post("/v1/embeddings", {"input": "flutter", "input_type": "query"}).json()["data"][0]["embedding"], q)
+        scores = [o.outputs.score for o in llm.score("flutter", images, use_tqdm=False)]
+        ranked = s.post("/rerank", {"query": "flutter", "documents": [_url(im) for im in images]}).json()
+        assert sorted(r["relevance_score"] for r in ranked["results"]) == pytest.approx(sorted(scores), rel=1e-5)
+    finally:
+        s.stop()
