@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from polyvec import LLM
-from tests.helpers import cosine_rows, save_colqwen2
+from tests.helpers import cosine_rows, save_colpali, save_colqwen2
 
 peft = pytest.importorskip("peft")
 
@@ -59,6 +59,32 @@ def test_colqwen2_adapter_on_base(tmp_path, minilm_path):
     docs, _ = _check_layout(llm, merged, base, ids)  # per-token cosine >= 0.9999 to the merged reference
     changed = min(cosine_rows(d.outputs.data, b.outputs.data).min().item() for d, b in zip(docs, base_docs))
     assert changed < 0.99  # the adapter moved the vectors: the merge is not a no-op
+
+
+def test_colpali_adapter_on_base(tmp_path, minilm_path):
+    """vidore/colpali-v1.3's layout: LoRA on Gemma's projections and the token projection over a full base."""
+    from tests.models.test_colpali import _check, _images
+
+    base = tmp_path / "base"
+    model, ids = save_colpali(base, minilm_path)
+    base_docs = LLM(str(base), dtype="float32").token_embed(_images(), use_tqdm=False)
+    adapter = tmp_path / "adapter"
+    merged = _adapter(
+        model,
+        adapter,
+        base,
+        r=4,
+        lora_alpha=8,
+        target_modules=r"(.*(language_model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
+        r"|.*(embedding_proj_layer).*$)",
+    )
+    for name in ("tokenizer.json", "preprocessor_config.json"):
+        shutil.copy(base / name, adapter)
+    llm = LLM(str(adapter), dtype="float32")
+    assert llm.engine.model_config.lora is not None
+    docs, _ = _check(llm, merged, base, ids)
+    changed = min(cosine_rows(d.outputs.data, b.outputs.data).min().item() for d, b in zip(docs, base_docs))
+    assert changed < 0.99
 
 
 def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):

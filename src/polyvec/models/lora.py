@@ -68,6 +68,18 @@ def _read_adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"no adapter_model.safetensors or adapter_model.bin in {folder}")
 
 
+def _bare(name: str) -> str:
+    """A tensor name without wrapper segments (`model.`, `vision_model.`), which transformers 5 leaves out of
+    module names at run time (so in a new adapter's keys) but writes in checkpoints, as older versions named them."""
+    return re.sub(r"(^|\.)(model|vision_model)\.", r"\1", name)
+
+
+def _find(state: dict[str, torch.Tensor], name: str, bare: dict[str, str | None]) -> str | None:
+    if name in state:
+        return name
+    return bare.get(_bare(name))
+
+
 def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
     """Merge the adapter into `state` (the base checkpoint's tensors, by their names) in place; returns how many
     layers it changed."""
@@ -82,12 +94,15 @@ def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
             pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
         else:  # modules_to_save, trained biases: the adapter's copy replaces the base's
             whole[name.replace(".modules_to_save.default.", ".")] = tensor
+    bare: dict[str, str | None] = {}
+    for key in state:  # a bare name two tensors share finds neither
+        bare[_bare(key)] = None if _bare(key) in bare else key
     for module, ab in pairs.items():
         if set(ab) != {"lora_A", "lora_B"}:
             raise ValueError(f"adapter module {module} lacks its {'lora_B' if 'lora_A' in ab else 'lora_A'} weight")
-        target = module + ".weight"
-        if target not in state:
-            raise ValueError(f"adapter module {module} adapts {target}, which the base checkpoint does not have")
+        target = _find(state, module + ".weight", bare)
+        if target is None:
+            raise ValueError(f"adapter module {module} adapts {module}.weight, which the base checkpoint does not have")
         a, b, w = ab["lora_A"].float(), ab["lora_B"].float(), state[target]
         alpha = _pattern_value(spec.alpha_pattern, module, spec.alpha)
         rank = a.shape[0]  # rank_pattern's, where it names this module
@@ -96,7 +111,8 @@ def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
             raise ValueError(f"adapter module {module}: B·A is {tuple(delta.shape)}, {target} is {tuple(w.shape)}")
         state[target] = (w.float() + delta).to(w.dtype)
     for name, tensor in whole.items():
-        if name not in state:
+        found = _find(state, name, bare)
+        if found is None:
             raise ValueError(f"adapter tensor {name} has no counterpart in the base checkpoint")
-        state[name] = tensor.to(state[name].dtype)
+        state[found] = tensor.to(state[found].dtype)
     return len(pairs)
