@@ -12,12 +12,15 @@ from typing import Generic, TypedDict, TypeVar
 import torch
 
 from .late_chunking import LateChunkingMetadata
+from .token_codes import TokenCodes
 
 
 @dataclass
 class PoolingOutput:
     data: torch.Tensor
     """embed: [dim]; token_embed: [n_tokens, dim]; classify: [n_labels]; token_classify: [n_tokens, n_labels]."""
+    codes: TokenCodes | None = None
+    """token_embed with PoolingParams.token_encoding: the codes (and scales); `data` is then `codes.codes`."""
 
 
 @dataclass

@@ -68,6 +68,9 @@ class PoolingParams:
     pool_factor: int | None = None
     """token_embed of documents: cluster the token vectors into len // pool_factor groups and return their means
     (PyLate's hierarchical token pooling; the first vector is kept). Queries are never pooled."""
+    token_encoding: str | None = None
+    """token_embed: "int8" (a scale per vector) or "binary" (sign bits) codes instead of float vectors, for
+    storage (polyvec.token_codes: the output's `codes`, and MaxSim against them). None: float vectors."""
     late_chunking_params: LateChunkingParams | None = None
     """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
     chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
@@ -101,6 +104,14 @@ class PoolingParams:
                 raise ValueError(f"pool_factor applies to token_embed, not {task!r}")
             if self.late_chunking_params is not None:
                 raise ValueError("pool_factor and late_chunking_params cannot be combined")
+
+        if self.token_encoding is not None:
+            if self.token_encoding not in ("int8", "binary"):
+                raise ValueError(f"token_encoding must be 'int8' or 'binary', got {self.token_encoding!r}")
+            if task != "token_embed":
+                raise ValueError(f"token_encoding applies to token_embed, not {task!r}")
+            if self.late_chunking_params is not None:
+                raise ValueError("token_encoding and late_chunking_params cannot be combined")
 
         sparse = task == "embed_sparse"
         if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):

@@ -25,6 +25,7 @@ from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingState
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
+from ..token_codes import encode_tokens
 from ..token_pooling import hierarchical_pool
 from ..tokenizer import PolyTokenizer, TruncationSide
 from .input_processor import InputProcessor, Prompt
@@ -288,9 +289,13 @@ class Engine:
         query = (r.input_type or r.params.input_type) == "query"
         if factor and factor > 1 and not query and r.params.task == "token_embed" and data is not None:
             data = hierarchical_pool(data, factor)  # documents only, as PyLate pools them
+        codes = None
+        if r.params.token_encoding and r.params.task == "token_embed" and data is not None:
+            codes = encode_tokens(data, r.params.token_encoding)
+            data = codes.codes
         return PoolingRequestOutput(
             request_id=r.request_id,
-            outputs=PoolingOutput(data),  # several tasks: a dict, task name → output
+            outputs=PoolingOutput(data, codes),  # several tasks: a dict, task name → output
             task="+".join(data) if isinstance(data, dict) else r.params.task,
             prompt_token_ids=r.prompt_token_ids,
             num_input_tokens=r.num_input_tokens,

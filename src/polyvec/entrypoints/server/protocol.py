@@ -272,6 +272,10 @@ class PoolingRequest(EmbeddingRequest):
     """embed_sparse: drop weights below this value."""
     return_tokens: bool = False
     """embed_sparse: also return the vocabulary string of each index (`tokens`)."""
+    token_encoding: Literal["int8", "binary"] | None = None
+    """token_embed: codes instead of float vectors, for storage: "int8" (`data` rows of integers in −127..127 and
+    `scales`, one per row: vector ≈ row · scale) or "binary" (`data` rows of bytes 0..255, the sign bits packed
+    most significant bit first; `shape` gives the vectors' width). JSON only (encoding_format float)."""
 
 
 class ClassificationRequest(PoolingBase, ChatFields):
@@ -480,6 +484,10 @@ class PoolingItem(BaseModel):
     data: Vector | SparseVector | dict[str, Vector | SparseVector]
     shape: list[int] | dict[str, list[int]] | None = None
     input_type: str | None = None
+    encoding: Literal["int8", "binary"] | None = None
+    """With token_encoding: the codes' form."""
+    scales: list[float] | None = None
+    """token_encoding int8: each row's scale."""
 
 
 class ClassificationItem(BaseModel):

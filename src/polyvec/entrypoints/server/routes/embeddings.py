@@ -62,6 +62,8 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
     )
     multi = not isinstance(task, str)
     if multi or task == "embed_sparse":
+        if req.token_encoding is not None:
+            raise APIError(400, "token_encoding applies to one token_embed task", "token_encoding")
         if req.encoding_format != "float":
             message = "embed_sparse and several tasks return JSON objects; encoding_format must be float"
             raise APIError(400, message, "encoding_format")
@@ -87,6 +89,21 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
             data.append(item)
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
         return VectorJSONResponse(P.envelope("pooling", model, data, tokens))
+    if req.token_encoding is not None:  # codes: rows of integers, with int8's scales
+        if req.encoding_format != "float":
+            raise APIError(400, "token_encoding returns JSON rows of codes; encoding_format must be float",
+                           "encoding_format")  # fmt: skip
+        data = []
+        for i, o in enumerate(outputs):
+            codes = o.outputs.codes
+            item = {"index": i, "object": "pooling", "data": codes.codes.numpy(), "encoding": codes.encoding,
+                    "shape": [codes.codes.shape[0], codes.dim]}  # fmt: skip
+            if codes.scales is not None:
+                item["scales"] = codes.scales.double().numpy()
+            if o.input_type is not None:
+                item["input_type"] = o.input_type
+            data.append(item)
+        return VectorJSONResponse(P.envelope("pooling", model, data, sum(len(o.prompt_token_ids) for o in outputs)))
     return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
 
 
