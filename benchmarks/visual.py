@@ -49,20 +49,12 @@ def build(folder: Path, vision_layers: int, text_layers: int) -> None:
     import json
 
     import torch
-    from tokenizers import Tokenizer, processors
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
 
     from polyvec.resolve import resolve_model_path
-    from tests.helpers import COLQWEN2_SPECIAL
+    from tests.helpers import COLQWEN2_SPECIAL, save_special_tokenizer
 
-    tok = Tokenizer.from_file(str(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2") / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    tok.add_special_tokens(COLQWEN2_SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in COLQWEN2_SPECIAL}
+    ids = save_special_tokenizer(folder, resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"), COLQWEN2_SPECIAL)
     vlm = Qwen2VLConfig(
         text_config=dict(vocab_size=30528, hidden_size=1536, intermediate_size=8960, num_hidden_layers=text_layers,
                          num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -126,20 +118,12 @@ def reference_encoder(folder: Path, dtype):
 
 def build_colpali(folder: Path, vision_layers: int, text_layers: int) -> None:
     import torch
-    from tokenizers import Tokenizer, processors
     from transformers import ColPaliConfig, ColPaliForRetrieval, GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
 
     from polyvec.resolve import resolve_model_path
-    from tests.helpers import COLPALI_SPECIAL
+    from tests.helpers import COLPALI_SPECIAL, save_special_tokenizer
 
-    tok = Tokenizer.from_file(str(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2") / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    tok.add_special_tokens(COLPALI_SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in COLPALI_SPECIAL}
+    ids = save_special_tokenizer(folder, resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"), COLPALI_SPECIAL)
     text = GemmaConfig(vocab_size=30528, hidden_size=2048, intermediate_size=16384, num_hidden_layers=text_layers,
                        num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=8192,
                        pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"])  # fmt: skip

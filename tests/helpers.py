@@ -110,6 +110,21 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
     return model, out
 
 
+def save_special_tokenizer(folder: Path, minilm_path: Path, special: list[str]) -> dict[str, int]:
+    """MiniLM's vocabulary plus a vision-language model's special tokens, nothing added around texts (as Qwen's
+    and ColPaliProcessor's tokenization), saved in `folder`; returns the special tokens' ids."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.add_special_tokens(special)
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return {t: tok.token_to_id(t) for t in special}
+
+
 COLQWEN2_SPECIAL = [
     "<|im_start|>",
     "<|im_end|>",
@@ -127,17 +142,9 @@ def save_colqwen2(folder: Path, minilm_path: Path, version: str = "2"):
     (ColQwen2.5), its vision tower of 3 blocks with windows of 2 x 2 merge groups, block 1 over whole images."""
     import json
 
-    from tokenizers import Tokenizer, processors
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig, Qwen2VLConfig
 
-    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    tok.add_special_tokens(COLQWEN2_SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in COLQWEN2_SPECIAL}
+    ids = save_special_tokenizer(folder, minilm_path, COLQWEN2_SPECIAL)
     vision = (
         dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, window_size=56,
              fullatt_block_indexes=[1])
@@ -175,17 +182,9 @@ def save_colpali(folder: Path, minilm_path: Path, layout: str = "transformers"):
     import json
 
     from safetensors.torch import save_file
-    from tokenizers import Tokenizer, processors
     from transformers import ColPaliConfig, ColPaliForRetrieval, GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
 
-    tok = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    tok.add_special_tokens(COLPALI_SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in COLPALI_SPECIAL}
+    ids = save_special_tokenizer(folder, minilm_path, COLPALI_SPECIAL)
     text = GemmaConfig(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
                        pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"])  # fmt: skip

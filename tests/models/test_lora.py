@@ -33,58 +33,52 @@ def _adapter(model, folder: Path, base: Path, **config):
     return wrapped.merge_and_unload()
 
 
-def test_colqwen2_adapter_on_base(tmp_path, minilm_path):
-    """colpali-engine's layout of vidore/colqwen2-v1.0: LoRA on the language model's projections and the token
-    projection, the tokenizer and processor config beside the adapter; the base a full checkpoint."""
-    from tests.models.test_colqwen2 import _check_layout, _images
-
+def _vision_adapter(tmp_path, save, check, images, **config):
+    """colpali-engine's release layout: an adapter (with the tokenizer and processor config) naming a full base;
+    the merged model checked against PEFT's merge by `check`, and the merge shown to move the vectors."""
     base = tmp_path / "base"
-    model, ids = save_colqwen2(base, minilm_path)
-    base_docs = LLM(str(base), dtype="float32").token_embed(_images(), use_tqdm=False)
+    model, ids = save(base)
+    base_docs = LLM(str(base), dtype="float32").token_embed(images, use_tqdm=False)
     adapter = tmp_path / "adapter"
-    merged = _adapter(
-        model,
-        adapter,
-        base,
-        r=4,
-        lora_alpha=8,
-        target_modules=r"(.*(language_model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
-        r"|.*(embedding_proj_layer).*$|.*visual.*qkv$)",
-        alpha_pattern={"embedding_proj_layer": 2},
-    )
+    merged = _adapter(model, adapter, base, r=4, lora_alpha=8, **config)
     for name in ("tokenizer.json", "preprocessor_config.json"):
         shutil.copy(base / name, adapter)
     llm = LLM(str(adapter), dtype="float32")
     assert llm.engine.model_config.lora is not None and llm.engine.model_config.path == base.resolve()
-    docs, _ = _check_layout(llm, merged, base, ids)  # per-token cosine >= 0.9999 to the merged reference
+    docs, _ = check(llm, merged, base, ids)  # per-token cosine >= 0.9999 to the merged reference
     changed = min(cosine_rows(d.outputs.data, b.outputs.data).min().item() for d, b in zip(docs, base_docs))
     assert changed < 0.99  # the adapter moved the vectors: the merge is not a no-op
 
 
+LANGUAGE_MODEL = r".*(language_model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
+
+
+def test_colqwen2_adapter_on_base(tmp_path, minilm_path):
+    """vidore/colqwen2-v1.0: LoRA on the language model's projections, the token projection (its own alpha)
+    and the vision tower's qkv."""
+    from tests.models.test_colqwen2 import _check_layout, _images
+
+    _vision_adapter(
+        tmp_path,
+        lambda folder: save_colqwen2(folder, minilm_path),
+        _check_layout,
+        _images(),
+        target_modules=rf"({LANGUAGE_MODEL}|.*(embedding_proj_layer).*$|.*visual.*qkv$)",
+        alpha_pattern={"embedding_proj_layer": 2},
+    )
+
+
 def test_colpali_adapter_on_base(tmp_path, minilm_path):
-    """vidore/colpali-v1.3's layout: LoRA on Gemma's projections and the token projection over a full base."""
+    """vidore/colpali-v1.3: LoRA on Gemma's projections and the token projection."""
     from tests.models.test_colpali import _check, _images
 
-    base = tmp_path / "base"
-    model, ids = save_colpali(base, minilm_path)
-    base_docs = LLM(str(base), dtype="float32").token_embed(_images(), use_tqdm=False)
-    adapter = tmp_path / "adapter"
-    merged = _adapter(
-        model,
-        adapter,
-        base,
-        r=4,
-        lora_alpha=8,
-        target_modules=r"(.*(language_model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
-        r"|.*(embedding_proj_layer).*$)",
+    _vision_adapter(
+        tmp_path,
+        lambda folder: save_colpali(folder, minilm_path),
+        _check,
+        _images(),
+        target_modules=rf"({LANGUAGE_MODEL}|.*(embedding_proj_layer).*$)",
     )
-    for name in ("tokenizer.json", "preprocessor_config.json"):
-        shutil.copy(base / name, adapter)
-    llm = LLM(str(adapter), dtype="float32")
-    assert llm.engine.model_config.lora is not None
-    docs, _ = _check(llm, merged, base, ids)
-    changed = min(cosine_rows(d.outputs.data, b.outputs.data).min().item() for d, b in zip(docs, base_docs))
-    assert changed < 0.99
 
 
 def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):

@@ -22,9 +22,8 @@ from ..layers.attention import AttentionMetadata, varlen_attention
 from ..layers.linear import linear_add
 from .args import DecoderArgs
 from .colqwen2 import ImageBatch
-from .decoder import DECODER_RULES, DecoderLayer, DecoderModel, apply_rope
+from .decoder import DecoderLayer, DecoderModel, apply_rope, load_decoder_weights
 from .siglip import SiglipArgs, SiglipTower
-from .weights import load_mapped
 
 
 class GemmaBidirectionalLayer(DecoderLayer):
@@ -114,10 +113,4 @@ class ColPaliTrunk(nn.Module):
             elif name == "embed_tokens.weight":  # Gemma scales its embeddings by √hidden (in float32 here)
                 value = value.float() * math.sqrt(self.args.hidden_size)
             text[name] = value
-
-        class _Holder(nn.Module):  # the names DECODER_RULES write to
-            def __init__(self, decoder: nn.Module):
-                super().__init__()
-                self.encoder = decoder
-
-        load_mapped(_Holder(self.decoder), text, DECODER_RULES)
+        load_decoder_weights(self.decoder, text)

@@ -18,9 +18,8 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata
 from .args import DecoderArgs
-from .decoder import DECODER_RULES, Qwen2Model
+from .decoder import Qwen2Model, load_decoder_weights
 from .qwen2_vl_vision import VisionArgs, VisionTower
-from .weights import load_mapped
 
 
 @dataclass
@@ -88,13 +87,7 @@ class ColQwen2Trunk(nn.Module):
             "model.",
         )
         text = {k: v for k, v in state.items() if not k.startswith(vision)}
-
-        class _Holder(nn.Module):  # the names DECODER_RULES write to
-            def __init__(self, decoder: nn.Module):
-                super().__init__()
-                self.encoder = decoder
-
-        load_mapped(_Holder(self.decoder), text, DECODER_RULES, strip_prefixes=text_prefixes)
+        load_decoder_weights(self.decoder, text, text_prefixes)
 
 
 PROJECTION_KEYS = ("embedding_proj_layer.", "custom_text_proj.")

@@ -25,7 +25,7 @@ from ..layers.attention import AttentionMetadata, causal_attention
 from ..layers.linear import linear_add
 from .args import DecoderArgs
 from .interface import ProjectionPacker
-from .weights import Rule
+from .weights import Rule, load_mapped
 
 
 class RMSNorm(nn.Module):
@@ -215,3 +215,16 @@ DECODER_HEAD_RULES: dict[str, list[Rule]] = {
     "ForSequenceClassification": [(r"^score\.", "sequence_head.", None)],
     "ForTokenClassification": [(r"^score\.", "token_head.", None)],
 }
+
+
+def load_decoder_weights(
+    decoder: DecoderModel, state: dict[str, torch.Tensor], strip_prefixes: tuple[str, ...] = ()
+) -> None:
+    """A decoder inside a multimodal checkpoint: its tensors by transformers' names, after `strip_prefixes`."""
+
+    class Holder(nn.Module):  # the names DECODER_RULES write to
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = decoder
+
+    load_mapped(Holder(), state, DECODER_RULES, strip_prefixes=strip_prefixes)
