@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 from .late_chunking import LateChunkingParams
+from .muvera import MuveraParams
 
 LONG_INPUT_MODES = ("truncate", "window")
 INPUT_TYPES = {
@@ -71,6 +72,10 @@ class PoolingParams:
     token_encoding: str | None = None
     """token_embed: "int8" (a scale per vector) or "binary" (sign bits) codes instead of float vectors, for
     storage (polyvec.token_codes: the output's `codes`, and MaxSim against them). None: float vectors."""
+    muvera: MuveraParams | dict | bool | None = None
+    """token_embed: the token vectors' MUVERA fixed-dimensional encoding instead, one vector per input
+    (polyvec.muvera; True or {} for fastembed's defaults k_sim=5, dim_proj=16, r_reps=20, seed=42). Queries
+    (input_type "query") and documents are encoded differently; both sides must use the same parameters."""
     late_chunking_params: LateChunkingParams | None = None
     """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
     chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
@@ -208,9 +213,23 @@ class PoolingParams:
                 f"window_overlap={overlap} must be less than half of max_model_len={model_config.max_model_len}"
             )
 
+        muvera = None
+        if self.muvera is not None and self.muvera is not False:
+            muvera = MuveraParams.coerce(self.muvera)
+            if task != "token_embed":
+                raise ValueError(f"muvera applies to token_embed, not {task!r}")
+            if self.token_encoding is not None or self.late_chunking_params is not None:
+                raise ValueError("muvera cannot be combined with token_encoding or late_chunking_params")
+            width = dimensions or model_config.token_dim
+            if muvera.dim_proj > width:
+                raise ValueError(
+                    f"muvera.dim_proj ({muvera.dim_proj}) must not exceed the token vectors' width ({width})"
+                )
+
         return dataclasses.replace(
             self,
             task=task,
+            muvera=muvera,
             input_type=input_type,
             use_activation=use_activation,
             normalize=None,

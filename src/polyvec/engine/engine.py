@@ -23,6 +23,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingState
+from ..muvera import MuveraParams, muvera_for
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
 from ..token_codes import encode_tokens
@@ -289,6 +290,8 @@ class Engine:
         query = (r.input_type or r.params.input_type) == "query"
         if factor and factor > 1 and not query and r.params.task == "token_embed" and data is not None:
             data = hierarchical_pool(data, factor)  # documents only, as PyLate pools them
+        if isinstance(r.params.muvera, MuveraParams) and r.params.task == "token_embed" and data is not None:
+            data = torch.from_numpy(muvera_for(data.shape[1], r.params.muvera)(data, query))
         codes = None
         if r.params.token_encoding and r.params.task == "token_embed" and data is not None:
             codes = encode_tokens(data, r.params.token_encoding)

@@ -1,5 +1,5 @@
-"""/pooling token_embed with token_encoding: int8 rows with scales, binary rows of packed sign bits; equal to
-the offline codes; 400s for other tasks and encodings."""
+"""/pooling token_embed with token_encoding: int8 rows with scales, binary rows of packed sign bits; with muvera:
+one fixed-dimensional encoding per input; each equal to the offline output; 400s for other tasks and values."""
 
 from __future__ import annotations
 
@@ -44,3 +44,38 @@ def test_bad_token_encoding_is_400(server, body, param, message):
     if message is not None:
         assert message in err["message"]
     assert server.post("/pooling", {"input": "x", "task": "token_embed"}).status_code == 200
+
+
+def test_pooling_returns_the_offline_muvera_encoding(server, minilm_llm):
+    texts = ["late interaction keeps a vector per token", "flutter"]
+    for spec, input_type in (({}, None), ({"k_sim": 3, "dim_proj": 8, "r_reps": 4, "seed": 9}, "query")):
+        want = minilm_llm.token_embed(texts, PoolingParams(muvera=spec or True, input_type=input_type), use_tqdm=False)
+        body = {"input": texts, "task": "token_embed", "muvera": spec}
+        if input_type:
+            body["input_type"] = input_type
+        got = server.post("/pooling", body).json()
+        for item, o in zip(got["data"], want):
+            assert item["shape"] == list(o.outputs.data.shape)
+            assert np.allclose(np.array(item["data"]), o.outputs.data.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"task": "token_embed", "muvera": {"k_sim": 11}}, "muvera", "'muvera.k_sim'"),
+        ({"task": "token_embed", "muvera": {"dim_proj": 500, "r_reps": 2}}, None, "must not exceed"),
+        ({"task": "token_embed", "muvera": {"r_reps": 20, "k_sim": 10, "dim_proj": 64}}, None, "the limit is"),
+        ({"task": "token_embed", "muvera": {"bits": 2}}, "muvera", "unknown field 'muvera.bits'"),
+        ({"task": "embed", "muvera": {}}, None, "muvera applies to token_embed"),
+        ({"task": "token_embed", "muvera": {}, "token_encoding": "int8"}, None, "cannot be combined"),
+    ],
+)
+def test_bad_muvera_is_400(server, body, param, message):
+    r = server.post("/pooling", {"input": "x", **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    if param is not None:
+        assert err["param"] == param, err
+    if message is not None:
+        assert message in err["message"], err
+    assert server.post("/pooling", {"input": "x", "task": "token_embed", "muvera": {}}).status_code == 200

@@ -250,6 +250,19 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     hierarchical token pooling, the first vector kept); queries are not pooled."""
 
 
+class MuveraFields(StrictModel):
+    """MUVERA's parameters (fastembed's names and defaults)."""
+
+    k_sim: Annotated[int, Field(ge=1, le=10), INTEGRAL] = 5
+    """SimHash hyperplanes per repetition: 2^k_sim partitions."""
+    dim_proj: Annotated[int, Field(ge=1), INTEGRAL] = 16
+    """Each partition's vector projected to this width (at most the token vectors' width)."""
+    r_reps: Annotated[int, Field(ge=1), INTEGRAL] = 20
+    """Repetitions, concatenated: r_reps · 2^k_sim · dim_proj numbers in all."""
+    seed: Annotated[int, Field(ge=0), INTEGRAL] = 42
+    """Seed of the random hyperplanes and projections."""
+
+
 class PoolingRequest(EmbeddingRequest):
     """vLLM `POST /pooling`: any pooling task."""
 
@@ -272,6 +285,10 @@ class PoolingRequest(EmbeddingRequest):
     """embed_sparse: drop weights below this value."""
     return_tokens: bool = False
     """embed_sparse: also return the vocabulary string of each index (`tokens`)."""
+    muvera: MuveraFields | None = None
+    """token_embed: the token vectors' MUVERA fixed-dimensional encoding instead, one vector per input, for a
+    single-vector index (`{}` for the defaults). Send documents and queries (`input_type: "query"`) with the same
+    parameters."""
     token_encoding: Literal["int8", "binary"] | None = None
     """token_embed: codes instead of float vectors, for storage: "int8" (`data` rows of integers in −127..127 and
     `scales`, one per row: vector ≈ row · scale) or "binary" (`data` rows of bytes 0..255, the sign bits packed

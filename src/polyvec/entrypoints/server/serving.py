@@ -132,6 +132,7 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     """PoolingParams from a request body: each body field named like a PoolingParams field, then `renamed`
     (values the body spells differently, e.g. Cohere's output_dimension, or a field a route overrides)."""
     values = {name: getattr(req, name) for name in type(req).model_fields if name in _BODY_PARAMS}
+    values = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in values.items()}
     return PoolingParams(**{**values, **renamed})
 
 

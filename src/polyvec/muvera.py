@@ -1,0 +1,141 @@
+"""MUVERA fixed-dimensional encodings: one vector per multi-vector input, for a single-vector ANN first stage.
+
+Each of `r_reps` repetitions hashes every token vector with `k_sim` random hyperplanes (SimHash) into one of
+2^k_sim partitions, sums the vectors of each partition (documents: the mean, and an empty partition takes the
+first vector of the nearest occupied partition by Hamming distance), projects each partition's vector with a
+random ±1 matrix to `dim_proj` dimensions (scaled 1/√dim_proj) and concatenates: r_reps · 2^k_sim · dim_proj
+numbers. A query's encoding dotted with a document's approximates their MaxSim, so the encodings go into any
+dot-product index and the candidates are re-ranked by exact MaxSim.
+
+The random draws (numpy's default_rng(seed): the hyperplanes of each repetition, then the projections) are
+fastembed's `Muvera`, so for the same parameters and seed both give the same encodings; a document and its
+queries must be encoded with the same `MuveraParams`, which an index records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+# Parameters that a request may set are bounded, so one output stays a sane size (fastembed's default: 10,240).
+MAX_K_SIM = 10
+MAX_OUTPUT_DIM = 1 << 18
+
+
+@dataclass(frozen=True)
+class MuveraParams:
+    """The encoding's parameters; fastembed's defaults."""
+
+    k_sim: int = 5
+    """SimHash hyperplanes per repetition: 2^k_sim partitions."""
+    dim_proj: int = 16
+    """Each partition's vector is projected to this many dimensions (no projection when it equals the input's)."""
+    r_reps: int = 20
+    """Independent repetitions, concatenated."""
+    seed: int = 42
+    """Seed of the random hyperplanes and projections."""
+
+    def output_dim(self) -> int:
+        return self.r_reps * (1 << self.k_sim) * self.dim_proj
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def coerce(cls, value: object) -> MuveraParams:
+        """A MuveraParams from itself, a mapping of its fields (HTTP bodies, JSON manifests) or True (defaults);
+        ValueError naming the field otherwise."""
+        if isinstance(value, MuveraParams):
+            params = value
+        elif value is True:
+            params = cls()
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"muvera has no field {unknown[0]!r}; allowed: k_sim, dim_proj, r_reps, seed")
+            params = cls(**value)
+        else:
+            raise ValueError(f"muvera must be an object with k_sim, dim_proj, r_reps and seed, got {value!r}")
+        for name in ("k_sim", "dim_proj", "r_reps", "seed"):
+            v = getattr(params, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1):
+                low = "a non-negative" if name == "seed" else "a positive"
+                raise ValueError(f"muvera.{name} must be {low} integer, got {v!r}")
+        if params.k_sim > MAX_K_SIM:
+            raise ValueError(f"muvera.k_sim must be at most {MAX_K_SIM}, got {params.k_sim}")
+        if params.output_dim() > MAX_OUTPUT_DIM:
+            raise ValueError(
+                f"muvera gives r_reps · 2^k_sim · dim_proj = {params.output_dim()} numbers; "
+                f"the limit is {MAX_OUTPUT_DIM}"
+            )
+        return params
+
+
+class Muvera:
+    """The encoder for vectors of width `dim` (its random matrices drawn once)."""
+
+    def __init__(self, dim: int, params: MuveraParams | None = None):
+        p = params or MuveraParams()
+        if p.dim_proj > dim:
+            raise ValueError(f"muvera.dim_proj ({p.dim_proj}) must not exceed the vectors' width ({dim})")
+        self.dim, self.params = dim, p
+        rng = np.random.default_rng(p.seed)
+        planes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
+        self.hyperplanes = planes.transpose(1, 0, 2).reshape(dim, -1)  # [dim, r·k]: one matmul for all repetitions
+        self.projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
+        ids = np.arange(1 << p.k_sim)
+        popcount = np.array([bin(i).count("1") for i in range(1 << p.k_sim)])
+        self.hamming = popcount[ids[:, None] ^ ids[None, :]]  # [B, B]
+
+    @property
+    def output_dim(self) -> int:
+        return self.params.output_dim()
+
+    def __call__(self, vectors: torch.Tensor | np.ndarray, query: bool = False) -> np.ndarray:
+        """One input's token vectors [n, dim] → its encoding [output_dim] (float32); no vectors give zeros (their
+        MaxSim with anything is 0), where fastembed raises."""
+        x = vectors.detach().cpu().double().numpy() if isinstance(vectors, torch.Tensor) else np.asarray(vectors)
+        x = x.astype(np.float64, copy=False)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"muvera expects vectors of shape (n, {self.dim}), got {tuple(x.shape)}")
+        if not len(x):
+            return np.zeros(self.output_dim, dtype=np.float32)
+        p, n, parts = self.params, len(x), 1 << self.params.k_sim
+        bits = (x @ self.hyperplanes).reshape(n, p.r_reps, p.k_sim) > 0
+        part = (bits.astype(np.int64) @ (1 << np.arange(p.k_sim))).T  # [r, n]: each vector's partition
+        onehot = np.zeros((p.r_reps, parts, n))
+        onehot[np.arange(p.r_reps)[:, None], part, np.arange(n)[None, :]] = 1.0
+        centers = (onehot.reshape(-1, n) @ x).reshape(p.r_reps, parts, self.dim)  # partition sums
+        if not query:
+            counts = onehot.sum(2)  # [r, B]
+            centers /= np.maximum(counts, 1.0)[..., None]
+            empty = counts == 0
+            if empty.any():
+                # The nearest occupied partition by Hamming distance (ties: the lowest id, as fastembed's
+                # argmin), and the first vector that fell into it.
+                dist = np.where(empty[:, None, :], np.iinfo(np.int64).max, self.hamming[None])  # [r, B, B]
+                nearest = dist.argmin(2)  # [r, B]
+                first = np.full((p.r_reps, parts), n)
+                np.minimum.at(first, (np.arange(p.r_reps)[:, None], part), np.arange(n)[None, :])
+                fill = x[first[np.arange(p.r_reps)[:, None], nearest]]  # [r, B, dim]
+                centers = np.where(empty[..., None], fill, centers)
+        if p.dim_proj < self.dim:
+            centers = (centers @ self.projections) / np.sqrt(p.dim_proj)  # [r, B, dim_proj]
+        return centers.reshape(-1).astype(np.float32)
+
+    def encode(self, inputs: Sequence[torch.Tensor | np.ndarray], query: bool = False) -> np.ndarray:
+        """Several inputs → their encodings [len(inputs), output_dim]."""
+        out = np.empty((len(inputs), self.output_dim), dtype=np.float32)
+        for i, v in enumerate(inputs):
+            out[i] = self(v, query)
+        return out
+
+
+@lru_cache(maxsize=16)
+def muvera_for(dim: int, params: MuveraParams) -> Muvera:
+    """The encoder of one width and parameter set, built once (its matrices are the costly part)."""
+    return Muvera(dim, params)

@@ -1,0 +1,102 @@
+"""MUVERA fixed-dimensional encodings against fastembed's `Muvera` (the same random draws for the same seed),
+as an offline token_embed output, and what an encoding's dot product says about MaxSim."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fastembed.postprocess import muvera as fastembed_muvera
+
+from polyvec import PoolingParams
+from polyvec.muvera import Muvera, MuveraParams
+
+
+@pytest.mark.parametrize(
+    ("dim", "params"),
+    [
+        (64, MuveraParams()),  # fastembed's defaults
+        (128, MuveraParams(k_sim=3, dim_proj=128, r_reps=4, seed=7)),  # no projection
+        (32, MuveraParams(k_sim=6, dim_proj=8, r_reps=10, seed=0)),  # more partitions than vectors
+    ],
+)
+def test_equals_fastembed(dim, params):
+    ref = fastembed_muvera.Muvera(dim, params.k_sim, params.dim_proj, params.r_reps, params.seed)
+    ours = Muvera(dim, params)
+    assert ours.output_dim == ref.embedding_size == params.output_dim()
+    rng = np.random.default_rng(dim)
+    for n in (1, 3, 40, 300):
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        for query in (False, True):
+            want = ref.process_query(x) if query else ref.process_document(x)
+            got = ours(torch.from_numpy(x), query)
+            assert got.dtype == np.float32 and got.shape == want.shape
+            assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), (n, query)
+
+
+def test_documents_fill_empty_partitions_queries_do_not():
+    m = Muvera(16, MuveraParams(k_sim=4, dim_proj=16, r_reps=1, seed=3))
+    x = np.random.default_rng(0).standard_normal((2, 16))
+    doc, query = m(x).reshape(16, 16), m(x, query=True).reshape(16, 16)
+    assert (np.abs(doc).sum(1) > 0).all()  # every partition holds a vector
+    assert (np.abs(query).sum(1) > 0).sum() <= 2  # only the partitions the two vectors fell into
+    assert np.allclose(query.sum(0), x.sum(0))  # a query's partitions sum to its vectors' sum
+    assert np.array_equal(m(np.zeros((0, 16))), np.zeros(m.output_dim, dtype=np.float32))
+
+
+def test_dot_product_tracks_maxsim():
+    """The point of the encoding: its dot products rank documents as MaxSim does, far better than chance."""
+    rng = np.random.default_rng(1)
+    centers = rng.standard_normal((20, 64))
+    docs = [centers[rng.integers(0, 20, 30)] + 0.3 * rng.standard_normal((30, 64)) for _ in range(200)]
+    docs = [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs]
+    m = Muvera(64, MuveraParams(k_sim=4, dim_proj=32, r_reps=20))
+    encoded = m.encode(docs)
+    hits = 0
+    for i in range(20):
+        q = docs[i][:6]
+        exact = np.array([(q @ d.T).max(1).sum() for d in docs])
+        approx = encoded @ m(q, query=True)
+        hits += len(set(np.argsort(-exact)[:10]) & set(np.argsort(-approx)[:20]))
+    assert hits / 200 >= 0.4  # of the top 10 by MaxSim, in the top 20 by the encoding: 0.51 here, chance 0.1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"k_sim": 11}, "muvera.k_sim must be at most 10"),
+        ({"k_sim": 0}, "muvera.k_sim must be a positive integer"),
+        ({"r_reps": True}, "muvera.r_reps must be a positive integer"),
+        ({"seed": -1}, "muvera.seed must be a non-negative integer"),
+        ({"k_sim": 10, "dim_proj": 64, "r_reps": 20}, "the limit is"),
+        ({"bits": 3}, "muvera has no field 'bits'"),
+        ("yes", "muvera must be an object"),
+    ],
+)
+def test_bad_params(value, message):
+    with pytest.raises(ValueError, match=message):
+        MuveraParams.coerce(value)
+
+
+def test_token_embed_output_offline(minilm_llm):
+    texts = ["the boundary layer of a flat plate", "heat transfer", ""]
+    tokens = [o.outputs.data.numpy() for o in minilm_llm.token_embed(texts, use_tqdm=False)]
+    for spec, input_type in ((True, None), ({"k_sim": 4, "dim_proj": 8, "seed": 1}, "query")):
+        params = MuveraParams.coerce(spec)
+        ref = fastembed_muvera.Muvera(384, params.k_sim, params.dim_proj, params.r_reps, params.seed)
+        outs = minilm_llm.token_embed(texts, PoolingParams(muvera=spec, input_type=input_type), use_tqdm=False)
+        for o, t in zip(outs, tokens):
+            want = ref.process_query(t) if input_type == "query" else ref.process_document(t)
+            assert o.outputs.data.shape == (params.output_dim(),)
+            assert np.abs(o.outputs.data.numpy() - want).max() <= 1e-6 * np.abs(want).max()
+    for bad, message in (
+        (
+            PoolingParams(muvera={"dim_proj": 500, "r_reps": 2}),
+            r"muvera.dim_proj \(500\) must not exceed the token vectors' width",
+        ),
+        (PoolingParams(muvera=True, token_encoding="int8"), "cannot be combined"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            minilm_llm.token_embed(texts, bad, use_tqdm=False)
+    with pytest.raises(ValueError, match="muvera applies to token_embed"):
+        minilm_llm.embed(texts, PoolingParams(muvera=True), use_tqdm=False)
