@@ -6,6 +6,9 @@
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
     polyvec eval-retrieval --data DIR --mode hybrid --hybrid dense[:M] sparse:M [multivector[:M]] [bm25]
                            [--fusion rrf|weighted] [--weights W ...]   fuse exact rankings (RRF or bge-m3's sum)
+    polyvec index FILE --index DIR|URL [--model M] [--first-stage muvera|dense|none]
+                                     encode documents' token vectors into Qdrant (embedded, or a server URL)
+    polyvec search --index DIR|URL [QUERY ...] [--queries FILE] [-k 10]   MaxSim over the first stage's candidates
 
 MODEL is a local folder or a Hugging Face hub id (downloaded on first use unless HF_HUB_OFFLINE=1).
 Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
@@ -44,6 +47,120 @@ def read_texts(path: str, limit: int | None = None) -> list[str]:
             if limit is not None and len(texts) >= limit:
                 break
     return texts
+
+
+def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same) or
+    of a plain file, one text per line, its id the line number from 0."""
+    if not path.endswith(".jsonl"):
+        texts = read_texts(path, limit)
+        return [str(i) for i in range(len(texts))], texts
+    ids, texts = [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            ids.append(str(row.get("_id", row.get("id", n))))
+            texts.append(document_text(row))
+            if limit is not None and len(texts) >= limit:
+                break
+    return ids, texts
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from ..index import Index
+
+    try:
+        ids, texts = read_corpus(args.file, args.limit)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot read {args.file}: {exc}") from None
+    if not texts:
+        raise CommandError(f"no texts in {args.file}")
+    try:
+        muvera = json.loads(args.muvera) if args.muvera else None
+    except ValueError as exc:
+        raise CommandError(f"--muvera is not a JSON object: {exc}") from None
+    llm = load_llm(args)
+    start = time.perf_counter()
+    try:
+        index = Index.create(
+            args.index,
+            llm,
+            first_stage=args.first_stage,
+            muvera=muvera,
+            quantization=args.index_quantization,
+            pool_factor=args.pool_factor,
+            collection=args.collection,
+            overwrite=args.overwrite,
+        )
+    except (ValueError, FileExistsError, ImportError) as exc:
+        raise CommandError(str(exc)) from None
+    bar = None
+    if not args.quiet:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts), desc="Indexed", dynamic_ncols=True)
+    with index:
+        for i in range(0, len(texts), args.batch_size):
+            index.add(texts[i : i + args.batch_size], ids[i : i + args.batch_size])
+            if bar is not None:
+                bar.update(min(args.batch_size, len(texts) - i))
+        if bar is not None:
+            bar.close()
+        index.optimize()
+        size = index.disk_bytes()
+        print(
+            f"indexed {len(texts)} documents into {args.index} in {time.perf_counter() - start:.1f} s "
+            f"(first stage {args.first_stage}, quantization {args.index_quantization}"
+            + (f", pool factor {args.pool_factor}" if args.pool_factor else "")
+            + (f"; {size / 2**20:.1f} MiB on disk" if size is not None else "")
+            + ")"
+        )
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .. import LLM
+    from ..index import Index
+
+    queries = [(str(i), q) for i, q in enumerate(args.query)]
+    if args.queries:
+        try:
+            qids, texts = read_corpus(args.queries)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {args.queries}: {exc}") from None
+        queries += list(zip(qids, texts))
+    if not queries:
+        raise CommandError("give queries as arguments or with --queries FILE")
+    try:
+        index = Index.open(args.index, collection=args.collection)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        raise CommandError(str(exc)) from None
+    index._llm = LLM(args.model or index.config.model, dtype=args.dtype)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        with index:
+            for start in range(0, len(queries), 64):
+                chunk = queries[start : start + 64]
+                found = index.search(
+                    [q for _, q in chunk],
+                    k=args.k,
+                    prefetch=args.prefetch,
+                    rescore=args.rescore,
+                    oversampling=args.oversampling,
+                )
+                for (qid, text), hits in zip(chunk, found):
+                    if args.format == "trec":
+                        for rank, h in enumerate(hits, 1):
+                            out.write(f"{qid} Q0 {h.id} {rank} {h.score:.6f} polyvec\n")
+                    else:
+                        row = {"query_id": qid, "query": text, "hits": [{"id": h.id, "score": h.score} for h in hits]}
+                        out.write(json.dumps(row) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -640,7 +757,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval_retrieval)
+    ix = sub.add_parser("index", help="encode documents' token vectors into a Qdrant multivector index")
+    ix.add_argument("file", help="corpus.jsonl (BEIR: _id, title, text) or a text file, one document per line")
+    ix.add_argument("--index", required=True, help="a folder (embedded Qdrant Edge) or a Qdrant server URL")
+    add_model_args(ix, positional=False)
+    _index_location_args(ix)
+    ix.add_argument(
+        "--first-stage",
+        choices=["muvera", "dense", "none"],
+        default="muvera",
+        help="candidates for MaxSim: HNSW over MUVERA encodings (default), over the model's embed vectors, or "
+        "none (MaxSim over every document)",
+    )
+    ix.add_argument(
+        "--index-quantization",
+        choices=["none", "int8", "binary"],
+        default="none",
+        help="vectors kept in RAM as int8 or binary codes (Qdrant's quantization), float32 originals on disk "
+        "(--quantization is the model's)",
+    )
+    ix.add_argument("--pool-factor", type=int, default=None, help="pool documents' token vectors by this factor")
+    ix.add_argument("--muvera", default=None, help='MUVERA parameters, JSON, e.g. \'{"k_sim": 4, "dim_proj": 16}\'')
+    ix.add_argument("--batch-size", type=int, default=512, help="documents encoded and written at a time")
+    ix.add_argument("--limit", type=int, default=None, help="index only the first N documents")
+    ix.add_argument("--overwrite", action="store_true", help="replace an index already at --index")
+    ix.add_argument("--quiet", action="store_true", help="no progress bar")
+    ix.set_defaults(func=cmd_index)
+    se = sub.add_parser("search", help="search a polyvec index; prints JSON lines (or a TREC run)")
+    se.add_argument("query", nargs="*", help="query texts")
+    se.add_argument("--index", required=True, help="the folder or Qdrant server URL given to polyvec index")
+    _index_location_args(se)
+    se.add_argument("--queries", default=None, help="queries.jsonl (BEIR: _id, text) or one query per line")
+    se.add_argument("-k", type=int, default=10, help="results per query (default: 10)")
+    se.add_argument("--prefetch", type=int, default=100, help="first-stage candidates re-ranked (default: 100)")
+    se.add_argument(
+        "--rescore",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="quantized index: re-score candidates with the float32 originals (Qdrant's default: binary yes, int8 no)",
+    )
+    se.add_argument("--oversampling", type=float, default=None, help="quantized index: candidates per result")
+    se.add_argument("--model", default=None, help="encode queries with this model (default: the index's)")
+    se.add_argument("--dtype", default="auto", help="the query encoder's dtype (default: auto)")
+    se.add_argument("--format", choices=["json", "trec"], default="json", help="output format (default: json)")
+    se.add_argument("--output", default=None, help="write results to this file instead of stdout")
+    se.set_defaults(func=cmd_search)
     return parser
+
+
+def _index_location_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--collection", default="polyvec", help="collection name on a Qdrant server (default: polyvec)")
 
 
 def main(argv: list[str] | None = None) -> int:

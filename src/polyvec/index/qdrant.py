@@ -1,0 +1,289 @@
+"""Token vectors in Qdrant: a multivector collection with MaxSim, and a first-stage vector searched by HNSW.
+
+Two ways to reach the same engine, with the same collection layout: embedded (Qdrant Edge, `qdrant-edge-py`,
+a shard in a local folder and no server) and a Qdrant server or cluster (`qdrant-client`, a URL; ":memory:"
+for its in-process mode). The layout follows Qdrant's advice for multivectors: "tokens" (MaxSim, no HNSW
+graph of its own) re-ranks the candidates of "muvera" or "dense" (HNSW) in one query with a prefetch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .config import IndexConfig
+
+TOKENS = "tokens"
+MANIFEST = "polyvec-index.json"
+_IDS = uuid.UUID("6f1d3c2a-8c57-4b4e-9a55-3d1c8d8f0b21")  # namespace of the point ids: uuid5(doc id)
+
+
+class Hit(NamedTuple):
+    id: str
+    score: float
+
+
+def point_id(doc_id: str) -> uuid.UUID:
+    """Qdrant ids are integers or UUIDs; a document's is derived from its id, so adding it again replaces it."""
+    return uuid.uuid5(_IDS, doc_id)
+
+
+class Backend(Protocol):
+    config: IndexConfig
+
+    def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None: ...
+
+    def search(
+        self, queries: dict[str, list[np.ndarray] | np.ndarray], k: int, prefetch: int, params: SearchOptions
+    ) -> list[list[Hit]]: ...
+
+    def count(self) -> int: ...
+
+    def optimize(self) -> None: ...
+
+    def disk_bytes(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class SearchOptions(NamedTuple):
+    hnsw_ef: int | None = None
+    rescore: bool | None = None  # quantized indexes: re-score with the float32 originals (Qdrant's default: yes)
+    oversampling: float | None = None
+    exact: bool = False  # the first stage by brute force instead of HNSW
+
+
+def _first_stage(config: IndexConfig) -> tuple[str, int] | None:
+    if config.first_stage == "muvera":
+        return "muvera", config.muvera.output_dim()
+    if config.first_stage == "dense":
+        assert config.dense_dim is not None
+        return "dense", config.dense_dim
+    return None
+
+
+# -------------------------------------------------------------------------------------------------- embedded
+
+
+class EdgeBackend:
+    """A Qdrant Edge shard in `path`/shard, the recipe in `path`/polyvec-index.json."""
+
+    def __init__(self, path: Path, config: IndexConfig, shard: Any):
+        self.path, self.config, self.shard = path, config, shard
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, config: IndexConfig, overwrite: bool = False) -> EdgeBackend:
+        q = _edge()
+        root = Path(path)
+        if (root / MANIFEST).exists() or (root / "shard").exists():
+            if not overwrite:
+                raise FileExistsError(f"{root} already holds an index (overwrite=True, or --overwrite, replaces it)")
+            shutil.rmtree(root / "shard", ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        quant: Any = None
+        if config.quantization == "int8":
+            quant = q.ScalarQuantizationConfig(q.ScalarType.Int8, always_ram=True)
+        elif config.quantization == "binary":
+            quant = q.BinaryQuantizationConfig(always_ram=True)
+        cold = q.Memory.Cold if quant is not None else None  # float32 originals on disk, read to re-score
+        maxsim = q.MultiVectorConfig(q.MultiVectorComparator.MaxSim)
+        vectors = {
+            TOKENS: q.EdgeVectorParams(
+                size=config.dim,
+                distance=q.Distance.Dot,
+                multivector_config=maxsim,
+                hnsw_config=q.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000),  # re-rank only
+                quantization_config=quant,
+                memory=cold,
+            )
+        }
+        stage = _first_stage(config)
+        if stage is not None:
+            vectors[stage[0]] = q.EdgeVectorParams(
+                size=stage[1], distance=q.Distance.Dot, quantization_config=quant, memory=cold
+            )
+        shard = q.EdgeShard.create(str(root / "shard"), q.EdgeConfig(vectors=vectors))
+        (root / MANIFEST).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+        return cls(root, config, shard)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> EdgeBackend:
+        root = Path(path)
+        if not (root / MANIFEST).is_file():
+            raise FileNotFoundError(f"{root} holds no polyvec index ({MANIFEST} is missing)")
+        config = IndexConfig.from_dict(json.loads((root / MANIFEST).read_text()))
+        return cls(root, config, _edge().EdgeShard.load(str(root / "shard")))
+
+    def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None:
+        q = _edge()
+        names = list(vectors)
+        points = [
+            q.Point(point_id(doc_id), {n: vectors[n][i].tolist() for n in names}, {"id": doc_id})
+            for i, doc_id in enumerate(ids)
+        ]
+        self.shard.update(q.UpdateOperation.upsert_points(points))
+
+    def search(
+        self, queries: dict[str, list[np.ndarray] | np.ndarray], k: int, prefetch: int, params: SearchOptions
+    ) -> list[list[Hit]]:
+        q = _edge()
+        quant = None
+        if self.config.quantization != "none":
+            quant = q.QuantizationSearchParams(rescore=params.rescore, oversampling=params.oversampling)
+        sp = q.SearchParams(hnsw_ef=params.hnsw_ef, exact=params.exact, quantization=quant)
+        stage = _first_stage(self.config)
+        requests = []
+        for i, tokens in enumerate(queries[TOKENS]):
+            rerank = q.Query.Nearest(tokens.tolist(), using=TOKENS)
+            if stage is None:
+                requests.append(q.QueryRequest(limit=k, query=rerank, with_payload=["id"], params=sp))
+                continue
+            near = q.Query.Nearest(queries[stage[0]][i].tolist(), using=stage[0])
+            first = q.Prefetch(limit=prefetch, query=near, params=sp)
+            requests.append(q.QueryRequest(limit=k, prefetches=[first], query=rerank, with_payload=["id"], params=sp))
+        results = self.shard.query_batch(q.QueryBatchRequest(requests))
+        return [[Hit(str((p.payload or {})["id"]), float(p.score)) for p in r] for r in results]
+
+    def count(self) -> int:
+        return int(self.shard.info().points_count)
+
+    def optimize(self) -> None:
+        self.shard.optimize()  # merges segments and builds the HNSW graphs
+
+    def disk_bytes(self) -> int | None:
+        # Blocks in use, as du counts them: Qdrant preallocates its mmap files and WAL sparsely.
+        return sum(f.stat().st_blocks * 512 for f in (self.path / "shard").rglob("*") if f.is_file())
+
+    def close(self) -> None:
+        self.shard.flush()
+        self.shard.close()
+
+
+def _edge() -> Any:
+    try:
+        import qdrant_edge
+    except ImportError:
+        raise ImportError(
+            "an embedded index needs Qdrant Edge: pip install 'polyvec[index]' (qdrant-edge-py)"
+        ) from None
+    return qdrant_edge
+
+
+# -------------------------------------------------------------------------------------------------- a server
+
+
+class ClientBackend:
+    """A collection on a Qdrant server or cluster (or qdrant-client's in-process mode), the recipe in the
+    collection's metadata."""
+
+    def __init__(self, client: Any, collection: str, config: IndexConfig):
+        self.client, self.collection, self.config = client, collection, config
+
+    @staticmethod
+    def connect(location: str, api_key: str | None = None) -> Any:
+        try:
+            from qdrant_client import QdrantClient
+        except ImportError:
+            raise ImportError("a Qdrant server index needs qdrant-client: pip install 'polyvec[index]'") from None
+        if location == ":memory:":
+            return QdrantClient(":memory:")
+        return QdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY"))
+
+    @classmethod
+    def create(cls, client: Any, collection: str, config: IndexConfig, overwrite: bool = False) -> ClientBackend:
+        from qdrant_client import models as m
+
+        if client.collection_exists(collection):
+            if not overwrite:
+                raise FileExistsError(
+                    f"collection {collection!r} already exists (overwrite=True, or --overwrite, replaces it)"
+                )
+            client.delete_collection(collection)
+        quant: Any = None
+        if config.quantization == "int8":
+            quant = m.ScalarQuantization(scalar=m.ScalarQuantizationConfig(type=m.ScalarType.INT8, always_ram=True))
+        elif config.quantization == "binary":
+            quant = m.BinaryQuantization(binary=m.BinaryQuantizationConfig(always_ram=True))
+        on_disk = True if quant is not None else None
+        vectors = {
+            TOKENS: m.VectorParams(
+                size=config.dim,
+                distance=m.Distance.DOT,
+                multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
+                hnsw_config=m.HnswConfigDiff(m=0),  # re-rank only
+                quantization_config=quant,
+                on_disk=on_disk,
+            )
+        }
+        stage = _first_stage(config)
+        if stage is not None:
+            vectors[stage[0]] = m.VectorParams(
+                size=stage[1], distance=m.Distance.DOT, quantization_config=quant, on_disk=on_disk
+            )
+        client.create_collection(collection, vectors_config=vectors, metadata={"polyvec": config.to_dict()})
+        return cls(client, collection, config)
+
+    @classmethod
+    def open(cls, client: Any, collection: str) -> ClientBackend:
+        if not client.collection_exists(collection):
+            raise FileNotFoundError(f"no collection {collection!r}")
+        meta = (client.get_collection(collection).config.metadata or {}).get("polyvec")
+        if meta is None:
+            raise FileNotFoundError(f"collection {collection!r} was not written by polyvec (no 'polyvec' metadata)")
+        return cls(client, collection, IndexConfig.from_dict(meta))
+
+    def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None:
+        from qdrant_client import models as m
+
+        names = list(vectors)
+        points = [
+            m.PointStruct(
+                id=str(point_id(doc_id)), vector={n: vectors[n][i].tolist() for n in names}, payload={"id": doc_id}
+            )
+            for i, doc_id in enumerate(ids)
+        ]
+        self.client.upsert(self.collection, points=points, wait=True)
+
+    def search(
+        self, queries: dict[str, list[np.ndarray] | np.ndarray], k: int, prefetch: int, params: SearchOptions
+    ) -> list[list[Hit]]:
+        from qdrant_client import models as m
+
+        quant = None
+        if self.config.quantization != "none":
+            quant = m.QuantizationSearchParams(rescore=params.rescore, oversampling=params.oversampling)
+        sp = None  # left out unless set: qdrant-client's in-process mode warns that it ignores them
+        if quant is not None or params.hnsw_ef is not None or params.exact:
+            sp = m.SearchParams(hnsw_ef=params.hnsw_ef, exact=params.exact, quantization=quant)
+        stage = _first_stage(self.config)
+        requests = []
+        for i, tokens in enumerate(queries[TOKENS]):
+            first = None
+            if stage is not None:
+                first = [m.Prefetch(query=queries[stage[0]][i].tolist(), using=stage[0], limit=prefetch, params=sp)]
+            requests.append(
+                m.QueryRequest(
+                    query=tokens.tolist(), using=TOKENS, prefetch=first, limit=k, with_payload=["id"], params=sp
+                )
+            )
+        results = self.client.query_batch_points(self.collection, requests=requests)
+        return [[Hit(str((p.payload or {})["id"]), float(p.score)) for p in r.points] for r in results]
+
+    def count(self) -> int:
+        return int(self.client.count(self.collection, exact=True).count)
+
+    def optimize(self) -> None:
+        pass  # a server optimizes in the background
+
+    def disk_bytes(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        self.client.close()

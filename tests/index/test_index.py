@@ -1,0 +1,175 @@
+"""polyvec.index on Qdrant: embedded (Qdrant Edge) and through qdrant-client (its in-process mode standing in
+for a server), against exact MaxSim computed here over the same vectors; the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from polyvec import PoolingParams
+from polyvec.eval import document_text
+from polyvec.index import Index
+from polyvec.muvera import MuveraParams, muvera_for
+from polyvec.scoring import iter_maxsim
+from polyvec.token_pooling import hierarchical_pool
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "cranfield"
+LOCATIONS = ["edge", ":memory:"]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rows = [json.loads(line) for line in (DATA / "corpus.jsonl").read_text().splitlines() if line.strip()]
+    queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").read_text().splitlines()[:12]]
+    return [r["_id"] for r in rows], [document_text(r) for r in rows], queries
+
+
+@pytest.fixture(scope="module")
+def encoded(minilm_llm, corpus):
+    ids, texts, queries = corpus
+    docs = [o.outputs.data for o in minilm_llm.token_embed(texts, use_tqdm=False)]
+    qs = [o.outputs.data for o in minilm_llm.token_embed(queries, PoolingParams(input_type="query"), use_tqdm=False)]
+    return docs, qs
+
+
+def exact(queries, docs, ids, k):
+    scores = torch.empty(len(queries), len(docs))
+    for j, s in iter_maxsim(queries, docs):
+        scores[:, j] = s
+    top = scores.topk(k, dim=1)
+    return [[(ids[int(i)], float(v)) for v, i in zip(vals, idx)] for vals, idx in zip(top.values, top.indices)]
+
+
+def where(location, tmp_path):
+    return str(tmp_path / "idx") if location == "edge" else location
+
+
+def assert_same(hits, want, atol=1e-4):
+    for h, w in zip(hits, want, strict=True):
+        assert [x.id for x in h] == [x[0] for x in w]
+        assert np.allclose([x.score for x in h], [x[1] for x in w], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_full_scan_is_exact_maxsim(minilm_llm, corpus, encoded, tmp_path, location):
+    ids, texts, queries = corpus
+    docs, qs = encoded
+    with Index.create(where(location, tmp_path), minilm_llm, first_stage="none") as index:
+        assert index.add(texts, ids) == len(ids) and len(index) == len(ids)
+        index.optimize()
+        assert_same(index.search(queries, k=10), exact(qs, docs, ids, 10))
+        index.add(texts[:5], ids[:5])  # the same ids again replace, not duplicate
+        assert len(index) == len(ids)
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_muvera_first_stage_then_maxsim(minilm_llm, corpus, encoded, tmp_path, location):
+    ids, texts, queries = corpus
+    docs, qs = encoded
+    params = MuveraParams(k_sim=3, dim_proj=16, r_reps=8)
+    with Index.create(where(location, tmp_path), minilm_llm, muvera=params) as index:
+        index.add(texts, ids)
+        index.optimize()
+        # Every document a candidate: exact MaxSim.
+        assert_same(index.search(queries, k=10, prefetch=len(ids), hnsw_ef=512), exact(qs, docs, ids, 10))
+        # 20 candidates: those of the MUVERA encodings' dot products, re-ranked by MaxSim.
+        m = muvera_for(384, params)
+        first = m.encode(qs, query=True) @ m.encode(docs).T
+        got = index.search(queries, k=5, prefetch=20, hnsw_ef=512)
+        for qi, hits in enumerate(got):
+            cand = np.argsort(-first[qi], kind="stable")[:20]
+            want = exact([qs[qi]], [docs[c] for c in cand], [ids[c] for c in cand], 5)[0]
+            assert [h.id for h in hits] == [w[0] for w in want]
+
+
+def test_reopen_reads_the_recipe(minilm_llm, corpus, encoded, tmp_path):
+    ids, texts, queries = corpus
+    with Index.create(tmp_path / "idx", minilm_llm, first_stage="none", pool_factor=2) as index:
+        index.add(texts, ids)
+    with pytest.raises(FileExistsError, match="already holds an index"):
+        Index.create(tmp_path / "idx", minilm_llm)
+    with Index.open(tmp_path / "idx", minilm_llm) as index:
+        assert index.config.pool_factor == 2 and index.config.model == minilm_llm.model_config.model
+        docs, qs = encoded
+        pooled = [hierarchical_pool(d, 2) for d in docs]
+        assert_same(index.search(queries[:4], k=5), exact(qs[:4], pooled, ids, 5))
+    with pytest.raises(FileNotFoundError, match="holds no polyvec index"):
+        Index.open(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_dense_first_stage(minilm_llm, corpus, encoded, tmp_path, location):
+    ids, texts, queries = corpus
+    docs, qs = encoded
+    with Index.create(where(location, tmp_path), minilm_llm, first_stage="dense") as index:
+        index.add(texts, ids)
+        index.optimize()
+        got = index.search(queries, k=5, prefetch=15, hnsw_ef=512)
+    dq = minilm_llm.embed(queries, PoolingParams(input_type="query"), use_tqdm=False)
+    dd = minilm_llm.embed(texts, use_tqdm=False)
+    first = torch.stack([o.outputs.data for o in dq]) @ torch.stack([o.outputs.data for o in dd]).T
+    for qi, hits in enumerate(got):
+        cand = first[qi].topk(15).indices.tolist()
+        want = exact([qs[qi]], [docs[c] for c in cand], [ids[c] for c in cand], 5)[0]
+        assert [h.id for h in hits] == [w[0] for w in want]
+
+
+@pytest.mark.parametrize("quantization", ["int8", "binary"])
+def test_quantized_vectors_rescored(minilm_llm, corpus, encoded, tmp_path, quantization):
+    """Codes in RAM pick the candidates and the float32 originals re-score them (rescore=True; Qdrant's default
+    is on for binary, off for int8): with 4x oversampling the top 10 and its scores are the exact ones."""
+    ids, texts, queries = corpus
+    docs, qs = encoded
+    with Index.create(tmp_path / "idx", minilm_llm, first_stage="none", quantization=quantization) as index:
+        index.add(texts, ids)
+        index.optimize()
+        want = exact(qs, docs, ids, 10)
+        assert_same(index.search(queries, k=10, rescore=True, oversampling=4.0), want)
+
+
+def test_bad_arguments(minilm_llm, tmp_path):
+    with pytest.raises(ValueError, match="first_stage must be one of"):
+        Index.create(tmp_path / "a", minilm_llm, first_stage="bm25")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        Index.create(tmp_path / "a", minilm_llm, quantization="int4")
+    with pytest.raises(ValueError, match=r"muvera.dim_proj \(500\) must not exceed"):
+        Index.create(tmp_path / "a", minilm_llm, muvera={"dim_proj": 500, "r_reps": 1})
+    with Index.create(tmp_path / "b", minilm_llm, first_stage="none") as index:
+        with pytest.raises(ValueError, match=r"document 'x': expected token vectors of shape \(n >= 1, 384\)"):
+            index.add_vectors(["x"], [np.zeros((3, 128), dtype=np.float32)])
+        with pytest.raises(ValueError, match="k and prefetch must be positive"):
+            index.search_vectors([np.ones((2, 384), dtype=np.float32)], k=0)
+
+
+def test_cli_index_and_search(minilm_path, corpus, tmp_path):
+    ids, texts, queries = corpus
+    env_cmd = [sys.executable, "-m", "polyvec"]
+    idx = str(tmp_path / "cli.idx")
+    common = ["--model", str(minilm_path), "--dtype", "float32"]
+    r = subprocess.run([*env_cmd, "index", str(DATA / "corpus.jsonl"), "--index", idx, *common, "--quiet",
+                        "--index-quantization", "int8"], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"indexed {len(ids)} documents" in r.stdout and "quantization int8" in r.stdout
+    r = subprocess.run([*env_cmd, "search", "--index", idx, "--dtype", "float32", "-k", "3", queries[0], queries[1]],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["query"] for row in rows] == queries[:2] and all(len(row["hits"]) == 3 for row in rows)
+    assert all(h["id"] in ids for row in rows for h in row["hits"])
+    run = tmp_path / "run.trec"
+    r = subprocess.run([*env_cmd, "search", "--index", idx, "--queries", str(DATA / "queries.jsonl"), "-k", "2",
+                        "--format", "trec", "--output", str(run), "--dtype", "float32"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = run.read_text().splitlines()
+    assert len(lines) == 2 * len((DATA / "queries.jsonl").read_text().splitlines())
+    assert lines[0].split()[1] == "Q0" and lines[0].split()[3] == "1"
+    r = subprocess.run([*env_cmd, "index", str(DATA / "corpus.jsonl"), "--index", idx, *common, "--quiet"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "already holds an index" in r.stderr
