@@ -42,6 +42,8 @@ def test_documents_fill_empty_partitions_queries_do_not():
     assert (np.abs(query).sum(1) > 0).sum() <= 2  # only the partitions the two vectors fell into
     assert np.allclose(query.sum(0), x.sum(0))  # a query's partitions sum to its vectors' sum
     assert np.array_equal(m(np.zeros((0, 16))), np.zeros(m.output_dim, dtype=np.float32))
+    half = torch.from_numpy(x).bfloat16()  # what a bfloat16 engine hands over
+    assert np.allclose(m(half), m(half.float().numpy()))
 
 
 def test_dot_product_tracks_maxsim():

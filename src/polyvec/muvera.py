@@ -98,7 +98,12 @@ class Muvera:
     def __call__(self, vectors: torch.Tensor | np.ndarray, query: bool = False) -> np.ndarray:
         """One input's token vectors [n, dim] → its encoding [output_dim] (float32); no vectors give zeros (their
         MaxSim with anything is 0), where fastembed raises."""
-        x = vectors.detach().cpu().double().numpy() if isinstance(vectors, torch.Tensor) else np.asarray(vectors)
+        # The cast in numpy: a torch op between numpy's BLAS calls makes their thread pools contend (~5x slower).
+        if isinstance(vectors, torch.Tensor):
+            t = vectors.detach().cpu()
+            x = (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy()
+        else:
+            x = np.asarray(vectors)
         x = x.astype(np.float64, copy=False)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"muvera expects vectors of shape (n, {self.dim}), got {tuple(x.shape)}")

@@ -140,6 +140,10 @@ def test_bad_arguments(minilm_llm, tmp_path):
         Index.create(tmp_path / "a", minilm_llm, quantization="int4")
     with pytest.raises(ValueError, match=r"muvera.dim_proj \(500\) must not exceed"):
         Index.create(tmp_path / "a", minilm_llm, muvera={"dim_proj": 500, "r_reps": 1})
+    with pytest.raises(ValueError, match="shards and replicas apply to a Qdrant server"):
+        Index.create(tmp_path / "a", minilm_llm, shards=2)
+    with Index.create(":memory:", minilm_llm, first_stage="none", shards=2, replicas=2) as index:
+        assert len(index) == 0
     with Index.create(tmp_path / "b", minilm_llm, first_stage="none") as index:
         with pytest.raises(ValueError, match=r"document 'x': expected token vectors of shape \(n >= 1, 384\)"):
             index.add_vectors(["x"], [np.zeros((3, 128), dtype=np.float32)])

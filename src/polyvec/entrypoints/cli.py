@@ -92,6 +92,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             quantization=args.index_quantization,
             pool_factor=args.pool_factor,
             collection=args.collection,
+            shards=args.shards,
+            replicas=args.replicas,
             overwrite=args.overwrite,
         )
     except (ValueError, FileExistsError, ImportError) as exc:
@@ -778,6 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ix.add_argument("--pool-factor", type=int, default=None, help="pool documents' token vectors by this factor")
     ix.add_argument("--muvera", default=None, help='MUVERA parameters, JSON, e.g. \'{"k_sim": 4, "dim_proj": 16}\'')
+    ix.add_argument("--shards", type=int, default=None, help="a Qdrant cluster: the collection's shard_number")
+    ix.add_argument("--replicas", type=int, default=None, help="a Qdrant cluster: its replication_factor")
     ix.add_argument("--batch-size", type=int, default=512, help="documents encoded and written at a time")
     ix.add_argument("--limit", type=int, default=None, help="index only the first N documents")
     ix.add_argument("--overwrite", action="store_true", help="replace an index already at --index")

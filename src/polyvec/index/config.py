@@ -32,8 +32,6 @@ class IndexConfig:
     originals on disk for re-scoring; "none": float32 in RAM."""
     pool_factor: int | None = None
     """Documents' token vectors pooled by this factor before storage (PyLate's hierarchical pooling)."""
-    max_length: int | None = None
-    """Documents truncated to this many tokens (None: the model's maximum)."""
     format: int = FORMAT
 
     def __post_init__(self) -> None:

@@ -54,10 +54,13 @@ class Index:
         pool_factor: int | None = None,
         collection: str = "polyvec",
         api_key: str | None = None,
+        shards: int | None = None,
+        replicas: int | None = None,
         overwrite: bool = False,
     ) -> Index:
         """A new index at `location`: a folder (embedded), an http(s) URL of a Qdrant server, or ":memory:".
-        With `llm`, the model's name and widths come from it; without, give `model` and `dim` and add vectors."""
+        With `llm`, the model's name and widths come from it; without, give `model` and `dim` and add vectors.
+        On a cluster, `shards` and `replicas` set the collection's shard_number and replication_factor."""
         if llm is not None:
             mc = llm.model_config
             model, dim = model or mc.model, dim or mc.token_dim
@@ -82,8 +85,11 @@ class Index:
         loc = str(location)
         backend: Backend
         if _is_server(loc):
-            backend = ClientBackend.create(ClientBackend.connect(loc, api_key), collection, config, overwrite)
+            client = ClientBackend.connect(loc, api_key)
+            backend = ClientBackend.create(client, collection, config, overwrite, shards, replicas)
         else:
+            if shards is not None or replicas is not None:
+                raise ValueError("shards and replicas apply to a Qdrant server or cluster (an http(s) URL)")
             backend = EdgeBackend.create(loc, config, overwrite)
         return cls(backend, llm)
 
@@ -120,8 +126,6 @@ class Index:
 
     def _encode(self, texts: Sequence[Any], input_type: str) -> tuple[list[torch.Tensor], np.ndarray | None]:
         params = PoolingParams(input_type=input_type)
-        if self.config.max_length and input_type == "document":
-            params = replace(params, truncate_prompt_tokens=self.config.max_length)
         outs = self.llm.encode(list(texts), params, pooling_task=self._tasks(), use_tqdm=False)
         if self.config.first_stage != "dense":
             return [o.outputs.data for o in outs], None

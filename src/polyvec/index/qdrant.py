@@ -158,8 +158,10 @@ class EdgeBackend:
         self.shard.optimize()  # merges segments and builds the HNSW graphs
 
     def disk_bytes(self) -> int | None:
-        # Blocks in use, as du counts them: Qdrant preallocates its mmap files and WAL sparsely.
-        return sum(f.stat().st_blocks * 512 for f in (self.path / "shard").rglob("*") if f.is_file())
+        # The segments' blocks in use, as du counts them (Qdrant preallocates its mmap files sparsely); the
+        # write-ahead log, a copy of recent updates that Qdrant trims as segments flush, is not counted.
+        files = (self.path / "shard" / "segments").rglob("*")
+        return sum(f.stat().st_blocks * 512 for f in files if f.is_file())
 
     def close(self) -> None:
         self.shard.flush()
@@ -197,7 +199,15 @@ class ClientBackend:
         return QdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY"))
 
     @classmethod
-    def create(cls, client: Any, collection: str, config: IndexConfig, overwrite: bool = False) -> ClientBackend:
+    def create(
+        cls,
+        client: Any,
+        collection: str,
+        config: IndexConfig,
+        overwrite: bool = False,
+        shards: int | None = None,
+        replicas: int | None = None,
+    ) -> ClientBackend:
         from qdrant_client import models as m
 
         if client.collection_exists(collection):
@@ -227,7 +237,13 @@ class ClientBackend:
             vectors[stage[0]] = m.VectorParams(
                 size=stage[1], distance=m.Distance.DOT, quantization_config=quant, on_disk=on_disk
             )
-        client.create_collection(collection, vectors_config=vectors, metadata={"polyvec": config.to_dict()})
+        client.create_collection(
+            collection,
+            vectors_config=vectors,
+            shard_number=shards,
+            replication_factor=replicas,
+            metadata={"polyvec": config.to_dict()},
+        )
         return cls(client, collection, config)
 
     @classmethod
