@@ -2,6 +2,7 @@
 
     polyvec serve [MODEL]            start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
+    polyvec embed FILE --ray [ADDRESS] --task token_embed --output DIR   the same on a Ray cluster, to Parquet
     polyvec eval-retrieval --model M --data DIR [--mode dense|multivector|sparse|bm25] [--top-k 100]
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
     polyvec eval-retrieval --data DIR --mode hybrid --hybrid dense[:M] sparse:M [multivector[:M]] [bm25]
@@ -165,9 +166,55 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed_ray(args: argparse.Namespace) -> int:
+    """`polyvec embed FILE --ray [ADDRESS]`: the same job on a Ray cluster, written as Parquet."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise CommandError("--ray needs Ray: pip install 'polyvec[ray]'") from None
+    from ..integrations.ray import encode_dataset
+
+    if not args.output:
+        raise CommandError("--ray writes Parquet files: give --output DIR")
+    ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
+    path, io = args.file, 0.25  # reading and writing are light: they fit beside the engines' reservations
+    if path.endswith(".parquet") or os.path.isdir(path):
+        ds = ray.data.read_parquet(path, num_cpus=io)
+    elif path.endswith(".jsonl"):
+        ds = ray.data.read_json(path, lines=True, num_cpus=io)
+        if "title" in ds.schema().names:  # BEIR: title and text as one text, as polyvec embed reads them
+            ds = ds.map(lambda row: {**row, "text": document_text(row)}, num_cpus=io)
+    else:
+        ds = ray.data.read_text(path, num_cpus=io)
+    if args.limit:
+        ds = ds.limit(args.limit)
+    tasks = args.task.split("+")
+    start = time.perf_counter()
+    model_kwargs = {"dtype": args.dtype, "max_num_batched_tokens": args.max_num_batched_tokens}
+    out = encode_dataset(
+        ds,
+        args.model,
+        task=tasks[0] if len(tasks) == 1 else tasks,
+        text_column=args.text_column,
+        actors=args.actors,
+        threads_per_actor=args.threads_per_actor,
+        num_gpus=args.gpus_per_actor,
+        batch_size=args.batch_size,
+        **{k: v for k, v in model_kwargs.items() if v is not None},
+    )
+    out.write_parquet(args.output, ray_remote_args={"num_cpus": io})
+    rows = ray.data.read_parquet(args.output, num_cpus=io).count()
+    print(f"encoded {rows} rows ({args.task}) on Ray in {time.perf_counter() - start:.1f} s; written to {args.output}")
+    return 0
+
+
 def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
+
+    if args.ray:
+        return cmd_embed_ray(args)
 
     try:
         texts = read_texts(args.file, args.limit)
@@ -712,6 +759,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--output", default=None, help="write the embeddings to this .npy file (float32, one row per text)")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="run on a Ray cluster (ADDRESS, e.g. auto or ray://head:10001; none: a local one) with a pool of "
+        "engines, reading FILE (jsonl, parquet or text) with Ray Data and writing Parquet to --output DIR",
+    )
+    p.add_argument(
+        "--task",
+        default="embed",
+        help="--ray: embed, token_embed, classify, token_classify, embed_sparse, or several joined by + "
+        "(one forward pass; a column each)",
+    )
+    p.add_argument("--text-column", default="text", help="--ray: the column holding the texts (default: text)")
+    p.add_argument("--actors", type=int, default=None, help="--ray: engines (default: one per node, or per GPU)")
+    p.add_argument(
+        "--threads-per-actor", type=int, default=None, help="--ray: CPU threads per engine (default: a node's CPUs)"
+    )
+    p.add_argument("--gpus-per-actor", type=float, default=0, help="--ray: GPUs per engine (default: 0, CPU)")
+    p.add_argument("--batch-size", type=int, default=256, help="--ray: rows per batch handed to an engine")
     p.set_defaults(func=cmd_embed)
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
     ev.add_argument("--data", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels.tsv")

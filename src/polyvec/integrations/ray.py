@@ -1,0 +1,151 @@
+"""Corpus encoding on Ray Data: a pool of polyvec engines (one Ray actor each) behind `map_batches`.
+
+    import ray
+    from polyvec.integrations.ray import encode_dataset
+
+    ds = ray.data.read_json("corpus.jsonl", num_cpus=0.25)         # or read_parquet, from_items, ...
+    out = encode_dataset(ds, "colbert-model", task="token_embed")  # one engine per node by default
+    out.write_parquet("vectors/", ray_remote_args={"num_cpus": 0.25})
+
+Every task polyvec serves: embed (a fixed-size list column), token_embed and token_classify (a list of
+fixed-size lists: one row per token, nothing padded), classify (a list), embed_sparse (a struct of indices and
+values) and several tasks from one forward pass (one column per task). The columns are plain Arrow types, so
+Parquet readers without Ray read them. Ray retries a batch whose actor died on a new one; the output of a
+batch is kept only once it completes, so each input row comes out exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BATCH_SIZE = 256
+
+
+def _vectors(rows: Sequence[np.ndarray], dtype: Any) -> Any:
+    """[n_i, d] arrays → list<fixed_size_list<dtype, d>>: token vectors without padding."""
+    import pyarrow as pa
+
+    width = rows[0].shape[1] if rows else 0
+    flat = np.concatenate([r.reshape(-1, width) for r in rows]) if rows else np.zeros((0, 0))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum([r.shape[0] for r in rows])
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).astype(dtype)), width)
+    return pa.ListArray.from_arrays(pa.array(offsets), inner)
+
+
+def _column(task: str, outputs: Sequence[Any]) -> Any:
+    """One task's outputs (tensors) as an Arrow column."""
+    import pyarrow as pa
+
+    arrays = [o.float().numpy() for o in outputs]
+    if task in ("token_embed", "token_classify"):
+        return _vectors(arrays, np.float32)
+    if task == "embed_sparse":
+        indices = [np.flatnonzero(a).astype(np.int32) for a in arrays]
+        values = [a[i] for a, i in zip(arrays, indices)]
+        return pa.StructArray.from_arrays(
+            [pa.array(indices, pa.list_(pa.int32())), pa.array(values, pa.list_(pa.float32()))], ["indices", "values"]
+        )
+    if task == "classify":
+        return pa.array([a.astype(np.float32) for a in arrays], pa.list_(pa.float32()))
+    width = arrays[0].shape[0] if arrays else 0  # embed: one vector per row
+    flat = np.concatenate(arrays).astype(np.float32) if arrays else np.zeros(0, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+
+
+class PolyvecEncoder:
+    """The callable class `map_batches` runs in each actor: one LLM per actor, loaded once."""
+
+    def __init__(
+        self,
+        model: str,
+        task: str | Sequence[str] = "embed",
+        text_column: str = "text",
+        output_column: str | None = None,
+        pooling_params: dict[str, Any] | None = None,
+        num_threads: int | None = None,
+        llm_kwargs: dict[str, Any] | None = None,
+    ):
+        from .. import LLM, PoolingParams
+
+        self.llm = LLM(model, num_threads=num_threads, **(llm_kwargs or {}))
+        self.task, self.text_column = task, text_column
+        self.output_column = output_column or (task if isinstance(task, str) else "")
+        self.params = PoolingParams(**(pooling_params or {}))
+        self.pid = os.getpid()
+
+    def __call__(self, batch: Any) -> Any:
+        texts = batch.column(self.text_column).to_pylist()
+        outs = self.llm.encode(texts, self.params, pooling_task=self.task, use_tqdm=False)
+        if isinstance(self.task, str):
+            return batch.append_column(self.output_column, _column(self.task, [o.outputs.data for o in outs]))
+        for t in self.task:  # several tasks from one forward pass: a column each
+            name = f"{self.output_column}_{t}" if self.output_column else t
+            batch = batch.append_column(name, _column(t, [o.outputs.data[t] for o in outs]))
+        return batch
+
+
+def default_pool(num_gpus: float = 0) -> tuple[int, int]:
+    """(actors, threads per actor) for the connected cluster: one engine per GPU, else one per node with the
+    node's CPUs as its threads (one engine using every core beats several sharing them)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if num_gpus:
+        gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+        return max(1, int(gpus // num_gpus)), 2
+    cpus = [int(n["Resources"].get("CPU", 1)) for n in nodes] or [os.cpu_count() or 1]
+    return len(cpus), max(1, min(cpus))
+
+
+def encode_dataset(
+    ds: Any,
+    model: str,
+    task: str | Sequence[str] = "embed",
+    *,
+    text_column: str = "text",
+    output_column: str | None = None,
+    pooling_params: dict[str, Any] | None = None,
+    actors: int | None = None,
+    threads_per_actor: int | None = None,
+    num_gpus: float = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    **llm_kwargs: Any,
+) -> Any:
+    """`ds` with the task's output column(s) added, computed by `actors` polyvec engines (lazy, as Ray Data
+    is: write or iterate the result to run it)."""
+    import ray.data
+
+    if not ray.is_initialized():
+        ray.init()
+    auto_actors, auto_threads = default_pool(num_gpus)
+    actors = actors or auto_actors
+    threads = threads_per_actor or auto_threads
+    # An engine on a whole node reserves half a CPU less than it uses, so that the read and write tasks feeding
+    # it (give them num_cpus <= 0.5, as `polyvec embed --ray` does) can be scheduled beside it, not deadlock.
+    reserve = threads if threads_per_actor or num_gpus else max(0.5, threads - 0.5)
+    if actors < 1 or threads < 1 or batch_size < 1:
+        raise ValueError(
+            f"actors, threads_per_actor and batch_size must be positive: {actors}, {threads}, {batch_size}"
+        )
+    return ds.map_batches(
+        PolyvecEncoder,
+        fn_constructor_kwargs={
+            "model": model,
+            "task": task,
+            "text_column": text_column,
+            "output_column": output_column,
+            "pooling_params": pooling_params,
+            "num_threads": None if num_gpus else threads,
+            "llm_kwargs": llm_kwargs,
+        },
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=reserve,
+        num_gpus=num_gpus or None,
+    )

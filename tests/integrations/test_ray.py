@@ -1,0 +1,124 @@
+"""polyvec on Ray Data, on a local Ray cluster of two nodes (a head and a worker, each a raylet process on this
+machine): every task's column equals the single-process output row by row; a killed engine actor loses and
+duplicates nothing; `polyvec embed --ray` end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import ray
+import ray.data
+
+from polyvec import LLM
+from polyvec.integrations.ray import encode_dataset
+
+TOPICS = ["boundary layers", "wing flutter", "heat transfer"]
+TEXTS = [f"passage {i} about " + " and ".join(TOPICS[: 1 + i % 3]) for i in range(120)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, logging_level="ERROR")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def rows_by_id(path):
+    table = pq.read_table(path)
+    return {r["id"]: r for r in table.to_pylist()}, table
+
+
+@pytest.mark.parametrize("task", ["embed", "token_embed", ["token_embed", "embed"]])
+def test_columns_equal_single_process(cluster, tmp_path, minilm_path, minilm_llm, task):
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+    ds = ray.data.from_items([{"id": str(i), "text": t} for i, t in enumerate(TEXTS)])
+    out = encode_dataset(ds, str(minilm_path), task=task, dtype="float32", batch_size=16)
+    out.write_parquet(str(tmp_path / "out"))
+    rows, table = rows_by_id(str(tmp_path / "out"))
+    assert sorted(rows, key=int) == [str(i) for i in range(len(TEXTS))]
+    tasks = [task] if isinstance(task, str) else task
+    for t in tasks:
+        want = minilm_llm.encode(TEXTS, pooling_task=t, use_tqdm=False)
+        for i, o in enumerate(want):
+            got = np.asarray(rows[str(i)][t], dtype=np.float32)
+            assert got.shape == tuple(o.outputs.data.shape), (t, i)
+            assert np.allclose(got, o.outputs.data.numpy(), atol=1e-5), (t, i)
+    if "token_embed" in tasks:  # plain Arrow: a list of fixed-size lists, no padding
+        assert str(table.schema.field("token_embed").type) == "list<element: fixed_size_list<element: float>[384]>"
+
+
+def test_sparse_column(cluster, tmp_path, splade_path):
+    ds = ray.data.from_items([{"id": str(i), "text": t} for i, t in enumerate(TEXTS[:24])])
+    encode_dataset(ds, str(splade_path), task="embed_sparse", dtype="float32", batch_size=8).write_parquet(
+        str(tmp_path / "out")
+    )
+    rows, _ = rows_by_id(str(tmp_path / "out"))
+    want = LLM(str(splade_path), dtype="float32").embed_sparse(TEXTS[:24], use_tqdm=False)
+    for i, o in enumerate(want):
+        v = o.outputs.data
+        idx = v.nonzero().squeeze(1)
+        assert rows[str(i)]["embed_sparse"]["indices"] == idx.tolist()
+        assert np.allclose(rows[str(i)]["embed_sparse"]["values"], v[idx].numpy(), atol=1e-5)
+
+
+def test_killed_actor_loses_and_duplicates_nothing(cluster, tmp_path, minilm_path, minilm_llm):
+    texts = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(1500)]
+    ds = ray.data.from_items([{"id": str(i), "text": t} for i, t in enumerate(texts)])
+    out = encode_dataset(ds, str(minilm_path), task="embed", dtype="float32", batch_size=8)
+    killed: list[int] = []
+
+    def kill_one_engine():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if "MapBatches(PolyvecEncoder)" in " ".join(p.info["cmdline"] or []) and p.cpu_percent(0.5) > 20:
+                        os.kill(p.info["pid"], signal.SIGKILL)  # an engine busy encoding, killed mid-job
+                        killed.append(p.info["pid"])
+                        return
+                except (psutil.Error, ProcessLookupError):
+                    continue
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_one_engine)
+    killer.start()
+    out.write_parquet(str(tmp_path / "out"))
+    killer.join()
+    assert killed, "no engine actor was found busy to kill"
+    rows, table = rows_by_id(str(tmp_path / "out"))
+    assert table.num_rows == len(texts) and sorted(rows, key=int) == [str(i) for i in range(len(texts))]
+    want = minilm_llm.embed(texts, use_tqdm=False)
+    for i, o in enumerate(want):
+        assert np.allclose(rows[str(i)]["embed"], o.outputs.data.numpy(), atol=1e-5)
+
+
+def test_cli_embed_on_ray(cluster, tmp_path, minilm_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40])))
+    cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, "--model",
+           str(minilm_path), "--dtype", "float32", "--task", "token_embed+embed", "--output", str(tmp_path / "out"),
+           "--batch-size", "16"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "encoded 40 rows (token_embed+embed) on Ray" in r.stdout
+    table = pq.read_table(str(tmp_path / "out"))
+    assert table.num_rows == 40 and {"_id", "text", "token_embed", "embed"} <= set(table.column_names)
+    assert table.column("text").to_pylist()[0].startswith("t")  # title and text joined, as polyvec embed reads
+    r = subprocess.run([c for c in cmd if c not in ("--output", str(tmp_path / "out"))], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "give --output DIR" in r.stderr
