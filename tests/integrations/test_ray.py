@@ -111,8 +111,8 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40])))
     cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, "--model",
-           str(minilm_path), "--dtype", "float32", "--task", "token_embed+embed", "--output", str(tmp_path / "out"),
-           "--batch-size", "16"]  # fmt: skip
+           str(minilm_path), "--dtype", "float32", "--pooling-task", "token_embed+embed",
+           "--output", str(tmp_path / "out"), "--batch-size", "16"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "encoded 40 rows (token_embed+embed) on Ray" in r.stdout

@@ -2,7 +2,7 @@
 
     polyvec serve [MODEL]            start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
-    polyvec embed FILE --ray [ADDRESS] --task token_embed --output DIR   the same on a Ray cluster, to Parquet
+    polyvec embed FILE --ray [ADDRESS] --pooling-task token_embed --output DIR   on a Ray cluster, to Parquet
     polyvec eval-retrieval --model M --data DIR [--mode dense|multivector|sparse|bm25] [--top-k 100]
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
     polyvec eval-retrieval --data DIR --mode hybrid --hybrid dense[:M] sparse:M [multivector[:M]] [bm25]
@@ -189,7 +189,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         ds = ray.data.read_text(path, num_cpus=io)
     if args.limit:
         ds = ds.limit(args.limit)
-    tasks = args.task.split("+")
+    tasks = args.pooling_task.split("+")
     start = time.perf_counter()
     model_kwargs = {"dtype": args.dtype, "max_num_batched_tokens": args.max_num_batched_tokens}
     out = encode_dataset(
@@ -205,7 +205,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
     )
     out.write_parquet(args.output, ray_remote_args={"num_cpus": io})
     rows = ray.data.read_parquet(args.output, num_cpus=io).count()
-    print(f"encoded {rows} rows ({args.task}) on Ray in {time.perf_counter() - start:.1f} s; written to {args.output}")
+    took = time.perf_counter() - start
+    print(f"encoded {rows} rows ({args.pooling_task}) on Ray in {took:.1f} s; written to {args.output}")
     return 0
 
 
@@ -769,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
         "engines, reading FILE (jsonl, parquet or text) with Ray Data and writing Parquet to --output DIR",
     )
     p.add_argument(
-        "--task",
+        "--pooling-task",
         default="embed",
         help="--ray: embed, token_embed, classify, token_classify, embed_sparse, or several joined by + "
         "(one forward pass; a column each)",

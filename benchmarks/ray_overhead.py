@@ -1,0 +1,77 @@
+"""What Ray Data costs: one polyvec engine as a Ray actor against plain offline encoding of the same passages.
+
+    python benchmarks/ray_overhead.py [--data vaswani] [--limit N] [--rounds 2] [--task embed token_embed]
+
+Each round runs, one after the other on the same cores: `LLM.iter_encode` over the passages (what `polyvec
+embed` does) in this process, then `encode_dataset` with one actor using every core on a local Ray, the
+passages from `ray.data.from_items`, the output written as Parquet to a temporary folder (what `polyvec embed
+--ray` does; its time includes starting the actor and loading the model there, which a job pays once).
+Tokens per second of each, and their ratio per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import hardware, load_passages  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="vaswani")
+    ap.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--task", nargs="+", default=["embed", "token_embed"])
+    args = ap.parse_args()
+    import ray
+    import ray.data
+
+    from polyvec import LLM
+    from polyvec.integrations.ray import encode_dataset
+
+    texts = load_passages((args.data,), limit=args.limit)
+    cores = os.cpu_count() or 1
+    llm = LLM(args.model, dtype=args.dtype)
+    tokens = sum(len(p.prompt_token_ids) for p in llm.engine.process(texts, None, "embed"))
+    llm.embed(texts[:64], use_tqdm=False)  # warm-up
+    ray.init(num_cpus=cores, include_dashboard=False, logging_level="ERROR")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    items = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    print(f"## Ray Data overhead: {len(texts)} {args.data} passages, {tokens} tokens; {args.model} {args.dtype}\n"
+          f"{time.strftime('%Y-%m-%d')}, {hardware()}; one actor with {cores} threads, "
+          f"batches of {args.batch_size}\n")  # fmt: skip
+    print("| task | round | offline tokens/s | Ray, 1 actor tokens/s | Ray / offline |")
+    print("|---|---|---|---|---|")
+    for task in args.task:
+        for r in range(1, args.rounds + 1):
+            t0 = time.perf_counter()
+            for _ in llm.iter_encode(texts, pooling_task=task):
+                pass
+            offline = tokens / (time.perf_counter() - t0)
+            out = Path(tempfile.mkdtemp(prefix="polyvec-ray-"))
+            try:
+                ds = ray.data.from_items(items)
+                t0 = time.perf_counter()
+                encode_dataset(ds, args.model, task=task, dtype=args.dtype, actors=1, batch_size=args.batch_size)\
+                    .write_parquet(str(out / "o"), ray_remote_args={"num_cpus": 0.25})  # fmt: skip
+                on_ray = tokens / (time.perf_counter() - t0)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+            print(f"| {task} | {r} | {offline:,.0f} | {on_ray:,.0f} | {on_ray / offline:.2f} |", flush=True)
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
