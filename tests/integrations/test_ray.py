@@ -122,3 +122,25 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path):
     r = subprocess.run([c for c in cmd if c not in ("--output", str(tmp_path / "out"))], capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "give --output DIR" in r.stderr
+
+
+@pytest.mark.parametrize("first_stage", ["muvera", "dense"])
+def test_index_dataset_equals_a_local_build(cluster, tmp_path, minilm_path, minilm_llm, first_stage):
+    from polyvec.index import Index
+    from polyvec.integrations.ray import index_dataset
+
+    ids = [f"d{i}" for i in range(len(TEXTS))]
+    queries = ["wing flutter", "heat transfer in boundary layers"]
+    with Index.create(tmp_path / "local", minilm_llm, first_stage=first_stage) as local:
+        local.add(TEXTS, ids)
+        local.optimize()
+        want = local.search(queries, k=5, prefetch=len(ids), hnsw_ef=512)
+    ds = ray.data.from_items([{"id": d, "text": t} for d, t in zip(ids, TEXTS)])
+    with Index.create(tmp_path / "ray", minilm_llm, first_stage=first_stage) as index:
+        assert index_dataset(ds, index, dtype="float32", batch_size=16) == len(ids)
+        assert len(index) == len(ids)
+        index.optimize()
+        got = index.search(queries, k=5, prefetch=len(ids), hnsw_ef=512)
+    for g, w in zip(got, want):
+        assert [h.id for h in g] == [h.id for h in w]
+        assert np.allclose([h.score for h in g], [h.score for h in w], atol=1e-4)

@@ -11,7 +11,8 @@ Every task polyvec serves: embed (a fixed-size list column), token_embed and tok
 fixed-size lists: one row per token, nothing padded), classify (a list), embed_sparse (a struct of indices and
 values) and several tasks from one forward pass (one column per task). The columns are plain Arrow types, so
 Parquet readers without Ray read them. Ray retries a batch whose actor died on a new one; the output of a
-batch is kept only once it completes, so each input row comes out exactly once.
+batch is kept only once it completes, so each input row comes out exactly once. `index_dataset` writes the
+token vectors into a `polyvec.index.Index` (Qdrant) instead.
 """
 
 from __future__ import annotations
@@ -149,3 +150,55 @@ def encode_dataset(
         num_cpus=reserve,
         num_gpus=num_gpus or None,
     )
+
+
+def token_rows(column: Any) -> list[np.ndarray]:
+    """A list<fixed_size_list<float32, d>> column back to one [n_i, d] array per row."""
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    width = arr.type.value_type.list_size
+    offsets = arr.offsets.to_numpy()
+    flat = arr.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+
+
+def index_dataset(
+    ds: Any,
+    index: Any,
+    *,
+    id_column: str = "id",
+    text_column: str = "text",
+    actors: int | None = None,
+    threads_per_actor: int | None = None,
+    num_gpus: float = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    **llm_kwargs: Any,
+) -> int:
+    """Encode a Dataset's documents on Ray with the index's model (as documents; with the embed vectors too for
+    a dense first stage) and write them into `index` (a `polyvec.index.Index`) from the driver, batch by batch.
+    Returns how many were written."""
+    config = index.config
+    dense = config.first_stage == "dense"
+    out = encode_dataset(
+        ds,
+        config.model,
+        task=["token_embed", "embed"] if dense else "token_embed",
+        text_column=text_column,
+        pooling_params={"input_type": "document"},
+        actors=actors,
+        threads_per_actor=threads_per_actor,
+        num_gpus=num_gpus,
+        batch_size=batch_size,
+        **llm_kwargs,
+    )
+    written = 0
+    for batch in out.iter_batches(batch_format="pyarrow", batch_size=batch_size):
+        ids = [str(x) for x in batch.column(id_column).to_pylist()]
+        vectors = None
+        if dense:
+            col = batch.column("embed").combine_chunks()
+            vectors = col.values.to_numpy(zero_copy_only=False).reshape(len(ids), -1)
+        index.add_vectors(ids, token_rows(batch.column("token_embed")), vectors)
+        written += len(ids)
+    return written
