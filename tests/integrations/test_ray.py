@@ -1,5 +1,6 @@
 """polyvec on Ray Data, on a local Ray cluster of two nodes (a head and a worker, each a raylet process on this
-machine): every task's column equals the single-process output row by row; a killed engine actor loses and
+machine): every task's column (embed, token_embed, classify, token_classify, embed_sparse, several at once)
+equals the single-process output row by row; a killed engine actor loses and
 duplicates nothing; `polyvec embed --ray` end to end."""
 
 from __future__ import annotations
@@ -144,3 +145,20 @@ def test_index_dataset_equals_a_local_build(cluster, tmp_path, minilm_path, mini
     for g, w in zip(got, want):
         assert [h.id for h in g] == [h.id for h in w]
         assert np.allclose([h.score for h in g], [h.score for h in w], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("task", "model_cls"),
+    [("classify", "BertForSequenceClassification"), ("token_classify", "BertForTokenClassification")],
+)
+def test_classifier_columns(cluster, tmp_path, minilm_path, task, model_cls):
+    from tests.helpers import TINY, save_tiny_model
+
+    folder = save_tiny_model(model_cls, "BertConfig", tmp_path / "model", minilm_path, num_labels=3, **TINY)
+    ds = ray.data.from_items([{"id": str(i), "text": t} for i, t in enumerate(TEXTS[:32])])
+    encode_dataset(ds, str(folder), task=task, dtype="float32", batch_size=8).write_parquet(str(tmp_path / "out"))
+    rows, _ = rows_by_id(str(tmp_path / "out"))
+    want = LLM(str(folder), dtype="float32").encode(TEXTS[:32], pooling_task=task, use_tqdm=False)
+    for i, o in enumerate(want):
+        got = np.asarray(rows[str(i)][task], dtype=np.float32)
+        assert got.shape == tuple(o.outputs.data.shape) and np.allclose(got, o.outputs.data.numpy(), atol=1e-5)
