@@ -98,7 +98,7 @@ class Muvera:
     def __call__(self, vectors: torch.Tensor | np.ndarray, query: bool = False) -> np.ndarray:
         """One input's token vectors [n, dim] → its encoding [output_dim] (float32); no vectors give zeros (their
         MaxSim with anything is 0), where fastembed raises."""
-        # The cast in numpy: a torch op between numpy's BLAS calls makes their thread pools contend (~5x slower).
+        # The cast in numpy: a torch op between numpy's BLAS calls makes their thread pools contend.
         if isinstance(vectors, torch.Tensor):
             t = vectors.detach().cpu()
             x = (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy()

@@ -31,42 +31,31 @@ from ..eval import document_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
-def read_texts(path: str, limit: int | None = None) -> list[str]:
-    """Texts of a BEIR-style `corpus.jsonl` (title + text) or of a plain file, one text per line: a blank line
-    is an empty text, so that output row i is line i."""
-    texts = []
+def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[str]]:
+    """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same) or
+    of a plain file, one text per line: a blank line is an empty text, so that output row i is line i (its id)."""
+    ids, texts = [], []
     jsonl = path.endswith(".jsonl")
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for n, line in enumerate(f):
             line = line.rstrip("\r\n")
             if jsonl:
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                line = document_text(row)
-            texts.append(line)
-            if limit is not None and len(texts) >= limit:
-                break
-    return texts
-
-
-def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same) or
-    of a plain file, one text per line, its id the line number from 0."""
-    if not path.endswith(".jsonl"):
-        texts = read_texts(path, limit)
-        return [str(i) for i in range(len(texts))], texts
-    ids, texts = [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            ids.append(str(row.get("_id", row.get("id", n))))
-            texts.append(document_text(row))
+                ids.append(str(row.get("_id", row.get("id", n))))
+                texts.append(document_text(row))
+            else:
+                ids.append(str(n))
+                texts.append(line)
             if limit is not None and len(texts) >= limit:
                 break
     return ids, texts
+
+
+def read_texts(path: str, limit: int | None = None) -> list[str]:
+    """The texts of `read_corpus`."""
+    return read_corpus(path, limit)[1]
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -140,7 +129,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         index = Index.open(args.index, collection=args.collection)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise CommandError(str(exc)) from None
-    index._llm = LLM(args.model or index.config.model, dtype=args.dtype)
+    index = Index(index.backend, LLM(args.model or index.config.model, dtype=args.dtype))  # its recipe's model
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         with index:

@@ -80,8 +80,8 @@ class Index:
         )
         if muvera is not None:
             config = replace(config, muvera=MuveraParams.coerce(muvera))
-        if config.first_stage == "muvera" and config.muvera.dim_proj > dim:
-            raise ValueError(f"muvera.dim_proj ({config.muvera.dim_proj}) must not exceed the vectors' width ({dim})")
+        if config.first_stage == "muvera":
+            muvera_for(dim, config.muvera)  # its checks, before anything is created
         loc = str(location)
         backend: Backend
         if _is_server(loc):
@@ -199,13 +199,11 @@ class Index:
     ) -> list[list[Hit]]:
         """The k best documents for each query (a string or a list), best first, by MaxSim over the first
         stage's `prefetch` candidates."""
-        single = isinstance(queries, str)
-        texts = [queries] if single else list(queries)
+        texts = [queries] if isinstance(queries, str) else list(queries)
         tokens, dense = self._encode(texts, "query")
-        hits = self.search_vectors(
+        return self.search_vectors(
             tokens, dense, k=k, prefetch=prefetch, hnsw_ef=hnsw_ef, rescore=rescore, oversampling=oversampling
         )
-        return hits
 
     def search_vectors(
         self,
