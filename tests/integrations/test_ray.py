@@ -26,19 +26,6 @@ TOPICS = ["boundary layers", "wing flutter", "heat transfer"]
 TEXTS = [f"passage {i} about " + " and ".join(TOPICS[: 1 + i % 3]) for i in range(120)]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
-    ray.init(address=c.address, logging_level="ERROR")
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
 def rows_by_id(path):
     table = pq.read_table(path)
     return {r["id"]: r for r in table.to_pylist()}, table

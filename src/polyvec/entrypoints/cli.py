@@ -269,7 +269,7 @@ def env_name(flag: str) -> str:
 
 
 def _flag(
-    p: argparse.ArgumentParser,
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
     default: Any = None,
     help: str = "",
@@ -462,6 +462,26 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
     )
     _flag(p, "--log-level", "info", "debug, info, warning or error")
+    g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
+    _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind Ray's HTTP proxy", cast=int)
+    _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=int)
+    _flag(g, "--max-replicas", help="autoscale on requests in progress, up to this many replicas", cast=int)
+    _flag(
+        g,
+        "--target-ongoing-requests",
+        32.0,
+        "autoscaling: requests in progress per replica to aim for",
+        cast=float,
+    )
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="the Ray cluster to run the replicas on (e.g. auto or ray://head:10001; none: a local one); "
+        "--threads is then threads per replica",
+    )
     add_vllm_args(p)
 
 
@@ -531,22 +551,25 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`create_engine`'s keyword arguments from the model flags every command has."""
+    return {
+        "dtype": args.dtype,
+        "device": args.device,
+        "num_threads": args.threads,
+        "quantization": args.quantization,
+        "revision": args.revision,
+        "download_dir": args.download_dir,
+        **vllm_options(args),
+    }
+
+
 def load_engine(args: argparse.Namespace, **kwargs):
     """The engine for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
     from ..engine.factory import create_engine
 
     try:
-        return create_engine(
-            args.model,
-            dtype=args.dtype,
-            device=args.device,
-            num_threads=args.threads,
-            quantization=args.quantization,
-            revision=args.revision,
-            download_dir=args.download_dir,
-            **vllm_options(args),
-            **kwargs,
-        )
+        return create_engine(args.model, **model_options(args), **kwargs)
     except ModelNotFoundError as exc:
         raise CommandError(str(exc)) from None
     except (ValueError, OSError) as exc:  # an unsupported or broken checkpoint, a bad setting
@@ -564,32 +587,57 @@ class CommandError(Exception):
     """Printed as `polyvec: error: ...` with exit status 2."""
 
 
+def serve_engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine settings of `polyvec serve` beyond the model flags."""
+    return {
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "truncation": args.truncation,
+        "convert": args.convert,
+        "long_input": args.long_input,
+        "window_overlap": args.window_overlap,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "max_request_image_pixels": args.max_request_image_pixels or None,
+    }
+
+
+def server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`ServerConfig`'s fields from the flags."""
+    return {
+        "served_model_names": args.served_model_name or [args.model],
+        "api_key": args.api_key,
+        "max_request_bytes": args.max_request_bytes,
+        "max_inputs_per_request": args.max_inputs_per_request,
+        "max_tokens_per_request": args.max_tokens_per_request,
+        "max_windows_per_input": args.max_windows_per_input,
+        "request_body_timeout": args.request_body_timeout,
+        "max_concurrent_requests": args.max_concurrent_requests,
+        "warmup": not args.enforce_eager,
+        "request_id_headers": args.enable_request_id_headers,
+        "chat_template": args.chat_template,
+        "trust_request_chat_template": args.trust_request_chat_template,
+    }
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
     import signal
+
+    if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
+        args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas or args.min_replicas or args.max_replicas or args.ray:
+        return cmd_serve_ray(args)
 
     import torch
     import uvicorn
 
     from .server.app import ServerConfig, build_app
 
-    if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
-        args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("polyvec.serve")
-    engine = load_engine(
-        args,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        truncation=args.truncation,
-        convert=args.convert,
-        long_input=args.long_input,
-        window_overlap=args.window_overlap,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        enable_prefix_caching=args.enable_prefix_caching,
-        max_request_image_pixels=args.max_request_image_pixels or None,
-    )
+    engine = load_engine(args, **serve_engine_options(args))
     mc = engine.model_config
     tasks = engine.supported_tasks
     log.info(
@@ -622,23 +670,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine.engine_config.max_num_batched_tokens,
         engine.engine_config.max_num_seqs,
     )
-    app = build_app(
-        engine,
-        ServerConfig(
-            served_model_names=args.served_model_name or [args.model],
-            api_key=args.api_key,
-            max_request_bytes=args.max_request_bytes,
-            max_inputs_per_request=args.max_inputs_per_request,
-            max_tokens_per_request=args.max_tokens_per_request,
-            max_windows_per_input=args.max_windows_per_input,
-            request_body_timeout=args.request_body_timeout,
-            max_concurrent_requests=args.max_concurrent_requests,
-            warmup=not args.enforce_eager,
-            request_id_headers=args.enable_request_id_headers,
-            chat_template=args.chat_template,
-            trust_request_chat_template=args.trust_request_chat_template,
-        ),
-    )
+    app = build_app(engine, ServerConfig(**server_options(args)))
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=60
@@ -648,6 +680,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # a no-op handler there lets the process exit 0 after a graceful shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
+    return 0
+
+
+def cmd_serve_ray(args: argparse.Namespace) -> int:
+    """`polyvec serve --replicas N`: the same app as replicas on Ray Serve, behind Ray's HTTP proxy on --host and
+    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0."""
+    import signal
+    import threading
+
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise CommandError("--replicas needs Ray Serve: pip install 'polyvec[ray]'") from None
+    from ..integrations.ray_serve import deployment
+
+    try:
+        model = args.model if not os.path.isdir(args.model) else os.path.abspath(args.model)
+        app = deployment(
+            model,
+            replicas=args.replicas or 1,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            target_ongoing_requests=args.target_ongoing_requests,
+            threads_per_replica=args.threads,
+            log_level=args.log_level,
+            engine_options={**model_options(args), **serve_engine_options(args)},
+            server_options=server_options(args),
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    ray.init(
+        address=args.ray or "local",  # "local": a Ray of its own, even where another runs on this machine
+        logging_level=logging.WARNING,
+        include_dashboard=False,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs handlers of its own
+        signal.signal(sig, lambda *_: stop.set())
+    log = logging.getLogger("polyvec.serve")
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name="polyvec", route_prefix="/", blocking=False)
+        log.info("serving %s on http://%s:%d with Ray Serve", args.model, args.host, args.port)
+        while not stop.wait(1):
+            pass
+        log.info("draining the replicas (requests in flight finish)")
+        serve.delete("polyvec")  # the replicas finish their requests while the proxy still carries the answers
+    finally:
+        serve.shutdown()
+        ray.shutdown()
     return 0
 
 

@@ -94,6 +94,11 @@ class AsyncEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def alive(self) -> bool:
+        """The engine loop is running (a health check: false once stopped, or if the thread died)."""
+        return self._thread.is_alive() and not self._stopping
+
+    @property
     def queue_depth(self) -> int:
         return len(self.engine.scheduler)
 

@@ -1,0 +1,123 @@
+"""Replicated serving on Ray Serve: the HTTP app of `polyvec serve`, one engine per replica.
+
+    polyvec serve MODEL --replicas 2                  # a local Ray on this machine
+    polyvec serve MODEL --replicas 4 --ray auto       # the replicas spread over a running Ray cluster
+    serve run polyvec.integrations.ray_serve:build model=MODEL replicas=2    # Ray's own CLI, or:
+
+    from ray import serve
+    from polyvec.integrations.ray_serve import deployment
+    serve.run(deployment("MODEL", min_replicas=1, max_replicas=8), route_prefix="/")
+
+Each replica is a Ray actor running the same FastAPI app (routes, limits, errors) over its own engine; Ray's
+proxy spreads requests over the replicas. Serve restarts a replica whose process dies or whose engine thread
+stops (`check_health`), and drains a replica it stops: requests in flight finish, up to
+`graceful_shutdown_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray import serve
+
+from ..engine.factory import create_engine
+from ..entrypoints.server.app import ServerConfig, build_app
+
+DEFAULT_TARGET_ONGOING_REQUESTS = 32
+"""Autoscaling target: requests in progress per replica (enough to fill an engine's batches on CPU)."""
+
+
+@serve.ingress()
+class PolyvecReplica:
+    """One engine and its HTTP app; the app's lifespan starts and stops the engine loop."""
+
+    def __init__(self, model: str, engine_options: dict[str, Any], server_options: dict[str, Any]):
+        engine = create_engine(model, **engine_options)
+        self._app = build_app(engine, ServerConfig(**server_options))
+        self.state = self._app.state.server
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._app
+
+    def check_health(self) -> None:
+        """Serve calls this every few seconds; raising makes it replace the replica."""
+        if not self.state.async_engine.alive:
+            raise RuntimeError("the engine loop of this replica has stopped")
+
+
+def deployment(
+    model: str,
+    *,
+    replicas: int = 1,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    target_ongoing_requests: float = DEFAULT_TARGET_ONGOING_REQUESTS,
+    threads_per_replica: int | None = None,
+    num_gpus: float = 0,
+    graceful_shutdown_timeout_s: float = 60,
+    health_check_period_s: float = 5,
+    log_level: str = "INFO",
+    engine_options: dict[str, Any] | None = None,
+    server_options: dict[str, Any] | None = None,
+) -> Any:
+    """A bound Serve application: `replicas` copies, or between `min_replicas` and `max_replicas` scaled on
+    requests in progress when either bound is given. `engine_options` are `create_engine`'s keyword arguments,
+    `server_options` `ServerConfig`'s. Each replica reserves `threads_per_replica` CPUs (default: all of this
+    node's CPUs divided among the replicas, at least one) and uses as many threads."""
+    engine_options = dict(engine_options or {})
+    server_options = dict(server_options or {})
+    server_options.setdefault("served_model_names", [model])
+    config = ServerConfig(**server_options)
+    threads = threads_per_replica or engine_options.get("num_threads")
+    if threads is None and not num_gpus:
+        threads = max(1, (os.cpu_count() or 1) // max(1, max_replicas or replicas))
+    if threads is not None:
+        engine_options["num_threads"] = threads
+    if min(replicas, min_replicas or 1, max_replicas or 1) < 1 or (threads is not None and threads < 1):
+        raise ValueError("replicas, min_replicas, max_replicas and threads_per_replica must be positive")
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": threads or 1, "num_gpus": num_gpus},
+        # The app limits the POSTs in progress itself (429 with Retry-After beyond max_concurrent_requests), so
+        # Serve may send it more; Serve's default of 5 per replica would starve the engine's batches.
+        "max_ongoing_requests": 2 * config.max_concurrent_requests or 100_000,
+        "max_constructor_retry_count": 3,  # a model that cannot load fails the deployment, not 20 tries later
+        "logging_config": {"log_level": log_level.upper()},
+        "graceful_shutdown_timeout_s": graceful_shutdown_timeout_s,
+        "health_check_period_s": health_check_period_s,
+    }
+    if min_replicas is not None or max_replicas is not None:
+        low = min_replicas if min_replicas is not None else 1
+        high = max_replicas if max_replicas is not None else max(low, replicas)
+        if low > high:
+            raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
+        options["autoscaling_config"] = {
+            "min_replicas": low,
+            "initial_replicas": min(max(low, replicas), high),
+            "max_replicas": high,
+            "target_ongoing_requests": target_ongoing_requests,
+        }
+    else:
+        options["num_replicas"] = replicas
+    replica = serve.deployment(name="polyvec", **options)(PolyvecReplica)
+    return replica.bind(model, engine_options, server_options)
+
+
+_INT = ("replicas", "min_replicas", "max_replicas", "threads_per_replica")
+_FLOAT = ("target_ongoing_requests", "num_gpus", "graceful_shutdown_timeout_s", "health_check_period_s")
+
+
+def build(args: dict[str, str]) -> Any:
+    """Ray Serve's application builder (`serve run polyvec.integrations.ray_serve:build model=M replicas=2`, or a
+    Serve config file): `deployment`'s arguments as strings; any other key is an engine option
+    (`dtype=float32`, `max_model_len=512`)."""
+    args = dict(args)
+    if "model" not in args:
+        raise ValueError("give the model: serve run polyvec.integrations.ray_serve:build model=MODEL")
+    model = args.pop("model")
+    kwargs: dict[str, Any] = {k: int(args.pop(k)) for k in _INT if k in args}
+    kwargs.update({k: float(args.pop(k)) for k in _FLOAT if k in args})
+    engine: dict[str, Any] = {}
+    for key, value in args.items():
+        engine[key] = int(value) if value.isdigit() else value
+    return deployment(model, engine_options=engine, **kwargs)

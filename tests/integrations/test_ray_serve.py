@@ -1,0 +1,187 @@
+"""polyvec on Ray Serve: two replicas on the local two-node cluster answer as one server does (same vectors, same
+errors); a replica killed under load fails only requests in flight on it and is replaced; `polyvec serve
+--replicas` drains on SIGTERM and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from ray import serve
+from ray.util.state import list_actors
+
+from polyvec.integrations.ray_serve import build, deployment
+from tests.entrypoints.server.conftest import free_port
+
+TEXTS = [f"passage {i} about wing flutter and heat transfer" for i in range(40)]
+REPLICA = "ServeReplica:polyvec:polyvec"
+
+
+def running_replicas() -> dict[str, int]:
+    """actor id → pid of the live replicas."""
+    actors = list_actors(filters=[("class_name", "=", REPLICA), ("state", "=", "ALIVE")])
+    return {a.actor_id: a.pid for a in actors}
+
+
+def wait_for_replicas(n: int, timeout: float = 180) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = serve.status().applications["polyvec"].deployments["polyvec"]
+        if status.replica_states.get("RUNNING", 0) == n and len(running_replicas()) == n:
+            return running_replicas()
+        time.sleep(0.5)
+    raise AssertionError(f"{n} replicas were not running after {timeout} s: {serve.status()}")
+
+
+@pytest.fixture(scope="module")
+def served(cluster, minilm_path):
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    app = deployment(
+        str(minilm_path),
+        replicas=2,
+        threads_per_replica=1,  # one replica per node (each has one CPU)
+        health_check_period_s=1,
+        engine_options={"dtype": "float32"},
+        server_options={"warmup": False},
+    )
+    serve.run(app, name="polyvec", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+def test_replicas_answer_as_one_server(served, minilm_llm):
+    replicas = wait_for_replicas(2)
+    nodes = {a.node_id for a in list_actors(filters=[("class_name", "=", REPLICA), ("state", "=", "ALIVE")])}
+    assert len(replicas) == 2 and len(nodes) == 2  # one engine per node
+    with httpx.Client(base_url=served, timeout=60) as c:
+        for i in range(0, len(TEXTS), 4):  # ten requests: both replicas serve some
+            r = c.post("/v1/embeddings", json={"input": TEXTS[i : i + 4]})
+            assert r.status_code == 200, r.text
+            want = minilm_llm.embed(TEXTS[i : i + 4], use_tqdm=False)
+            for got, o in zip(r.json()["data"], want):
+                assert np.allclose(got["embedding"], o.outputs.data.numpy(), atol=1e-5)
+        r = c.post("/pooling", json={"input": TEXTS[0], "task": "token_embed"})
+        want = minilm_llm.encode([TEXTS[0]], pooling_task="token_embed", use_tqdm=False)[0].outputs.data
+        assert r.status_code == 200 and np.allclose(r.json()["data"][0]["data"], want.numpy(), atol=1e-5)
+        # The app's own errors and routes, unchanged behind Ray's proxy.
+        r = c.post("/v1/embeddings", json={"input": ["fine", 3]})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "input" and "item 1" in error["message"], r.text
+        r = c.post("/v1/embeddings", content=b'{"input": ', headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = c.get("/v1/models")
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == str(minilm_llm.model_config.model)
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/no-such-route", json={})
+        assert r.status_code == 404 and "error" in r.json()
+
+
+def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
+    before = wait_for_replicas(2)
+    results: list[tuple[float, float, int | str]] = []  # (start, end, status or exception)
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        with httpx.Client(base_url=served, timeout=60) as c:
+            n = 0
+            while not stop.is_set():
+                start = time.monotonic()
+                try:
+                    status: int | str = c.post("/v1/embeddings", json={"input": TEXTS[(k + n) % 40 :][:8]}).status_code
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                results.append((start, time.monotonic(), status))
+                n += 1
+
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in clients:
+        t.start()
+    time.sleep(3)
+    victim_id, victim_pid = next(iter(before.items()))
+    killed_at = time.monotonic()
+    os.kill(victim_pid, signal.SIGKILL)
+    time.sleep(5)
+    after = wait_for_replicas(2)
+    replaced_at = time.monotonic()
+    time.sleep(2)
+    stop.set()
+    for t in clients:
+        t.join()
+    assert victim_id not in after and len(after) == 2  # a new replica took the dead one's place
+    failed = [r for r in results if r[2] != 200]
+    print(f"{len(results)} requests, {len(failed)} failed: {[r[2] for r in failed]}; replaced in "
+          f"{replaced_at - killed_at:.1f} s")  # fmt: skip
+    assert sum(1 for r in results if r[2] == 200 and r[0] > killed_at) > 20  # the survivor kept serving
+    # Only requests in flight on the killed replica may fail: started before the kill, at most one per client.
+    assert len(failed) <= len(clients) and all(r[0] < killed_at for r in failed), failed
+    assert all(r[2] == 200 for r in results if r[0] > replaced_at)
+
+
+def test_build_reads_serve_run_arguments(minilm_path):
+    app = build({"model": str(minilm_path), "replicas": "3", "threads_per_replica": "1", "dtype": "float32"})
+    d = app._bound_deployment
+    assert d.num_replicas == 3 and d.ray_actor_options["num_cpus"] == 1
+    assert d.init_args[1] == {"dtype": "float32", "num_threads": 1}
+    auto = build({"model": "m", "min_replicas": "1", "max_replicas": "4"})._bound_deployment
+    assert auto._deployment_config.autoscaling_config.max_replicas == 4
+    with pytest.raises(ValueError, match="min_replicas"):
+        deployment("m", min_replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="give the model"):
+        build({"replicas": "2"})
+
+
+def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
+    """`polyvec serve --replicas 1` on a Ray of its own: SIGTERM mid-load answers every request in flight, then
+    the process exits 0 and leaves no Ray behind."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--replicas", "1", "--port", str(port),
+           "--dtype", "float32", "--threads", "1", "--enforce-eager", "--log-level", "warning"]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert httpx.get(url + "/health", timeout=2).status_code == 200, (tmp_path / "serve.log").read_text()[-3000:]
+        statuses: list[int | str] = []
+        ends: list[float] = []
+
+        def one(i: int) -> None:
+            try:
+                r = httpx.post(
+                    url + "/v1/embeddings", json={"input": [f"{TEXTS[i]} {k}" for k in range(96)]}, timeout=120
+                )
+                statuses.append(r.status_code)
+            except httpx.HTTPError as exc:
+                statuses.append(type(exc).__name__)
+            ends.append(time.monotonic())
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join()
+        assert proc.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        assert statuses == [200] * 6
+        assert sum(end > signalled for end in ends) >= 3  # most were in flight at the signal
+    finally:
+        if proc.poll() is None:
+            proc.kill()
