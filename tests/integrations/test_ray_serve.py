@@ -14,7 +14,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-import ray
 from ray import serve
 from ray.util.state import list_actors
 
@@ -127,10 +126,11 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
 
 
 def test_build_reads_serve_run_arguments(minilm_path):
-    app = build({"model": str(minilm_path), "replicas": "3", "threads_per_replica": "1", "dtype": "float32"})
-    d = app._bound_deployment
+    args = {"model": str(minilm_path), "replicas": "3", "threads_per_replica": "1", "dtype": "float32"}
+    d = build({**args, "max_model_len": "128", "enable_prefix_caching": "false"})._bound_deployment
     assert d.num_replicas == 3 and d.ray_actor_options["num_cpus"] == 1
-    assert d.init_args[1] == {"dtype": "float32", "num_threads": 1}
+    want = {"dtype": "float32", "max_model_len": 128, "enable_prefix_caching": False, "num_threads": 1}
+    assert d.init_args[1] == want
     auto = build({"model": "m", "min_replicas": "1", "max_replicas": "4"})._bound_deployment
     assert auto._deployment_config.autoscaling_config.max_replicas == 4
     with pytest.raises(ValueError, match="min_replicas"):

@@ -119,5 +119,7 @@ def build(args: dict[str, str]) -> Any:
     kwargs.update({k: float(args.pop(k)) for k in _FLOAT if k in args})
     engine: dict[str, Any] = {}
     for key, value in args.items():
-        engine[key] = int(value) if value.isdigit() else value
+        text = str(value)
+        bools = {"true": True, "false": False}
+        engine[key] = int(text) if text.isdigit() else bools.get(text.lower(), value)
     return deployment(model, engine_options=engine, **kwargs)
