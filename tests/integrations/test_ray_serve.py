@@ -1,5 +1,6 @@
 """polyvec on Ray Serve: two replicas on the local two-node cluster answer as one server does (same vectors, same
-errors); a replica killed under load fails only requests in flight on it and is replaced; `polyvec serve
+errors); a replica killed under load fails only requests in flight on it and is replaced; autoscaling adds a
+replica under load; `polyvec serve
 --replicas` drains on SIGTERM and exits 0."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -40,6 +43,12 @@ def wait_for_replicas(n: int, timeout: float = 180) -> dict[str, int]:
     raise AssertionError(f"{n} replicas were not running after {timeout} s: {serve.status()}")
 
 
+@dataclass
+class Served:
+    url: str
+    model: Path
+
+
 @pytest.fixture(scope="module")
 def served(cluster, minilm_path):
     port = free_port()
@@ -53,7 +62,7 @@ def served(cluster, minilm_path):
         server_options={"warmup": False},
     )
     serve.run(app, name="polyvec", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
+    yield Served(f"http://127.0.0.1:{port}", minilm_path)
     serve.shutdown()
 
 
@@ -61,7 +70,7 @@ def test_replicas_answer_as_one_server(served, minilm_llm):
     replicas = wait_for_replicas(2)
     nodes = {a.node_id for a in list_actors(filters=[("class_name", "=", REPLICA), ("state", "=", "ALIVE")])}
     assert len(replicas) == 2 and len(nodes) == 2  # one engine per node
-    with httpx.Client(base_url=served, timeout=60) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         for i in range(0, len(TEXTS), 4):  # ten requests: both replicas serve some
             r = c.post("/v1/embeddings", json={"input": TEXTS[i : i + 4]})
             assert r.status_code == 200, r.text
@@ -90,7 +99,7 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
     stop = threading.Event()
 
     def client(k: int) -> None:
-        with httpx.Client(base_url=served, timeout=60) as c:
+        with httpx.Client(base_url=served.url, timeout=60) as c:
             n = 0
             while not stop.is_set():
                 start = time.monotonic()
@@ -123,6 +132,44 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
     # Only requests in flight on the killed replica may fail: started before the kill, at most one per client.
     assert len(failed) <= len(clients) and all(r[0] < killed_at for r in failed), failed
     assert all(r[2] == 200 for r in results if r[0] > replaced_at)
+
+
+def test_autoscaling_adds_a_replica_under_load(served):
+    """Autoscaled between one and two replicas on requests in progress: 8 clients against a target of 2 add the
+    second replica; the load is answered throughout (the redeployment replaces the module's app)."""
+    app = deployment(
+        str(served.model),
+        min_replicas=1,
+        max_replicas=2,
+        target_ongoing_requests=2,
+        autoscaling={"upscale_delay_s": 1, "downscale_delay_s": 600, "metrics_interval_s": 0.5},
+        threads_per_replica=1,
+        engine_options={"dtype": "float32"},
+        server_options={"warmup": False},
+    )
+    serve.run(app, name="polyvec", route_prefix="/")
+    wait_for_replicas(1)
+    stop = threading.Event()
+    statuses: list[int | str] = []
+
+    def client() -> None:
+        with httpx.Client(base_url=served.url, timeout=60) as c:
+            while not stop.is_set():
+                try:
+                    statuses.append(c.post("/v1/embeddings", json={"input": TEXTS[:16]}).status_code)
+                except httpx.HTTPError as exc:
+                    statuses.append(type(exc).__name__)
+
+    clients = [threading.Thread(target=client) for _ in range(8)]
+    for t in clients:
+        t.start()
+    try:
+        wait_for_replicas(2, timeout=120)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert statuses and set(statuses) == {200}, set(statuses)
 
 
 def test_build_reads_serve_run_arguments(minilm_path):

@@ -53,6 +53,7 @@ def deployment(
     min_replicas: int | None = None,
     max_replicas: int | None = None,
     target_ongoing_requests: float = DEFAULT_TARGET_ONGOING_REQUESTS,
+    autoscaling: dict[str, Any] | None = None,
     threads_per_replica: int | None = None,
     num_gpus: float = 0,
     graceful_shutdown_timeout_s: float = 60,
@@ -62,7 +63,8 @@ def deployment(
     server_options: dict[str, Any] | None = None,
 ) -> Any:
     """A bound Serve application: `replicas` copies, or between `min_replicas` and `max_replicas` scaled on
-    requests in progress when either bound is given. `engine_options` are `create_engine`'s keyword arguments,
+    requests in progress when either bound is given (`autoscaling`: more of Serve's autoscaling_config, e.g.
+    `upscale_delay_s`). `engine_options` are `create_engine`'s keyword arguments,
     `server_options` `ServerConfig`'s. Each replica reserves `threads_per_replica` CPUs (default: all of this
     node's CPUs divided among the replicas, at least one) and uses as many threads."""
     engine_options = dict(engine_options or {})
@@ -96,6 +98,7 @@ def deployment(
             "initial_replicas": min(max(low, replicas), high),
             "max_replicas": high,
             "target_ongoing_requests": target_ongoing_requests,
+            **(autoscaling or {}),
         }
     else:
         options["num_replicas"] = replicas
