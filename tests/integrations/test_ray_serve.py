@@ -1,7 +1,6 @@
 """polyvec on Ray Serve: two replicas on the local two-node cluster answer as one server does (same vectors, same
 errors); a replica killed under load fails only requests in flight on it and is replaced; autoscaling adds a
-replica under load; `polyvec serve
---replicas` drains on SIGTERM and exits 0."""
+replica under load; `polyvec serve --replicas` drains on SIGTERM and exits 0."""
 
 from __future__ import annotations
 
