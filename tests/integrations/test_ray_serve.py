@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -19,7 +20,7 @@ import pytest
 from ray import serve
 from ray.util.state import list_actors
 
-from polyvec.integrations.ray_serve import build, deployment
+from polyvec.integrations.ray_serve import PolyvecReplica, build, deployment
 from tests.entrypoints.server.conftest import free_port
 
 TEXTS = [f"passage {i} about wing flutter and heat transfer" for i in range(40)]
@@ -70,7 +71,7 @@ def test_replicas_answer_as_one_server(served, minilm_llm):
     nodes = {a.node_id for a in list_actors(filters=[("class_name", "=", REPLICA), ("state", "=", "ALIVE")])}
     assert len(replicas) == 2 and len(nodes) == 2  # one engine per node
     with httpx.Client(base_url=served.url, timeout=60) as c:
-        for i in range(0, len(TEXTS), 4):  # ten requests: both replicas serve some
+        for i in range(0, len(TEXTS), 4):
             r = c.post("/v1/embeddings", json={"input": TEXTS[i : i + 4]})
             assert r.status_code == 200, r.text
             want = minilm_llm.embed(TEXTS[i : i + 4], use_tqdm=False)
@@ -141,7 +142,7 @@ def test_autoscaling_adds_a_replica_under_load(served):
         min_replicas=1,
         max_replicas=2,
         target_ongoing_requests=2,
-        autoscaling={"upscale_delay_s": 1, "downscale_delay_s": 600, "metrics_interval_s": 0.5},
+        autoscaling={"upscale_delay_s": 1, "downscale_delay_s": 600},
         threads_per_replica=1,
         engine_options={"dtype": "float32"},
         server_options={"warmup": False},
@@ -172,22 +173,28 @@ def test_autoscaling_adds_a_replica_under_load(served):
 
 
 def test_build_reads_serve_run_arguments(minilm_path):
-    args = {"model": str(minilm_path), "replicas": "3", "threads_per_replica": "1", "dtype": "float32"}
+    args = {"model": str(minilm_path), "replicas": "2", "threads_per_replica": "1", "dtype": "float32"}
     d = build({**args, "max_model_len": "128", "enable_prefix_caching": "false"})._bound_deployment
-    assert d.num_replicas == 3 and d.ray_actor_options["num_cpus"] == 1
+    assert d.num_replicas == 2 and d.ray_actor_options["num_cpus"] == 1
     want = {"dtype": "float32", "max_model_len": 128, "enable_prefix_caching": False, "num_threads": 1}
     assert d.init_args[1] == want
     auto = build({"model": "m", "min_replicas": "1", "max_replicas": "4"})._bound_deployment
     assert auto._deployment_config.autoscaling_config.max_replicas == 4
+    with pytest.raises(ValueError, match="do not fit"):  # the cluster has two nodes of one CPU
+        build({**args, "replicas": "3"})
     with pytest.raises(ValueError, match="min_replicas"):
         deployment("m", min_replicas=3, max_replicas=2)
     with pytest.raises(ValueError, match="give the model"):
         build({"replicas": "2"})
+    with pytest.raises(ValueError, match="unknown argument 'replica'"):
+        build({"model": "m", "replica": "2"})
+    d = build({"model": "m", "threads_per_replica": "1", "api_key": "k", "revision": "123"})._bound_deployment
+    assert d.init_args[1]["revision"] == "123" and d.init_args[2]["api_key"] == "k"
 
 
 def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
-    """`polyvec serve --replicas 1` on a Ray of its own: SIGTERM mid-load answers every request in flight, then
-    the process exits 0 and leaves no Ray behind."""
+    """`polyvec serve --replicas 1` on a Ray of its own: SIGTERM while requests are in the engine answers every
+    one of them, then the process exits 0."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cmd = [sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--replicas", "1", "--port", str(port),
@@ -208,11 +215,9 @@ def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
         ends: list[float] = []
 
         def one(i: int) -> None:
+            texts = [f"{TEXTS[i]} and then some more words, number {k}" for k in range(256)]
             try:
-                r = httpx.post(
-                    url + "/v1/embeddings", json={"input": [f"{TEXTS[i]} {k}" for k in range(96)]}, timeout=120
-                )
-                statuses.append(r.status_code)
+                statuses.append(httpx.post(url + "/v1/embeddings", json={"input": texts}, timeout=120).status_code)
             except httpx.HTTPError as exc:
                 statuses.append(type(exc).__name__)
             ends.append(time.monotonic())
@@ -220,14 +225,49 @@ def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        while not in_flight(url) and not ends:  # the engine has requests: the signal lands mid-work
+            time.sleep(0.05)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join()
         assert proc.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-3000:]
         assert statuses == [200] * 6
-        assert sum(end > signalled for end in ends) >= 3  # most were in flight at the signal
+        assert sum(end > signalled for end in ends) >= 1, "no request was in flight at the signal"
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def in_flight(url: str) -> float:
+    """polyvec_requests_in_flight of the replica that answers /metrics."""
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("polyvec_requests_in_flight "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
+    """A replica asking for more CPUs than any node has would wait forever in Serve: refused up front."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--replicas", "1", "--threads", "64",
+           "--port", str(free_port())]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "do not fit on the cluster's nodes" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([*cmd[:4], "/no/such/model", *cmd[5:]], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no such path" in r.stderr, r.stderr[-2000:]
+
+
+def test_check_health_follows_the_engine_loop(minilm_llm):
+    from polyvec.entrypoints.server.async_engine import AsyncEngine
+
+    engine = AsyncEngine(minilm_llm.engine, warmup=False)
+    replica = SimpleNamespace(state=SimpleNamespace(async_engine=engine))
+    assert not engine.alive  # not started
+    engine.start()
+    assert engine.alive
+    PolyvecReplica.check_health(replica)
+    engine.stop()
+    assert not engine.alive
+    with pytest.raises(RuntimeError, match="engine loop"):
+        PolyvecReplica.check_health(replica)

@@ -473,14 +473,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "autoscaling: requests in progress per replica to aim for",
         cast=float,
     )
+    _flag(g, "--gpus-per-replica", 0.0, "GPUs each replica reserves (0: a CPU engine)", cast=float)
     g.add_argument(
         "--ray",
         nargs="?",
         const="local",
         default=None,
         metavar="ADDRESS",
-        help="the Ray cluster to run the replicas on (e.g. auto or ray://head:10001; none: a local one); "
-        "--threads is then threads per replica",
+        help="the Ray cluster to run the replicas on (e.g. auto or ray://head:10001; none: a Ray of its own); "
+        "--threads is then threads per replica (default: a node's CPUs shared by its replicas)",
     )
     add_vllm_args(p)
 
@@ -628,7 +629,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
         args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.replicas or args.min_replicas or args.max_replicas or args.ray:
+    if any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas, args.ray)):
         return cmd_serve_ray(args)
 
     import torch
@@ -685,7 +686,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_serve_ray(args: argparse.Namespace) -> int:
     """`polyvec serve --replicas N`: the same app as replicas on Ray Serve, behind Ray's HTTP proxy on --host and
-    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0."""
+    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0; during start-up they
+    stop it at once."""
     import signal
     import threading
 
@@ -696,40 +698,70 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         raise CommandError("--replicas needs Ray Serve: pip install 'polyvec[ray]'") from None
     from ..integrations.ray_serve import deployment
 
-    try:
-        model = args.model if not os.path.isdir(args.model) else os.path.abspath(args.model)
-        app = deployment(
-            model,
-            replicas=args.replicas or 1,
-            min_replicas=args.min_replicas,
-            max_replicas=args.max_replicas,
-            target_ongoing_requests=args.target_ongoing_requests,
-            threads_per_replica=args.threads,
-            log_level=args.log_level,
-            engine_options={**model_options(args), **serve_engine_options(args)},
-            server_options=server_options(args),
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    local = args.ray in (None, "local")
+    if local:  # found (or downloaded) once here, where the replicas will look, and a bad name is one line
+        from ..resolve import resolve_model_path
+
+        try:
+            resolve_model_path(args.model, args.revision, args.download_dir)
+        except ModelNotFoundError as exc:
+            raise CommandError(str(exc)) from None
+    for name in ("model", "tokenizer", "download_dir", "chat_template"):  # replicas may run in another folder
+        value = getattr(args, name)
+        if value and os.path.exists(value):
+            setattr(args, name, os.path.abspath(value))
     ray.init(
-        address=args.ray or "local",  # "local": a Ray of its own, even where another runs on this machine
+        address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
         logging_level=logging.WARNING,
         include_dashboard=False,
     )
-    stop = threading.Event()
+    stop, serving = threading.Event(), threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        if not serving.is_set():  # still starting (a download, replicas loading): stop now
+            raise KeyboardInterrupt
+
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs handlers of its own
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     log = logging.getLogger("polyvec.serve")
+    deployed = False
     try:
+        try:
+            app = deployment(
+                args.model,
+                replicas=args.replicas if args.replicas is not None else 1,
+                min_replicas=args.min_replicas,
+                max_replicas=args.max_replicas,
+                target_ongoing_requests=args.target_ongoing_requests,
+                threads_per_replica=args.threads,
+                num_gpus=args.gpus_per_replica,
+                log_level=args.log_level,
+                engine_options={**model_options(args), **serve_engine_options(args)},
+                server_options=server_options(args),
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(app, name="polyvec", route_prefix="/", blocking=False)
+        deployed = True
+        try:
+            serve.run(app, name="polyvec", route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # a replica that cannot start (a model that cannot load)
+            raise CommandError(f"the replicas did not start: {exc}") from None
+        serving.set()
         log.info("serving %s on http://%s:%d with Ray Serve", args.model, args.host, args.port)
         while not stop.wait(1):
             pass
         log.info("draining the replicas (requests in flight finish)")
         serve.delete("polyvec")  # the replicas finish their requests while the proxy still carries the answers
+        deployed = False
+    except KeyboardInterrupt:
+        log.info("stopped while starting")
     finally:
-        serve.shutdown()
+        if local:
+            serve.shutdown()
+        elif deployed:  # Serve on a shared cluster runs other applications too: only ours goes
+            serve.delete("polyvec")
         ray.shutdown()
     return 0
 

@@ -16,11 +16,15 @@ stops (`check_health`), and drains a replica it stops: requests in flight finish
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
 import os
 from typing import Any
 
 from ray import serve
 
+from ..config import PoolerConfig
 from ..engine.factory import create_engine
 from ..entrypoints.server.app import ServerConfig, build_app
 
@@ -71,13 +75,21 @@ def deployment(
     server_options = dict(server_options or {})
     server_options.setdefault("served_model_names", [model])
     config = ServerConfig(**server_options)
+    if min(replicas, 1 if min_replicas is None else min_replicas, max_replicas or 1) < 1:
+        raise ValueError("replicas, min_replicas and max_replicas must be positive")
+    autoscaled = min_replicas is not None or max_replicas is not None
+    low = min_replicas if min_replicas is not None else 1
+    high = max_replicas if max_replicas is not None else max(low, replicas)
+    if autoscaled and low > high:
+        raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
     threads = threads_per_replica or engine_options.get("num_threads")
     if threads is None and not num_gpus:
-        threads = max(1, (os.cpu_count() or 1) // max(1, max_replicas or replicas))
+        threads = default_threads(high if autoscaled else replicas)
     if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads_per_replica must be positive, not {threads}")
         engine_options["num_threads"] = threads
-    if min(replicas, min_replicas or 1, max_replicas or 1) < 1 or (threads is not None and threads < 1):
-        raise ValueError("replicas, min_replicas, max_replicas and threads_per_replica must be positive")
+        check_fit(threads, low if autoscaled else replicas)
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": threads or 1, "num_gpus": num_gpus},
         # The app limits the POSTs in progress itself (429 with Retry-After beyond max_concurrent_requests), so
@@ -88,11 +100,7 @@ def deployment(
         "graceful_shutdown_timeout_s": graceful_shutdown_timeout_s,
         "health_check_period_s": health_check_period_s,
     }
-    if min_replicas is not None or max_replicas is not None:
-        low = min_replicas if min_replicas is not None else 1
-        high = max_replicas if max_replicas is not None else max(low, replicas)
-        if low > high:
-            raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
+    if autoscaled:
         options["autoscaling_config"] = {
             "min_replicas": low,
             "initial_replicas": min(max(low, replicas), high),
@@ -104,6 +112,35 @@ def deployment(
         options["num_replicas"] = replicas
     replica = serve.deployment(name="polyvec", **options)(PolyvecReplica)
     return replica.bind(model, engine_options, server_options)
+
+
+def node_cpus() -> list[float]:
+    """CPUs of each live node of the connected Ray cluster; this machine's when Ray is not initialized."""
+    import ray
+
+    if not ray.is_initialized():
+        return [float(os.cpu_count() or 1)]
+    return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")] or [0.0]
+
+
+def default_threads(replicas: int) -> int:
+    """Threads (and CPUs reserved) per replica: the smallest node's CPUs shared by the replicas it would hold
+    if they were spread evenly over the nodes."""
+    cpus = node_cpus()
+    per_node = -(-replicas // len(cpus))
+    return max(1, int(min(cpus)) // per_node)
+
+
+def check_fit(threads: int, replicas: int) -> None:
+    """ValueError if `replicas` replicas of `threads` CPUs cannot all be placed: Serve would wait for them
+    forever rather than fail."""
+    cpus = node_cpus()
+    fits = sum(int(c // threads) for c in cpus)
+    if fits < replicas:
+        raise ValueError(
+            f"{replicas} replica(s) of {threads} CPU(s) each do not fit on the cluster's nodes "
+            f"(CPUs per node: {', '.join(f'{c:g}' for c in cpus)}); lower --threads or the replicas"
+        )
 
 
 _INT = ("replicas", "min_replicas", "max_replicas", "threads_per_replica")
@@ -120,9 +157,33 @@ def build(args: dict[str, str]) -> Any:
     model = args.pop("model")
     kwargs: dict[str, Any] = {k: int(args.pop(k)) for k in _INT if k in args}
     kwargs.update({k: float(args.pop(k)) for k in _FLOAT if k in args})
+    if "log_level" in args:
+        kwargs["log_level"] = args.pop("log_level")
+    engine_types = {k: str(p.annotation) for k, p in inspect.signature(create_engine).parameters.items()}
+    server_types = {f.name: str(f.type) for f in dataclasses.fields(ServerConfig)}
     engine: dict[str, Any] = {}
+    server: dict[str, Any] = {}
     for key, value in args.items():
-        text = str(value)
-        bools = {"true": True, "false": False}
-        engine[key] = int(text) if text.isdigit() else bools.get(text.lower(), value)
-    return deployment(model, engine_options=engine, **kwargs)
+        if key in engine_types and key != "model":
+            engine[key] = _parse(key, str(value), engine_types[key])
+        elif key in server_types:
+            server[key] = _parse(key, str(value), server_types[key])
+        else:
+            raise ValueError(f"unknown argument {key!r} (neither deployment's, create_engine's nor ServerConfig's)")
+    return deployment(model, engine_options=engine, server_options=server, **kwargs)
+
+
+def _parse(key: str, text: str, annotation: str) -> Any:
+    """A `key=value` string as the type its annotation names (bool, int, float, a JSON list or dict, else str)."""
+    try:
+        if annotation.startswith("bool"):
+            return {"true": True, "1": True, "false": False, "0": False}[text.lower()]
+        if annotation.startswith(("list", "dict", "tuple")):
+            return json.loads(text)
+        if annotation.startswith("PoolerConfig"):
+            return PoolerConfig.from_dict(json.loads(text))
+        if annotation.startswith("int") or annotation.startswith("float"):
+            return int(text) if annotation.startswith("int") else float(text)
+    except (KeyError, ValueError):
+        raise ValueError(f"{key}={text!r} is not a {annotation}") from None
+    return text
