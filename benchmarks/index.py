@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--dim-proj", type=int, default=16)
     ap.add_argument("--r-reps", type=int, default=20)
     ap.add_argument("--only", nargs="*", default=None, help="run only the forms whose names contain these words")
+    ap.add_argument("--sparse-model", default=None, help="the sparse first stage's model (default: SPLADE-tiny)")
     args = ap.parse_args()
 
     import torch
@@ -163,7 +164,27 @@ def main() -> int:
         ("Qdrant Edge, dense HNSW + MaxSim, int8", dict(first_stage="dense", quantization="int8"), {}),
         ("Qdrant Edge, dense HNSW + MaxSim, pool_factor 2, int8",
          dict(first_stage="dense", quantization="int8", pool_factor=2), {}),
+        ("Qdrant Edge, sparse (SPLADE) + MaxSim", dict(first_stage="sparse"), {}),
+        ("Qdrant Edge, sparse (SPLADE) + MaxSim, int8", dict(first_stage="sparse", quantization="int8"), {}),
     ]  # fmt: skip
+    sparse_model, d_sparse, q_sparse, nnz = args.sparse_model, [], [], 0
+    if any(c["first_stage"] == "sparse" and wanted(n) for n, c, _ in qdrant):
+        if sparse_model is None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.packaged import splade_tiny_path
+
+            sparse_model = str(splade_tiny_path())
+        sllm = LLM(sparse_model, dtype=args.dtype)
+
+        def pairs(texts: list[str]) -> list:
+            out = []
+            for o in sllm.embed_sparse(texts, use_tqdm=False):
+                idx = torch.nonzero(o.outputs.data).squeeze(1)
+                out.append((idx.numpy().astype("uint32"), o.outputs.data[idx].float().numpy()))
+            return out
+
+        d_sparse, q_sparse = pairs(data.docs), pairs(data.queries)
+        nnz = sum(len(i) for i, _ in d_sparse)
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-index-"))
     try:
         for name, create, search in qdrant:
@@ -171,10 +192,13 @@ def main() -> int:
                 continue
             path = tmp / "idx"
             t0 = time.perf_counter()
-            index = Index.create(path, model=args.model, dim=dim, dense_dim=d_dense.shape[1], muvera=params, **create)
+            stage = create["first_stage"]
+            index = Index.create(path, model=args.model, dim=dim, dense_dim=d_dense.shape[1], muvera=params,
+                                 sparse_model=sparse_model, **create)  # fmt: skip
             for s in range(0, len(docs), 256):
-                dense = d_dense[s : s + 256] if create["first_stage"] == "dense" else None
-                index.add_vectors(data.doc_ids[s : s + 256], docs[s : s + 256], dense)
+                dense = d_dense[s : s + 256] if stage == "dense" else None
+                sparse = d_sparse[s : s + 256] if stage == "sparse" else None
+                index.add_vectors(data.doc_ids[s : s + 256], docs[s : s + 256], dense, sparse)
             written = time.perf_counter() - t0
             index.optimize()
             build = time.perf_counter() - t0
@@ -187,13 +211,19 @@ def main() -> int:
             kept = pooled_n[factor] if factor else nvec
             first = {"muvera": params.output_dim(), "dense": d_dense.shape[1]}.get(create["first_stage"], 0)
             width = {"none": 4.0, "int8": 1.0, "binary": 1 / 8}[create.get("quantization", "none")]
-            held = (kept * dim + first * len(docs)) * width
+            held = (kept * dim + first * len(docs)) * width + (nnz * 8 if stage == "sparse" else 0)
+
+            def one(i: int) -> list:
+                qs = [q_sparse[i]] if stage == "sparse" else None
+                return index.search_vectors([queries[i]], q_dense[i : i + 1], qs, k=100, prefetch=args.prefetch,
+                                            **search)  # fmt: skip
+
             for i in range(3):  # warm the page cache and the search threads
-                index.search_vectors([queries[i]], q_dense[i : i + 1], k=100, prefetch=args.prefetch, **search)
+                one(i)
             lat, hits = [], []
-            for i, qv in enumerate(queries):
+            for i in range(len(queries)):
                 t0 = time.perf_counter()
-                hits += index.search_vectors([qv], q_dense[i : i + 1], k=100, prefetch=args.prefetch, **search)
+                hits += one(i)
                 lat.append(time.perf_counter() - t0)
             index.close()
             shutil.rmtree(path)

@@ -235,3 +235,21 @@ def serve_folder(folder: Path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def save_tiny_m3(folder: Path, minilm_path: Path) -> Path:
+    """A tiny random XLM-RoBERTa in bge-m3's layout (colbert_linear.pt, sparse_linear.pt, seeded): token vectors and
+    sparse vectors from one pass. The sparse head's bias is +1 so that most tokens get a positive weight."""
+    import json
+
+    save_tiny_model("XLMRobertaModel", "XLMRobertaConfig", folder, minilm_path,
+                    **dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130))  # fmt: skip
+    special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "eos_token": "[SEP]", "pad_token": "[PAD]"}
+    special |= {"unk_token": "[UNK]", "mask_token": "[MASK]", "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(special))
+    torch.manual_seed(1)
+    torch.save(torch.nn.Linear(32, 32).state_dict(), folder / "colbert_linear.pt")
+    sparse_head = torch.nn.Linear(32, 1)
+    sparse_head.bias.data.fill_(1.0)
+    torch.save(sparse_head.state_dict(), folder / "sparse_linear.pt")
+    return folder

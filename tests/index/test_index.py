@@ -120,6 +120,59 @@ def test_dense_first_stage(minilm_llm, corpus, encoded, tmp_path, location):
         assert [h.id for h in hits] == [w[0] for w in want]
 
 
+def sparse_candidates(sparse_llm, queries, texts, n):
+    """The n documents of highest sparse dot product for each query (embed_sparse of both sides)."""
+    q = torch.stack([o.outputs.data for o in sparse_llm.embed_sparse(queries, use_tqdm=False)])
+    d = torch.stack([o.outputs.data for o in sparse_llm.embed_sparse(texts, use_tqdm=False)])
+    return [row.topk(n).indices.tolist() for row in q @ d.T]
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_sparse_first_stage(minilm_llm, splade_path, corpus, encoded, tmp_path, location):
+    """A learned sparse model's candidates (Qdrant's inverted index), re-ranked by the token model's MaxSim."""
+    from polyvec import LLM
+
+    ids, texts, queries = corpus
+    docs, qs = encoded
+    splade = LLM(str(splade_path), dtype="float32")
+    with Index.create(where(location, tmp_path), minilm_llm, first_stage="sparse", sparse_model=splade) as index:
+        assert index.config.sparse_model == splade.model_config.model
+        index.add(texts, ids)
+        index.optimize()
+        got = index.search(queries, k=5, prefetch=15)
+    for qi, (hits, cand) in enumerate(zip(got, sparse_candidates(splade, queries, texts, 15))):
+        want = exact([qs[qi]], [docs[c] for c in cand], [ids[c] for c in cand], 5)[0]
+        assert [h.id for h in hits] == [w[0] for w in want], qi
+        assert np.allclose([h.score for h in hits], [w[1] for w in want], atol=1e-4)
+    if location == "edge":
+        with Index.open(where(location, tmp_path), minilm_llm, sparse_llm=splade) as index:
+            assert [h.id for h in index.search(queries[:3], k=5, prefetch=15)[0]] == [h.id for h in got[0]]
+    with pytest.raises(ValueError, match="needs sparse_model"):
+        Index.create(tmp_path / "x", minilm_llm, first_stage="sparse")
+    with pytest.raises(ValueError, match="has no embed_sparse"):
+        Index.create(tmp_path / "y", minilm_llm, first_stage="sparse", sparse_model=minilm_llm)
+
+
+def test_sparse_first_stage_from_the_token_model(minilm_path, corpus, tmp_path):
+    """A model with both outputs (bge-m3's layout, seeded heads): token vectors and sparse vectors from one pass."""
+    from polyvec import LLM
+    from tests.helpers import save_tiny_m3
+
+    folder = save_tiny_m3(tmp_path / "m3", minilm_path)
+    ids, texts, queries = corpus
+    m3 = LLM(str(folder), dtype="float32")
+    assert all((o.outputs.data > 0).sum() > 3 for o in m3.embed_sparse(queries, use_tqdm=False))
+    with Index.create(tmp_path / "idx", m3, first_stage="sparse") as index:
+        assert index.config.sparse_model == index.config.model and index._tasks() == ["token_embed", "embed_sparse"]
+        index.add(texts, ids)
+        got = index.search(queries, k=5, prefetch=15)
+    docs = [o.outputs.data for o in m3.token_embed(texts, use_tqdm=False)]
+    qs = [o.outputs.data for o in m3.token_embed(queries, PoolingParams(input_type="query"), use_tqdm=False)]
+    for qi, (hits, cand) in enumerate(zip(got, sparse_candidates(m3, queries, texts, 15))):
+        want = exact([qs[qi]], [docs[c] for c in cand], [ids[c] for c in cand], 5)[0]
+        assert [h.id for h in hits] == [w[0] for w in want], qi
+
+
 @pytest.mark.parametrize("quantization", ["int8", "binary"])
 def test_quantized_vectors_rescored(minilm_llm, corpus, encoded, tmp_path, quantization):
     """Codes in RAM pick the candidates and the float32 originals re-score them (rescore=True; Qdrant's default
@@ -177,3 +230,19 @@ def test_cli_index_and_search(minilm_path, corpus, tmp_path):
     r = subprocess.run([*env_cmd, "index", str(DATA / "corpus.jsonl"), "--index", idx, *common, "--quiet"],
                        capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and "already holds an index" in r.stderr
+
+
+def test_cli_sparse_first_stage(minilm_path, splade_path, corpus, tmp_path):
+    ids, texts, queries = corpus
+    idx = str(tmp_path / "sparse.idx")
+    cmd = [sys.executable, "-m", "polyvec", "index", str(DATA / "corpus.jsonl"), "--index", idx, "--model",
+           str(minilm_path), "--dtype", "float32", "--quiet", "--first-stage", "sparse"]  # fmt: skip
+    r = subprocess.run([*cmd, "--sparse-model", str(splade_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and "first stage sparse" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "polyvec", "search", "--index", idx, "--dtype", "float32", "-k", "3",
+                        queries[0]], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    hits = json.loads(r.stdout)["hits"]
+    assert len(hits) == 3 and all(h["id"] in ids for h in hits)
+    r = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True)  # MiniLM has no sparse output
+    assert r.returncode == 2 and "needs sparse_model" in r.stderr

@@ -112,11 +112,14 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path):
     assert r.returncode == 2 and "give --output DIR" in r.stderr
 
 
-@pytest.mark.parametrize("first_stage", ["muvera", "dense"])
+@pytest.mark.parametrize("first_stage", ["muvera", "dense", "sparse"])
 def test_index_dataset_equals_a_local_build(cluster, tmp_path, minilm_path, minilm_llm, first_stage):
     from polyvec.index import Index
     from polyvec.integrations.ray import index_dataset
+    from tests.helpers import save_tiny_m3
 
+    if first_stage == "sparse":  # a model with token and sparse vectors (bge-m3's layout, tiny and seeded)
+        minilm_llm = LLM(str(save_tiny_m3(tmp_path / "m3", minilm_path)), dtype="float32")
     ids = [f"d{i}" for i in range(len(TEXTS))]
     queries = ["wing flutter", "heat transfer in boundary layers"]
     with Index.create(tmp_path / "local", minilm_llm, first_stage=first_stage) as local:

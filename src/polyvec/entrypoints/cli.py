@@ -72,12 +72,23 @@ def cmd_index(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(f"--muvera is not a JSON object: {exc}") from None
     llm = load_llm(args)
+    sparse = None
+    if args.sparse_model:
+        if args.first_stage != "sparse":
+            raise CommandError("--sparse-model goes with --first-stage sparse")
+        from .. import LLM
+
+        try:
+            sparse = LLM(args.sparse_model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+        except (ValueError, OSError) as exc:
+            raise CommandError(f"cannot load the sparse model {args.sparse_model!r}: {exc}") from None
     start = time.perf_counter()
     try:
         index = Index.create(
             args.index,
             llm,
             first_stage=args.first_stage,
+            sparse_model=sparse,
             muvera=muvera,
             quantization=args.index_quantization,
             pool_factor=args.pool_factor,
@@ -129,7 +140,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         index = Index.open(args.index, collection=args.collection)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise CommandError(str(exc)) from None
-    index = Index(index.backend, LLM(args.model or index.config.model, dtype=args.dtype))  # its recipe's model
+    llm = LLM(args.model or index.config.model, dtype=args.dtype)  # its recipe's model
+    sparse = index.config.sparse_model
+    sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
+    index = Index(index.backend, llm, sparse_llm)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         with index:
@@ -940,10 +954,14 @@ def build_parser() -> argparse.ArgumentParser:
     _index_location_args(ix)
     ix.add_argument(
         "--first-stage",
-        choices=["muvera", "dense", "none"],
+        choices=["muvera", "dense", "sparse", "none"],
         default="muvera",
-        help="candidates for MaxSim: HNSW over MUVERA encodings (default), over the model's embed vectors, or "
-        "none (MaxSim over every document)",
+        help="candidates for MaxSim: HNSW over MUVERA encodings (default), over the model's embed vectors, "
+        "learned sparse vectors (--sparse-model, or the model's own embed_sparse), or none (MaxSim over every "
+        "document)",
+    )
+    ix.add_argument(
+        "--sparse-model", help="--first-stage sparse: a SPLADE-style model (folder or hub id) for the candidates"
     )
     ix.add_argument(
         "--index-quantization",

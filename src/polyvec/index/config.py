@@ -7,7 +7,7 @@ from typing import Any
 
 from ..muvera import MuveraParams
 
-FIRST_STAGES = ("muvera", "dense", "none")
+FIRST_STAGES = ("muvera", "dense", "sparse", "none")
 QUANTIZATIONS = ("none", "int8", "binary")
 FORMAT = 1
 
@@ -22,11 +22,15 @@ class IndexConfig:
     """Width of a token vector."""
     first_stage: str = "muvera"
     """Candidates for the MaxSim re-rank: "muvera" (HNSW over the documents' MUVERA encodings), "dense" (HNSW over
-    the model's single-vector embeddings) or "none" (MaxSim over every document)."""
+    the model's single-vector embeddings), "sparse" (Qdrant's inverted index over learned sparse vectors,
+    `sparse_model`'s) or "none" (MaxSim over every document)."""
     muvera: MuveraParams = field(default_factory=lambda: MuveraParams(k_sim=4, dim_proj=16, r_reps=20))
     """first_stage "muvera": the encoding's parameters (both sides)."""
     dense_dim: int | None = None
     """first_stage "dense": the embedding's width."""
+    sparse_model: str | None = None
+    """first_stage "sparse": the model whose `embed_sparse` vectors (SPLADE-style) are the first stage; the token
+    model itself when it has them (one forward pass for both)."""
     quantization: str = "none"
     """Token vectors kept in RAM as "int8" (Qdrant's scalar quantization) or "binary" codes, the float32
     originals on disk for re-scoring; "none": float32 in RAM."""
@@ -41,6 +45,8 @@ class IndexConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.first_stage == "dense" and not self.dense_dim:
             raise ValueError("first_stage 'dense' needs dense_dim")
+        if self.first_stage == "sparse" and not self.sparse_model:
+            raise ValueError("first_stage 'sparse' needs sparse_model (a model with embed_sparse)")
         if self.pool_factor is not None and self.pool_factor < 1:
             raise ValueError(f"pool_factor must be a positive integer, got {self.pool_factor}")
 

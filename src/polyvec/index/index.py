@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch
 from ..muvera import MuveraParams, muvera_for
 from ..pooling_params import PoolingParams
 from .config import IndexConfig
-from .qdrant import TOKENS, Backend, ClientBackend, EdgeBackend, Hit, SearchOptions
+from .qdrant import TOKENS, Backend, ClientBackend, EdgeBackend, Hit, SearchOptions, SparseVector
 
 if TYPE_CHECKING:
     from ..entrypoints.llm import LLM
@@ -34,8 +34,8 @@ def _is_server(location: str) -> bool:
 
 
 class Index:
-    def __init__(self, backend: Backend, llm: LLM | None = None):
-        self.backend, self.config, self._llm = backend, backend.config, llm
+    def __init__(self, backend: Backend, llm: LLM | None = None, sparse_llm: LLM | None = None):
+        self.backend, self.config, self._llm, self._sparse_llm = backend, backend.config, llm, sparse_llm
 
     # ------------------------------------------------------------------------------------------- open
 
@@ -50,6 +50,7 @@ class Index:
         first_stage: str = "muvera",
         muvera: MuveraParams | dict | None = None,
         dense_dim: int | None = None,
+        sparse_model: str | LLM | None = None,
         quantization: str = "none",
         pool_factor: int | None = None,
         collection: str = "polyvec",
@@ -60,7 +61,12 @@ class Index:
     ) -> Index:
         """A new index at `location`: a folder (embedded), an http(s) URL of a Qdrant server, or ":memory:".
         With `llm`, the model's name and widths come from it; without, give `model` and `dim` and add vectors.
-        On a cluster, `shards` and `replicas` set the collection's shard_number and replication_factor."""
+        On a cluster, `shards` and `replicas` set the collection's shard_number and replication_factor. A
+        "sparse" first stage takes `sparse_model` (an LLM or a model name) or, when the model has embed_sparse,
+        the model itself."""
+        sparse_llm = None
+        if not isinstance(sparse_model, (str, type(None))):
+            sparse_llm, sparse_model = sparse_model, sparse_model.model_config.model
         if llm is not None:
             mc = llm.model_config
             model, dim = model or mc.model, dim or mc.token_dim
@@ -68,6 +74,14 @@ class Index:
                 if "embed" not in llm.supported_tasks:
                     raise ValueError(f"first_stage 'dense' needs a model with embed; {mc.model} has none")
                 dense_dim = dense_dim or mc.embed_dim
+            if first_stage == "sparse" and sparse_model is None:
+                if "embed_sparse" not in llm.supported_tasks:
+                    raise ValueError(
+                        f"first_stage 'sparse' needs sparse_model (a model with embed_sparse); {mc.model} has none"
+                    )
+                sparse_model = mc.model
+        if sparse_llm is not None and "embed_sparse" not in sparse_llm.supported_tasks:
+            raise ValueError(f"sparse_model {sparse_model} has no embed_sparse")
         if model is None or dim is None:
             raise ValueError("give an LLM, or model and dim")
         config = IndexConfig(
@@ -75,6 +89,7 @@ class Index:
             dim=dim,
             first_stage=first_stage,
             dense_dim=dense_dim,
+            sparse_model=sparse_model if first_stage == "sparse" else None,
             quantization=quantization,
             pool_factor=pool_factor,
         )
@@ -91,7 +106,7 @@ class Index:
             if shards is not None or replicas is not None:
                 raise ValueError("shards and replicas apply to a Qdrant server or cluster (an http(s) URL)")
             backend = EdgeBackend.create(loc, config, overwrite)
-        return cls(backend, llm)
+        return cls(backend, llm, sparse_llm)
 
     @classmethod
     def open(
@@ -101,15 +116,17 @@ class Index:
         *,
         collection: str = "polyvec",
         api_key: str | None = None,
+        sparse_llm: LLM | None = None,
     ) -> Index:
-        """An existing index; its model is loaded when a text is first encoded, unless `llm` is given."""
+        """An existing index; its model (and a sparse first stage's) is loaded when a text is first encoded,
+        unless `llm` (`sparse_llm`) is given."""
         loc = str(location)
         backend: Backend
         if _is_server(loc):
             backend = ClientBackend.open(ClientBackend.connect(loc, api_key), collection)
         else:
             backend = EdgeBackend.open(loc)
-        return cls(backend, llm)
+        return cls(backend, llm, sparse_llm)
 
     @property
     def llm(self) -> LLM:
@@ -119,18 +136,46 @@ class Index:
             self._llm = LLM(self.config.model)
         return self._llm
 
+    @property
+    def sparse_llm(self) -> LLM:
+        """A sparse first stage's model: the token model itself, or one of its own."""
+        if self.config.sparse_model in (None, self.config.model) and self._sparse_llm is None:
+            return self.llm
+        if self._sparse_llm is None:
+            from ..entrypoints.llm import LLM
+
+            self._sparse_llm = LLM(str(self.config.sparse_model))
+        return self._sparse_llm
+
     # ------------------------------------------------------------------------------------------- write
 
-    def _tasks(self) -> str | list[str]:
-        return ["token_embed", "embed"] if self.config.first_stage == "dense" else "token_embed"
+    def _tasks(self) -> list[str]:
+        """What one forward pass of the token model gives: its token vectors, and the first stage's vector when
+        it comes from the same model."""
+        tasks = ["token_embed"]
+        if self.config.first_stage == "dense":
+            tasks.append("embed")
+        elif self.config.first_stage == "sparse" and self.sparse_llm is self.llm:
+            tasks.append("embed_sparse")
+        return tasks
 
-    def _encode(self, texts: Sequence[Any], input_type: str) -> tuple[list[torch.Tensor], np.ndarray | None]:
+    def _encode(self, texts: Sequence[Any], input_type: str) -> Encoded:
         params = PoolingParams(input_type=input_type)
-        outs = self.llm.encode(list(texts), params, pooling_task=self._tasks(), use_tqdm=False)
-        if self.config.first_stage != "dense":
-            return [o.outputs.data for o in outs], None
-        tokens = [o.outputs.data["token_embed"] for o in outs]
-        return tokens, torch.stack([o.outputs.data["embed"] for o in outs]).float().numpy()
+        tasks = self._tasks()
+        outs = self.llm.encode(list(texts), params, pooling_task=tasks if len(tasks) > 1 else tasks[0], use_tqdm=False)
+        if len(tasks) == 1:
+            tokens = [o.outputs.data for o in outs]
+        else:
+            tokens = [o.outputs.data["token_embed"] for o in outs]
+        dense = sparse = None
+        if "embed" in tasks:
+            dense = torch.stack([o.outputs.data["embed"] for o in outs]).float().numpy()
+        if "embed_sparse" in tasks:
+            sparse = [_sparse(o.outputs.data["embed_sparse"]) for o in outs]
+        elif self.config.first_stage == "sparse":
+            sparse_outs = self.sparse_llm.encode(list(texts), params, pooling_task="embed_sparse", use_tqdm=False)
+            sparse = [_sparse(o.outputs.data) for o in sparse_outs]
+        return Encoded(tokens, dense, sparse)
 
     def add(self, texts: Iterable[Any], ids: Iterable[str] | None = None, batch_size: int = 512) -> int:
         """Encode documents (texts, or any prompt the model takes) and store them; ids default to their
@@ -145,8 +190,8 @@ class Index:
             if not batch:
                 return
             names = [next(id_iter) if id_iter is not None else str(start + added + i) for i in range(len(batch))]
-            tokens, dense = self._encode(batch, "document")
-            self.add_vectors(names, tokens, dense)
+            enc = self._encode(batch, "document")
+            self.add_vectors(names, enc.tokens, enc.dense, enc.sparse)
             added += len(batch)
             batch.clear()
 
@@ -162,9 +207,11 @@ class Index:
         ids: Sequence[str],
         tokens: Sequence[torch.Tensor | np.ndarray],
         dense: np.ndarray | None = None,
+        sparse: Sequence[SparseVector] | None = None,
     ) -> None:
         """Store documents already encoded: their token vectors [n_i, dim] (pooled here if the index pools)
-        and, for a dense first stage, their embeddings [len(ids), dense_dim]."""
+        and, for a dense first stage, their embeddings [len(ids), dense_dim]; for a sparse one, their sparse
+        vectors as (indices, values)."""
         if len(ids) != len(tokens):
             raise ValueError(f"{len(ids)} ids for {len(tokens)} documents")
         mats = [_matrix(t, self.config.dim, f"document {doc_id!r}") for doc_id, t in zip(ids, tokens)]
@@ -179,6 +226,8 @@ class Index:
             if dense is None or len(dense) != len(ids):
                 raise ValueError("a dense first stage needs one embedding per document")
             vectors["dense"] = np.asarray(dense, dtype=np.float32)
+        elif self.config.first_stage == "sparse":
+            vectors["sparse"] = _sparse_list(sparse, len(ids), "document")
         self.backend.upsert(ids, vectors)
 
     def optimize(self) -> None:
@@ -200,15 +249,23 @@ class Index:
         """The k best documents for each query (a string or a list), best first, by MaxSim over the first
         stage's `prefetch` candidates."""
         texts = [queries] if isinstance(queries, str) else list(queries)
-        tokens, dense = self._encode(texts, "query")
+        enc = self._encode(texts, "query")
         return self.search_vectors(
-            tokens, dense, k=k, prefetch=prefetch, hnsw_ef=hnsw_ef, rescore=rescore, oversampling=oversampling
+            enc.tokens,
+            enc.dense,
+            enc.sparse,
+            k=k,
+            prefetch=prefetch,
+            hnsw_ef=hnsw_ef,
+            rescore=rescore,
+            oversampling=oversampling,
         )
 
     def search_vectors(
         self,
         tokens: Sequence[torch.Tensor | np.ndarray],
         dense: np.ndarray | None = None,
+        sparse: Sequence[SparseVector] | None = None,
         *,
         k: int = 10,
         prefetch: int = 100,
@@ -217,8 +274,8 @@ class Index:
         oversampling: float | None = None,
         exact: bool = False,
     ) -> list[list[Hit]]:
-        """Search with queries already encoded (as queries): token vectors and, for a dense first stage, their
-        embeddings."""
+        """Search with queries already encoded (as queries): token vectors and, for a dense or sparse first stage,
+        their embeddings or sparse vectors."""
         if k < 1 or prefetch < 1:
             raise ValueError(f"k and prefetch must be positive, got k={k}, prefetch={prefetch}")
         mats = [_matrix(t, self.config.dim, f"query {i}") for i, t in enumerate(tokens)]
@@ -229,6 +286,8 @@ class Index:
             if dense is None or len(dense) != len(mats):
                 raise ValueError("a dense first stage needs one embedding per query")
             queries["dense"] = np.asarray(dense, dtype=np.float32)
+        elif self.config.first_stage == "sparse":
+            queries["sparse"] = _sparse_list(sparse, len(mats), "query")
         options = SearchOptions(hnsw_ef=hnsw_ef, rescore=rescore, oversampling=oversampling, exact=exact)
         return self.backend.search(queries, k, max(prefetch, k), options)
 
@@ -247,6 +306,30 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Encoded(NamedTuple):
+    tokens: list[torch.Tensor]
+    dense: np.ndarray | None
+    sparse: list[SparseVector] | None
+
+
+def _sparse(v: torch.Tensor) -> SparseVector:
+    """An embed_sparse output (a vocabulary-wide vector) as its non-zero (indices, values)."""
+    idx = torch.nonzero(v).squeeze(1)
+    return idx.numpy().astype(np.uint32), v[idx].float().numpy()
+
+
+def _sparse_list(sparse: Sequence[SparseVector] | None, n: int, what: str) -> list[SparseVector]:
+    if sparse is None or len(sparse) != n:
+        raise ValueError(f"a sparse first stage needs one sparse vector (indices, values) per {what}")
+    out = []
+    for i, (indices, values) in enumerate(sparse):
+        idx, val = np.asarray(indices, dtype=np.uint32), np.asarray(values, dtype=np.float32)
+        if idx.ndim != 1 or idx.shape != val.shape:
+            raise ValueError(f"{what} {i}: sparse indices and values must be 1-D and of one length")
+        out.append((idx, val))
+    return out
 
 
 def _matrix(x: torch.Tensor | np.ndarray, dim: int, what: str) -> np.ndarray:

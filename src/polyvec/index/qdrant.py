@@ -21,6 +21,9 @@ import numpy as np
 from .config import IndexConfig
 
 TOKENS = "tokens"
+SPARSE = "sparse"
+SparseVector = tuple[np.ndarray, np.ndarray]
+"""(indices uint32, values float32) of a sparse vector's non-zero entries."""
 MANIFEST = "polyvec-index.json"
 _IDS = uuid.UUID("6f1d3c2a-8c57-4b4e-9a55-3d1c8d8f0b21")  # namespace of the point ids: uuid5(doc id)
 
@@ -61,6 +64,7 @@ class SearchOptions(NamedTuple):
 
 
 def _first_stage(config: IndexConfig) -> tuple[str, int] | None:
+    """The first stage's dense vector: its name and width (None for "sparse" and "none")."""
     if config.first_stage == "muvera":
         return "muvera", config.muvera.output_dim()
     if config.first_stage == "dense":
@@ -109,7 +113,8 @@ class EdgeBackend:
             vectors[stage[0]] = q.EdgeVectorParams(
                 size=stage[1], distance=q.Distance.Dot, quantization_config=quant, memory=cold
             )
-        shard = q.EdgeShard.create(str(root / "shard"), q.EdgeConfig(vectors=vectors))
+        sparse = {SPARSE: q.EdgeSparseVectorParams()} if config.first_stage == "sparse" else None
+        shard = q.EdgeShard.create(str(root / "shard"), q.EdgeConfig(vectors=vectors, sparse_vectors=sparse))
         (root / MANIFEST).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
         return cls(root, config, shard)
 
@@ -123,10 +128,13 @@ class EdgeBackend:
 
     def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None:
         q = _edge()
-        names = list(vectors)
+
+        def value(name: str, i: int) -> Any:
+            v = vectors[name][i]
+            return q.SparseVector(v[0].tolist(), v[1].tolist()) if name == SPARSE else v.tolist()
+
         points = [
-            q.Point(point_id(doc_id), {n: vectors[n][i].tolist() for n in names}, {"id": doc_id})
-            for i, doc_id in enumerate(ids)
+            q.Point(point_id(doc_id), {n: value(n, i) for n in vectors}, {"id": doc_id}) for i, doc_id in enumerate(ids)
         ]
         self.shard.update(q.UpdateOperation.upsert_points(points))
 
@@ -142,10 +150,14 @@ class EdgeBackend:
         requests = []
         for i, tokens in enumerate(queries[TOKENS]):
             rerank = q.Query.Nearest(tokens.tolist(), using=TOKENS)
-            if stage is None:
+            if SPARSE in queries:
+                indices, values = queries[SPARSE][i]
+                near = q.Query.Nearest(q.SparseVector(indices.tolist(), values.tolist()), using=SPARSE)
+            elif stage is None:
                 requests.append(q.QueryRequest(limit=k, query=rerank, with_payload=["id"], params=sp))
                 continue
-            near = q.Query.Nearest(queries[stage[0]][i].tolist(), using=stage[0])
+            else:
+                near = q.Query.Nearest(queries[stage[0]][i].tolist(), using=stage[0])
             first = q.Prefetch(limit=prefetch, query=near, params=sp)
             requests.append(q.QueryRequest(limit=k, prefetches=[first], query=rerank, with_payload=["id"], params=sp))
         results = self.shard.query_batch(q.QueryBatchRequest(requests))
@@ -240,6 +252,7 @@ class ClientBackend:
         client.create_collection(
             collection,
             vectors_config=vectors,
+            sparse_vectors_config={SPARSE: m.SparseVectorParams()} if config.first_stage == "sparse" else None,
             shard_number=shards,
             replication_factor=replicas,
             metadata={"polyvec": config.to_dict()},
@@ -258,11 +271,12 @@ class ClientBackend:
     def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None:
         from qdrant_client import models as m
 
-        names = list(vectors)
+        def value(name: str, i: int) -> Any:
+            v = vectors[name][i]
+            return m.SparseVector(indices=v[0].tolist(), values=v[1].tolist()) if name == SPARSE else v.tolist()
+
         points = [
-            m.PointStruct(
-                id=str(point_id(doc_id)), vector={n: vectors[n][i].tolist() for n in names}, payload={"id": doc_id}
-            )
+            m.PointStruct(id=str(point_id(doc_id)), vector={n: value(n, i) for n in vectors}, payload={"id": doc_id})
             for i, doc_id in enumerate(ids)
         ]
         self.client.upsert(self.collection, points=points, wait=True)
@@ -282,7 +296,11 @@ class ClientBackend:
         requests = []
         for i, tokens in enumerate(queries[TOKENS]):
             first = None
-            if stage is not None:
+            if SPARSE in queries:
+                indices, values = queries[SPARSE][i]
+                near = m.SparseVector(indices=indices.tolist(), values=values.tolist())
+                first = [m.Prefetch(query=near, using=SPARSE, limit=prefetch, params=sp)]
+            elif stage is not None:
                 first = [m.Prefetch(query=queries[stage[0]][i].tolist(), using=stage[0], limit=prefetch, params=sp)]
             requests.append(
                 m.QueryRequest(

@@ -175,15 +175,17 @@ def index_dataset(
     batch_size: int = DEFAULT_BATCH_SIZE,
     **llm_kwargs: Any,
 ) -> int:
-    """Encode a Dataset's documents on Ray with the index's model (as documents; with the embed vectors too for
-    a dense first stage) and write them into `index` (a `polyvec.index.Index`) from the driver, batch by batch.
-    Returns how many were written."""
+    """Encode a Dataset's documents on Ray with the index's model (as documents; with the embed or embed_sparse
+    vectors too for a dense or sparse first stage of the same model) and write them into `index` (a
+    `polyvec.index.Index`) from the driver, batch by batch. Returns how many were written."""
     config = index.config
-    dense = config.first_stage == "dense"
+    dense, sparse = config.first_stage == "dense", config.first_stage == "sparse"
+    if sparse and config.sparse_model != config.model:
+        raise ValueError("index_dataset encodes with one model: a sparse first stage must be the token model's own")
     out = encode_dataset(
         ds,
         config.model,
-        task=["token_embed", "embed"] if dense else "token_embed",
+        task=["token_embed", "embed"] if dense else ["token_embed", "embed_sparse"] if sparse else "token_embed",
         text_column=text_column,
         pooling_params={"input_type": "document"},
         actors=actors,
@@ -199,6 +201,12 @@ def index_dataset(
         if dense:
             col = batch.column("embed").combine_chunks()
             vectors = col.values.to_numpy(zero_copy_only=False).reshape(len(ids), -1)
-        index.add_vectors(ids, token_rows(batch.column("token_embed")), vectors)
+        pairs = None
+        if sparse:
+            col = batch.column("embed_sparse").to_pylist()
+            pairs = [
+                (np.asarray(r["indices"], dtype=np.uint32), np.asarray(r["values"], dtype=np.float32)) for r in col
+            ]
+        index.add_vectors(ids, token_rows(batch.column("token_embed")), vectors, pairs)
         written += len(ids)
     return written
