@@ -700,8 +700,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_serve_ray(args: argparse.Namespace) -> int:
     """`polyvec serve --replicas N`: the same app as replicas on Ray Serve, behind Ray's HTTP proxy on --host and
-    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0; during start-up they
-    stop it at once."""
+    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0, during start-up too (the
+    replicas already up may hold requests); a second signal stops it at once."""
     import signal
     import threading
 
@@ -729,13 +729,17 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         logging_level=logging.WARNING,
         include_dashboard=False,
     )
-    stop, serving = threading.Event(), threading.Event()
+    stop, signals = threading.Event(), [0]
 
     def on_signal(*_: object) -> None:
+        signals[0] += 1
+        if stop.is_set():  # a second signal: stop now, without waiting for requests in flight
+            raise KeyboardInterrupt
         stop.set()
-        if not serving.is_set():  # still starting (a download, replicas loading): stop now
+        if signals[0] == 1 and not serving:  # still starting (a download, replicas loading): leave serve.run
             raise KeyboardInterrupt
 
+    serving = False
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs handlers of its own
         signal.signal(sig, on_signal)
     log = logging.getLogger("polyvec.serve")
@@ -760,22 +764,24 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         deployed = True
         try:
             serve.run(app, name="polyvec", route_prefix="/", blocking=False)
+            serving = True
+            log.info("serving %s on http://%s:%d with Ray Serve", args.model, args.host, args.port)
+            while not stop.wait(1):
+                pass
+        except KeyboardInterrupt:  # signalled while starting: the replicas already up may hold requests too
+            serving = True
         except RuntimeError as exc:  # a replica that cannot start (a model that cannot load)
             raise CommandError(f"the replicas did not start: {exc}") from None
-        serving.set()
-        log.info("serving %s on http://%s:%d with Ray Serve", args.model, args.host, args.port)
-        while not stop.wait(1):
-            pass
         log.info("draining the replicas (requests in flight finish)")
         serve.delete("polyvec")  # the replicas finish their requests while the proxy still carries the answers
         deployed = False
     except KeyboardInterrupt:
-        log.info("stopped while starting")
+        log.info("stopped without draining")
     finally:
         if local:
             serve.shutdown()
         elif deployed:  # Serve on a shared cluster runs other applications too: only ours goes
-            serve.delete("polyvec")
+            serve.delete("polyvec", _blocking=False)
         ray.shutdown()
     return 0
 
