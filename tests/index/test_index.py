@@ -92,6 +92,9 @@ def test_reopen_reads_the_recipe(minilm_llm, corpus, encoded, tmp_path):
     ids, texts, queries = corpus
     with Index.create(tmp_path / "idx", minilm_llm, first_stage="none", pool_factor=2) as index:
         index.add(texts, ids)
+        # Flushed as added, no write-ahead log: the data is in the segments only (a log would be as large).
+        log = sum(f.stat().st_size for f in (tmp_path / "idx" / "shard").glob("wal/**/*") if f.is_file())
+        assert log < 1 << 20, log
     with pytest.raises(FileExistsError, match="already holds an index"):
         Index.create(tmp_path / "idx", minilm_llm)
     with Index.open(tmp_path / "idx", minilm_llm) as index:
