@@ -127,7 +127,8 @@ def sparse_candidates(sparse_llm, queries, texts, n):
     """The n documents of highest sparse dot product for each query (embed_sparse of both sides)."""
     q = torch.stack([o.outputs.data for o in sparse_llm.embed_sparse(queries, use_tqdm=False)])
     d = torch.stack([o.outputs.data for o in sparse_llm.embed_sparse(texts, use_tqdm=False)])
-    return [row.topk(n).indices.tolist() for row in q @ d.T]
+    top = (q @ d.T).topk(n)
+    return [i[v > 0].tolist() for v, i in zip(top.values, top.indices)]  # a zero score is no match
 
 
 @pytest.mark.parametrize("location", LOCATIONS)
@@ -147,11 +148,28 @@ def test_sparse_first_stage(minilm_llm, splade_path, corpus, encoded, tmp_path, 
         want = exact([qs[qi]], [docs[c] for c in cand], [ids[c] for c in cand], 5)[0]
         assert [h.id for h in hits] == [w[0] for w in want], qi
         assert np.allclose([h.score for h in hits], [w[1] for w in want], atol=1e-4)
-    if location == "edge":
-        with Index.open(where(location, tmp_path), minilm_llm, sparse_llm=splade) as index:
-            assert [h.id for h in index.search(queries[:3], k=5, prefetch=15)[0]] == [h.id for h in got[0]]
+    if location == "edge":  # reopened, the sparse model loaded from the recipe (dtype auto: ids compared)
+        with Index.open(where(location, tmp_path), minilm_llm) as index:
+            again = index.search(queries, k=5, prefetch=15)
+            assert index.sparse_llm is not index.llm
+        assert sum([h.id for h in a] == [h.id for h in g] for a, g in zip(again, got)) >= len(got) - 1
+    with Index.create(tmp_path / "z", minilm_llm, first_stage="sparse", sparse_model=splade) as index:
+        one = [docs[0]]
+        for bad, message in [
+            (([-1, 3], [0.5, 0.5]), "integers in"),
+            (([1.5, 3.0], [0.5, 0.5]), "integers in"),
+            (([3, 3], [0.5, 0.5]), "must not repeat"),
+            (([3], [0.5, 0.5]), "of one length"),
+        ]:
+            with pytest.raises(ValueError, match=message):
+                index.add_vectors(["d"], one, sparse=[bad])
+        index.add_vectors(["d"], one, sparse=[(torch.tensor([3, 7]), torch.tensor([0.5, 1.0], dtype=torch.bfloat16))])
+        with pytest.raises(ValueError, match="query 0 has an empty sparse vector"):
+            index.search_vectors([qs[0]], sparse=[([], [])])
     with pytest.raises(ValueError, match="needs sparse_model"):
         Index.create(tmp_path / "x", minilm_llm, first_stage="sparse")
+    with pytest.raises(ValueError, match="goes with first_stage 'sparse'"):
+        Index.create(tmp_path / "w", minilm_llm, first_stage="dense", sparse_model=splade)
     with pytest.raises(ValueError, match="has no embed_sparse"):
         Index.create(tmp_path / "y", minilm_llm, first_stage="sparse", sparse_model=minilm_llm)
 

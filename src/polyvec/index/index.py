@@ -12,6 +12,7 @@ answered by one Qdrant query: the first stage's `prefetch` candidates by HNSW, r
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -24,6 +25,8 @@ from ..muvera import MuveraParams, muvera_for
 from ..pooling_params import PoolingParams
 from .config import IndexConfig
 from .qdrant import TOKENS, Backend, ClientBackend, EdgeBackend, Hit, SearchOptions, SparseVector
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..entrypoints.llm import LLM
@@ -81,6 +84,10 @@ class Index:
                     )
                 sparse_model = mc.model
         if sparse_llm is not None and "embed_sparse" not in sparse_llm.supported_tasks:
+            raise ValueError(f"sparse_model {sparse_model} has no embed_sparse")
+        if sparse_model is not None and first_stage != "sparse":
+            raise ValueError(f"sparse_model goes with first_stage 'sparse', not {first_stage!r}")
+        if llm is not None and sparse_model == llm.model_config.model and "embed_sparse" not in llm.supported_tasks:
             raise ValueError(f"sparse_model {sparse_model} has no embed_sparse")
         if model is None or dim is None:
             raise ValueError("give an LLM, or model and dim")
@@ -228,6 +235,9 @@ class Index:
             vectors["dense"] = np.asarray(dense, dtype=np.float32)
         elif self.config.first_stage == "sparse":
             vectors["sparse"] = _sparse_list(sparse, len(ids), "document")
+            empty = [doc_id for doc_id, (idx, _) in zip(ids, vectors["sparse"]) if not len(idx)]
+            if empty:  # stored, but no sparse query will ever make them a candidate
+                logger.warning("documents with an empty sparse vector, never a first-stage candidate: %s", empty[:20])
         self.backend.upsert(ids, vectors)
 
     def optimize(self) -> None:
@@ -288,6 +298,9 @@ class Index:
             queries["dense"] = np.asarray(dense, dtype=np.float32)
         elif self.config.first_stage == "sparse":
             queries["sparse"] = _sparse_list(sparse, len(mats), "query")
+            for i, (idx, _) in enumerate(queries["sparse"]):
+                if not len(idx):
+                    raise ValueError(f"query {i} has an empty sparse vector: a sparse first stage finds nothing for it")
         options = SearchOptions(hnsw_ef=hnsw_ef, rescore=rescore, oversampling=oversampling, exact=exact)
         return self.backend.search(queries, k, max(prefetch, k), options)
 
@@ -316,19 +329,33 @@ class Encoded(NamedTuple):
 
 def _sparse(v: torch.Tensor) -> SparseVector:
     """An embed_sparse output (a vocabulary-wide vector) as its non-zero (indices, values)."""
+    v = v.detach().float().cpu()
     idx = torch.nonzero(v).squeeze(1)
-    return idx.numpy().astype(np.uint32), v[idx].float().numpy()
+    return idx.numpy().astype(np.uint32), v[idx].numpy()
+
+
+def _array(x: Any) -> np.ndarray:
+    return (
+        x.detach().float().cpu().numpy()
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
+    )
 
 
 def _sparse_list(sparse: Sequence[SparseVector] | None, n: int, what: str) -> list[SparseVector]:
+    """Checked (indices uint32, values float32) pairs: integer indices in [0, 2^32), unique, one value each."""
     if sparse is None or len(sparse) != n:
         raise ValueError(f"a sparse first stage needs one sparse vector (indices, values) per {what}")
     out = []
     for i, (indices, values) in enumerate(sparse):
-        idx, val = np.asarray(indices, dtype=np.uint32), np.asarray(values, dtype=np.float32)
+        idx, val = _array(indices), _array(values)
         if idx.ndim != 1 or idx.shape != val.shape:
             raise ValueError(f"{what} {i}: sparse indices and values must be 1-D and of one length")
-        out.append((idx, val))
+        if idx.size and (idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= 2**32):
+            raise ValueError(f"{what} {i}: sparse indices must be integers in [0, 2^32)")
+        if len(np.unique(idx)) != len(idx):
+            raise ValueError(f"{what} {i}: sparse indices must not repeat")
+        out.append((idx.astype(np.uint32), val.astype(np.float32)))
     return out
 
 
