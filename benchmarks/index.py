@@ -177,11 +177,7 @@ def main() -> int:
         sllm = LLM(sparse_model, dtype=args.dtype)
 
         def pairs(texts: list[str]) -> list:
-            out = []
-            for o in sllm.embed_sparse(texts, use_tqdm=False):
-                idx = torch.nonzero(o.outputs.data).squeeze(1)
-                out.append((idx.numpy().astype("uint32"), o.outputs.data[idx].float().numpy()))
-            return out
+            return [(o.outputs.indices, o.outputs.values) for o in sllm.embed_sparse(texts, use_tqdm=False)]
 
         d_sparse, q_sparse = pairs(data.docs), pairs(data.queries)
         nnz = sum(len(i) for i, _ in d_sparse)

@@ -729,14 +729,13 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         logging_level=logging.WARNING,
         include_dashboard=False,
     )
-    stop, signals = threading.Event(), [0]
+    stop = threading.Event()
 
     def on_signal(*_: object) -> None:
-        signals[0] += 1
         if stop.is_set():  # a second signal: stop now, without waiting for requests in flight
             raise KeyboardInterrupt
         stop.set()
-        if signals[0] == 1 and not serving:  # still starting (a download, replicas loading): leave serve.run
+        if not serving:  # still starting (a download, replicas loading): leave serve.run
             raise KeyboardInterrupt
 
     serving = False

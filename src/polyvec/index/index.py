@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..muvera import MuveraParams, muvera_for
+from ..outputs import SparseEmbeddingOutput
 from ..pooling_params import PoolingParams
 from .config import IndexConfig
 from .qdrant import TOKENS, Backend, ClientBackend, EdgeBackend, Hit, SearchOptions, SparseVector
@@ -70,6 +71,8 @@ class Index:
         sparse_llm = None
         if not isinstance(sparse_model, (str, type(None))):
             sparse_llm, sparse_model = sparse_model, sparse_model.model_config.model
+        if sparse_model is not None and first_stage != "sparse":
+            raise ValueError(f"sparse_model goes with first_stage 'sparse', not {first_stage!r}")
         if llm is not None:
             mc = llm.model_config
             model, dim = model or mc.model, dim or mc.token_dim
@@ -77,17 +80,15 @@ class Index:
                 if "embed" not in llm.supported_tasks:
                     raise ValueError(f"first_stage 'dense' needs a model with embed; {mc.model} has none")
                 dense_dim = dense_dim or mc.embed_dim
-            if first_stage == "sparse" and sparse_model is None:
-                if "embed_sparse" not in llm.supported_tasks:
+            if first_stage == "sparse":
+                if sparse_model is None and "embed_sparse" not in llm.supported_tasks:
                     raise ValueError(
                         f"first_stage 'sparse' needs sparse_model (a model with embed_sparse); {mc.model} has none"
                     )
-                sparse_model = mc.model
+                sparse_model = sparse_model or mc.model
+                if sparse_llm is None and sparse_model == mc.model:
+                    sparse_llm = llm
         if sparse_llm is not None and "embed_sparse" not in sparse_llm.supported_tasks:
-            raise ValueError(f"sparse_model {sparse_model} has no embed_sparse")
-        if sparse_model is not None and first_stage != "sparse":
-            raise ValueError(f"sparse_model goes with first_stage 'sparse', not {first_stage!r}")
-        if llm is not None and sparse_model == llm.model_config.model and "embed_sparse" not in llm.supported_tasks:
             raise ValueError(f"sparse_model {sparse_model} has no embed_sparse")
         if model is None or dim is None:
             raise ValueError("give an LLM, or model and dim")
@@ -329,17 +330,15 @@ class Encoded(NamedTuple):
 
 def _sparse(v: torch.Tensor) -> SparseVector:
     """An embed_sparse output (a vocabulary-wide vector) as its non-zero (indices, values)."""
-    v = v.detach().float().cpu()
-    idx = torch.nonzero(v).squeeze(1)
-    return idx.numpy().astype(np.uint32), v[idx].numpy()
+    out = SparseEmbeddingOutput(v.detach().float().cpu())
+    return np.asarray(out.indices, dtype=np.uint32), np.asarray(out.values, dtype=np.float32)
 
 
 def _array(x: Any) -> np.ndarray:
-    return (
-        x.detach().float().cpu().numpy()
-        if isinstance(x, torch.Tensor) and x.is_floating_point()
-        else (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x))
-    )
+    if not isinstance(x, torch.Tensor):
+        return np.asarray(x)
+    x = x.detach().cpu()
+    return (x.float() if x.is_floating_point() else x).numpy()  # numpy has no bfloat16
 
 
 def _sparse_list(sparse: Sequence[SparseVector] | None, n: int, what: str) -> list[SparseVector]:
