@@ -51,13 +51,17 @@ def main() -> int:
     data = load_beir(collection(args.data))
     llm = LLM(args.model, dtype=args.dtype)
     start = time.perf_counter()
-    tasks = ["token_embed", "embed"]
+    # A ColBERT model has no single vector: its run skips the dense first stage.
+    dense_too = "embed" in llm.supported_tasks
+    tasks: str | list[str] = ["token_embed", "embed"] if dense_too else "token_embed"
     d_out = llm.encode(data.docs, PoolingParams(input_type="document"), pooling_task=tasks, use_tqdm=False)
     q_out = llm.encode(data.queries, PoolingParams(input_type="query"), pooling_task=tasks, use_tqdm=False)
-    docs = [o.outputs.data["token_embed"].float() for o in d_out]
-    queries = [o.outputs.data["token_embed"].float() for o in q_out]
-    d_dense = torch.stack([o.outputs.data["embed"].float() for o in d_out]).numpy()
-    q_dense = torch.stack([o.outputs.data["embed"].float() for o in q_out]).numpy()
+    docs = [(o.outputs.data["token_embed"] if dense_too else o.outputs.data).float() for o in d_out]
+    queries = [(o.outputs.data["token_embed"] if dense_too else o.outputs.data).float() for o in q_out]
+    d_dense = q_dense = None
+    if dense_too:
+        d_dense = torch.stack([o.outputs.data["embed"].float() for o in d_out]).numpy()
+        q_dense = torch.stack([o.outputs.data["embed"].float() for o in q_out]).numpy()
     del d_out, q_out
     dim, nvec = docs[0].shape[1], sum(d.shape[0] for d in docs)
     position = {d: i for i, d in enumerate(data.doc_ids)}
@@ -184,15 +188,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-index-"))
     try:
         for name, create, search in qdrant:
-            if not wanted(name):
+            if not wanted(name) or (create["first_stage"] == "dense" and d_dense is None):
                 continue
+            dense_dim = None if d_dense is None else d_dense.shape[1]
+            stage = create["first_stage"]
             path = tmp / "idx"
             t0 = time.perf_counter()
-            stage = create["first_stage"]
-            index = Index.create(path, model=args.model, dim=dim, dense_dim=d_dense.shape[1], muvera=params,
-                                 sparse_model=sparse_model, **create)  # fmt: skip
+            index = Index.create(path, model=args.model, dim=dim, dense_dim=dense_dim, muvera=params,
+                                 sparse_model=sparse_model if stage == "sparse" else None, **create)  # fmt: skip
             for s in range(0, len(docs), 256):
-                dense = d_dense[s : s + 256] if stage == "dense" else None
+                dense = d_dense[s : s + 256] if d_dense is not None and stage == "dense" else None
                 sparse = d_sparse[s : s + 256] if stage == "sparse" else None
                 index.add_vectors(data.doc_ids[s : s + 256], docs[s : s + 256], dense, sparse)
             written = time.perf_counter() - t0
@@ -205,13 +210,14 @@ def main() -> int:
             if factor and factor not in pooled_n:
                 pooled_n[factor] = sum(hierarchical_pool(d, factor).shape[0] for d in docs)
             kept = pooled_n[factor] if factor else nvec
-            first = {"muvera": params.output_dim(), "dense": d_dense.shape[1]}.get(create["first_stage"], 0)
+            first = {"muvera": params.output_dim(), "dense": dense_dim or 0}.get(create["first_stage"], 0)
             width = {"none": 4.0, "int8": 1.0, "binary": 1 / 8}[create.get("quantization", "none")]
             held = (kept * dim + first * len(docs)) * width + (nnz * 8 if stage == "sparse" else 0)
 
             def one(i: int) -> list:
                 qs = [q_sparse[i]] if stage == "sparse" else None
-                return index.search_vectors([queries[i]], q_dense[i : i + 1], qs, k=100, prefetch=args.prefetch,
+                qd = None if q_dense is None else q_dense[i : i + 1]
+                return index.search_vectors([queries[i]], qd, qs, k=100, prefetch=args.prefetch,
                                             **search)  # fmt: skip
 
             for i in range(3):  # warm the page cache and the search threads
