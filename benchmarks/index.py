@@ -185,19 +185,19 @@ def main() -> int:
 
         d_sparse, q_sparse = pairs(data.docs), pairs(data.queries)
         nnz = sum(len(i) for i, _ in d_sparse)
+    dense_dim = None if d_dense is None else d_dense.shape[1]
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-index-"))
     try:
         for name, create, search in qdrant:
-            if not wanted(name) or (create["first_stage"] == "dense" and d_dense is None):
-                continue
-            dense_dim = None if d_dense is None else d_dense.shape[1]
             stage = create["first_stage"]
+            if not wanted(name) or (stage == "dense" and d_dense is None):
+                continue
             path = tmp / "idx"
             t0 = time.perf_counter()
             index = Index.create(path, model=args.model, dim=dim, dense_dim=dense_dim, muvera=params,
                                  sparse_model=sparse_model if stage == "sparse" else None, **create)  # fmt: skip
             for s in range(0, len(docs), 256):
-                dense = d_dense[s : s + 256] if d_dense is not None and stage == "dense" else None
+                dense = d_dense[s : s + 256] if stage == "dense" else None
                 sparse = d_sparse[s : s + 256] if stage == "sparse" else None
                 index.add_vectors(data.doc_ids[s : s + 256], docs[s : s + 256], dense, sparse)
             written = time.perf_counter() - t0
@@ -210,7 +210,7 @@ def main() -> int:
             if factor and factor not in pooled_n:
                 pooled_n[factor] = sum(hierarchical_pool(d, factor).shape[0] for d in docs)
             kept = pooled_n[factor] if factor else nvec
-            first = {"muvera": params.output_dim(), "dense": dense_dim or 0}.get(create["first_stage"], 0)
+            first = {"muvera": params.output_dim(), "dense": dense_dim or 0}.get(stage, 0)
             width = {"none": 4.0, "int8": 1.0, "binary": 1 / 8}[create.get("quantization", "none")]
             held = (kept * dim + first * len(docs)) * width + (nnz * 8 if stage == "sparse" else 0)
 
