@@ -36,11 +36,13 @@ def main() -> int:
     import torch
     from datasets import Dataset
     from pylate import losses, models, utils
-    from safetensors.torch import save_file
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.modules.transformer import Transformer
 
     from polyvec.resolve import resolve_model_path
+
+    sys.path.insert(0, str(HERE.parent))
+    from tests.helpers import write_pylate
 
     torch.manual_seed(0)
     random.seed(0)
@@ -70,8 +72,6 @@ def main() -> int:
     (work / "bare").mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
         shutil.copy(Path(base) / name, work / "bare")
-    dense_config = {"in_features": 384, "out_features": 128, "bias": False,
-                    "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
     dense = importlib.import_module("pylate.models.Dense").Dense(in_features=384, out_features=128, bias=False)
     transformer = Transformer(str(work / "bare"))
     # sentence-transformers 6 measures a text's length through a method PyLate 1.6's ColBERT lacks
@@ -93,19 +93,7 @@ def main() -> int:
     trainer.train()
     took = time.perf_counter() - start
 
-    out = args.out
-    transformer.save(str(out))
-    (out / "1_Dense").mkdir(exist_ok=True)
-    save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, out / "1_Dense" / "model.safetensors")
-    (out / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
-    ]
-    (out / "modules.json").write_text(json.dumps(modules))
-    keys = ("query_prefix", "document_prefix", "query_length", "document_length", "attend_to_expansion_tokens",
-            "skiplist_words", "do_query_expansion")  # fmt: skip
-    (out / "config_sentence_transformers.json").write_text(json.dumps({k: getattr(model, k) for k in keys}))
+    out = write_pylate(model, args.out)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{len(rows)} pairs from {args.data}, {args.epochs:g} epochs of batches of {args.batch}, trained in "
           f"{took:.0f} s on {hardware()}; saved {out}")  # fmt: skip

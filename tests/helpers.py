@@ -68,10 +68,8 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
     """A PyLate ColBERT on the transformer in `bare` with a seeded Dense (hidden → dim, no bias), written to `out` in
     PyLate's layout; returns (the PyLate model in memory, out)."""
     import importlib
-    import json
 
     from pylate import models
-    from safetensors.torch import save_file
     from sentence_transformers.base.modules.transformer import Transformer
 
     dense_mod = importlib.import_module("pylate.models.Dense")
@@ -82,12 +80,24 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
     model = models.ColBERT(
         modules=[transformer, dense], device="cpu", query_length=query_length, document_length=document_length
     )
+    write_pylate(model, out)
+    return model, out
+
+
+def write_pylate(model, out: Path) -> Path:
+    """A PyLate ColBERT of a Transformer and a Dense (no bias) written to `out` in PyLate's layout: the transformer
+    at the top, the projection in 1_Dense, the query/document recipe in config_sentence_transformers.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    transformer, dense = model[0], model[1]
     transformer.save(str(out))
-    (out / "1_Dense").mkdir()
+    (out / "1_Dense").mkdir(exist_ok=True)
     save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, out / "1_Dense" / "model.safetensors")
     dense_config = {
-        "in_features": hidden,
-        "out_features": dim,
+        "in_features": dense.in_features,
+        "out_features": dense.out_features,
         "bias": False,
         "activation_function": "torch.nn.modules.linear.Identity",
     }
@@ -97,17 +107,10 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
     ]
     (out / "modules.json").write_text(json.dumps(modules))
-    recipe = {
-        "query_prefix": model.query_prefix,
-        "document_prefix": model.document_prefix,
-        "query_length": model.query_length,
-        "document_length": model.document_length,
-        "attend_to_expansion_tokens": model.attend_to_expansion_tokens,
-        "skiplist_words": model.skiplist_words,
-        "do_query_expansion": model.do_query_expansion,
-    }
-    (out / "config_sentence_transformers.json").write_text(json.dumps(recipe))
-    return model, out
+    keys = ("query_prefix", "document_prefix", "query_length", "document_length", "attend_to_expansion_tokens",
+            "skiplist_words", "do_query_expansion")  # fmt: skip
+    (out / "config_sentence_transformers.json").write_text(json.dumps({k: getattr(model, k) for k in keys}))
+    return out
 
 
 def save_special_tokenizer(folder: Path, minilm_path: Path, special: list[str]) -> dict[str, int]:
