@@ -1,12 +1,14 @@
-"""What Ray Serve costs: `polyvec serve --replicas 1` (Ray's proxy, one replica) against plain `polyvec serve`.
+"""What Ray Serve costs: `polyvec serve --replicas 1` (one replica behind HAProxy, and behind Ray's Python proxy)
+against plain `polyvec serve`.
 
     python benchmarks/ray_serve.py [--clients 8 32] [--requests 1500] [--rounds 2] [--texts-per-request 1]
+        [--ingress haproxy proxy] [--ray-env K=V[,K=V] ...]
 
-Each round starts one server, then the other (same model, dtype, threads, a free loopback port), waits until
-the machine is idle (the kernels' warm-up done), sends 64 warm-up requests, then `--requests` /v1/embeddings
-requests from each number of concurrent clients, and stops it (SIGTERM). Prints tokens/s and p50/p99 latency
-per system and client count, and Ray / plain per round. Texts: Cranfield passages ($POLYVEC_DATA, else the
-tests/data slice).
+Each round starts one server after the other, each round from another one (same model, dtype, threads, a free
+loopback port), waits until the machine is idle (the kernels' warm-up done), sends 64 warm-up requests, then
+`--requests` /v1/embeddings requests from each number of concurrent clients, and stops it (SIGTERM). Prints
+tokens/s and p50/p99 latency per system and client count, and Ray / plain per round. Texts: Cranfield passages
+($POLYVEC_DATA, else the tests/data slice).
 """
 
 from __future__ import annotations
@@ -70,19 +72,28 @@ def main() -> int:
     ap.add_argument("--texts-per-request", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--ingress", nargs="*", default=["haproxy", "proxy"], choices=["haproxy", "proxy"])
+    ap.add_argument("--ray-env", nargs="*", default=[], metavar="K=V[,K=V]", help="one more system per item")
     args = ap.parse_args()
     texts, source = passages()
     k = args.texts_per_request
     work = [[texts[(i * k + j) % len(texts)] for j in range(k)] for i in range(args.requests)]
-    systems = {"polyvec serve": [], "Ray Serve, 1 replica": ["--replicas", "1"]}
+    systems = {"polyvec serve": ([], {})}
+    for ingress in args.ingress:
+        systems[f"Ray Serve, 1 replica, {ingress}"] = (["--replicas", "1", "--ingress", ingress], {})
+    for variant in args.ray_env:  # more Ray Serve systems, each with these environment variables
+        env = dict(kv.split("=", 1) for kv in variant.split(","))
+        systems[f"Ray Serve, 1 replica, {variant}"] = (["--replicas", "1"], env)
     print(f"## Ray Serve overhead: {args.requests} requests of {k} text(s) per client count; {args.model} "
           f"{args.dtype}\n{time.strftime('%Y-%m-%d')}, {hardware()}; texts {source}\n")  # fmt: skip
     print("| round | clients | system | tokens/s | p50 ms | p99 ms | Ray / plain |")
     print("|---|---|---|---|---|---|---|")
     for r in range(1, args.rounds + 1):
         results: dict[tuple[str, int], dict] = {}
-        for name, extra in systems.items():
-            server = Server(args, "--dtype", args.dtype, *extra)
+        names = list(systems)
+        for name in names[r - 1 :] + names[: r - 1]:  # each round starts with another system
+            extra, env = systems[name]
+            server = Server(args, "--dtype", args.dtype, *extra, env=env)
             try:
                 settle()
                 asyncio.run(load(server, 8, work[:64], args.timeout))  # warm-up

@@ -101,12 +101,12 @@ def verdict(ok: bool, goal: str, detail: str) -> None:
 class Server:
     """`polyvec serve` in a subprocess on a free loopback port; stop() sends SIGTERM and returns the exit code."""
 
-    def __init__(self, args: argparse.Namespace, *extra: str):
+    def __init__(self, args: argparse.Namespace, *extra: str, env: dict[str, str] | None = None):
         self.url = f"http://127.0.0.1:{free_port()}"
         cmd = [sys.executable, "-m", "polyvec", "serve", args.model, "--port", self.url.rsplit(":", 1)[1]]
         cmd += ["--log-level", "warning", *(["--threads", str(args.threads)] if args.threads else []), *extra]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="polyvec-reliability-", suffix=".log", delete=False)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 300

