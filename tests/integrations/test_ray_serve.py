@@ -220,16 +220,21 @@ def start_cli(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, st
     raise AssertionError(log.read_text()[-3000:])
 
 
-def front(proc: subprocess.Popen, url: str) -> str:
-    """The name of the process (of the server's own) that listens on the url's port."""
+def front(proc: subprocess.Popen, url: str, timeout: float = 20) -> str:
+    """The name of the process (of the server's own) that listens on the url's port; looked for again while
+    HAProxy reloads (its new process takes the socket over when replicas come up)."""
     port = int(url.rsplit(":", 1)[1])
-    for p in psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]:
-        try:
-            if any(c.laddr.port == port and c.status == "LISTEN" for c in p.net_connections("tcp")):
-                return p.name()
-        except psutil.Error:
-            continue
-    return ""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]:
+            try:
+                if any(c.laddr.port == port and c.status == "LISTEN" for c in p.net_connections("tcp")):
+                    return p.name()
+            except psutil.Error:
+                continue
+        if time.monotonic() > deadline:
+            return ""
+        time.sleep(0.2)
 
 
 def replica_pids(proc: subprocess.Popen) -> set[int]:
