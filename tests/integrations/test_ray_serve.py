@@ -134,12 +134,17 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(served):
     for t in clients:
         t.join()
     assert victim_id not in after and len(after) == 2  # a new replica took the dead one's place
+    check_only_in_flight_failed(results, len(clients), killed_at, replaced_at)
+
+
+def check_only_in_flight_failed(results: list, clients: int, killed_at: float, replaced_at: float) -> None:
+    """`hammer`'s results around a replica killed at `killed_at` and replaced at `replaced_at`."""
     failed = [r for r in results if r[2] != 200]
     print(f"{len(results)} requests, {len(failed)} failed: {[r[2] for r in failed]}; replaced in "
           f"{replaced_at - killed_at:.1f} s")  # fmt: skip
     assert sum(1 for r in results if r[2] == 200 and r[0] > killed_at) > 20  # the survivor kept serving
     # Only requests in flight on the killed replica may fail: started before the kill, at most one per client.
-    assert len(failed) <= len(clients) and all(r[0] < killed_at for r in failed), failed
+    assert len(failed) <= clients and all(r[0] < killed_at for r in failed), failed
     assert all(r[2] == 200 for r in results if r[0] > replaced_at)
 
 
@@ -316,12 +321,7 @@ def test_cli_haproxy_front_survives_a_killed_replica(minilm_path, tmp_path):
         for t in clients:
             t.join()
         assert len(after) == 2, log.read_text()[-3000:]
-        failed = [r for r in results if r[2] != 200]
-        print(f"{len(results)} requests, {len(failed)} failed: {[r[2] for r in failed]}; replaced in "
-              f"{replaced_at - killed_at:.1f} s")  # fmt: skip
-        assert sum(1 for r in results if r[2] == 200 and r[0] > killed_at) > 20  # the survivor kept serving
-        assert len(failed) <= len(clients) and all(r[0] < killed_at for r in failed), failed
-        assert all(r[2] == 200 for r in results if r[0] > replaced_at)
+        check_only_in_flight_failed(results, len(clients), killed_at, replaced_at)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
