@@ -212,7 +212,8 @@ def start_cli(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, st
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cmd = [sys.executable, "-m", "polyvec", "serve", str(model), "--port", str(port), "--dtype", "float32",
            "--threads", "1", "--enforce-eager", "--log-level", "warning", *flags]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -247,7 +248,6 @@ def replica_pids(proc: subprocess.Popen) -> set[int]:
     from ray.serve._private import constants
 
     low, high = constants.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, constants.RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
-
     found = set()
     for p in psutil.Process(proc.pid).children(recursive=True):
         try:
