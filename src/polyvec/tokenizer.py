@@ -4,7 +4,8 @@ Truncation keeps the special tokens ([CLS] ... [SEP]) and cuts the text on the r
 tokenizer called with `truncation=True, max_length=n` does, or on the left (`truncation_side="left"`: keep the
 last tokens, transformers' `truncation_side`). The `tokenizers` object carries its truncation setting as mutable
 state, so each length and side gets its own configured copy: encoding stays safe to call from several threads
-at once (the server tokenizes in worker threads).
+at once (the server tokenizes in worker threads). Prompts need no character offsets, so they come from
+`encode_batch_fast`, which skips them (a fifth less CPU than `encode_batch`, the same ids).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class PolyTokenizer:
         if truncate and max_length < self._num_special(any(isinstance(t, tuple) for t in texts), add_special_tokens):
             # Too short for the special tokens themselves, where `tokenizers` would not cut at all: keep the
             # first (left: last) max_length tokens, as token-id prompts are cut.
-            full = self._base.encode_batch(texts, add_special_tokens=add_special_tokens)
+            full = self._base.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
             left = truncation_side == "left"
             return [
                 TokenizedPrompt(
@@ -111,7 +112,7 @@ class PolyTokenizer:
             ]
         if truncate and all(isinstance(t, str) for t in texts):
             return self._encode_truncating(cast(Sequence[str], texts), max_length, add_special_tokens, truncation_side)
-        full = self._base.encode_batch(texts, add_special_tokens=add_special_tokens)
+        full = self._base.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         out: list[TokenizedPrompt] = []
         too_long = [i for i, enc in enumerate(full) if len(enc.ids) > max_length]
         if too_long and not truncate:
@@ -120,7 +121,7 @@ class PolyTokenizer:
         cut = dict(
             zip(
                 too_long,
-                self._truncating_copy(max_length, truncation_side).encode_batch(
+                self._truncating_copy(max_length, truncation_side).encode_batch_fast(
                     [texts[i] for i in too_long], add_special_tokens=add_special_tokens
                 ),
             )
@@ -143,7 +144,9 @@ class PolyTokenizer:
         processor = self._base.post_processor
         special = processor.num_special_tokens_to_add(False) if add_special_tokens and processor else 0
         # Either side, the overflowing pieces partition the cut-off tokens (stride 0).
-        encoded = self._truncating_copy(max_length, side).encode_batch(texts, add_special_tokens=add_special_tokens)
+        encoded = self._truncating_copy(max_length, side).encode_batch_fast(
+            texts, add_special_tokens=add_special_tokens
+        )
         return [_prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing)) for enc in encoded]
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
