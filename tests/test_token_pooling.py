@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyvec import LLM, PoolingParams
-from polyvec.token_pooling import hierarchical_pool
+from polyvec import LLM, PoolingParams, token_pooling
+from polyvec.token_pooling import hierarchical_pool, ward_labels
 from tests.helpers import cosine_rows
 
 DOCS = [
@@ -34,6 +34,43 @@ def test_same_clusters_as_pylate(pylate_model, factor):
     assert torch.equal(hierarchical_pool(full[0].outputs.data, factor), got[0].outputs.data)
     q = llm.token_embed(DOCS[1], PoolingParams(input_type="query", pool_factor=factor), use_tqdm=False)[0]
     assert q.outputs.data.shape[0] == model.query_length
+
+
+def test_ward_labels_as_scipy_public_calls(monkeypatch):
+    """The direct calls into scipy's compiled routines give fcluster(linkage(...))'s labels, and the public
+    calls stand in where those internals are missing."""
+    from scipy.cluster import hierarchy
+    from scipy.spatial.distance import squareform
+
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for n in (2, 3, 5, 17, 50, 187, 300):
+        x = torch.nn.functional.normalize(torch.randn(n, 32, generator=g), dim=-1)
+        if n > 5:  # repeated vectors: ties in the merge distances
+            x[n // 2 :: 4] = x[1]
+        cases.append(x)
+    compared = 0
+    for x in cases:
+        distance = 1 - torch.mm(x, x.t()).numpy()
+        for clusters in {1, max(x.shape[0] // 2, 1), max(x.shape[0] // 3, 1)}:
+            condensed = squareform(distance, checks=False).astype("float64")
+            got = ward_labels(distance, clusters)
+            assert got.min() == 1 and got.max() <= clusters
+            z = hierarchy.linkage(condensed, method="ward")
+            if (z[:, 2] < 0).any():  # a rounding-negative distance between repeated vectors: fcluster refuses it
+                continue
+            assert (got == hierarchy.fcluster(z, t=clusters, criterion="maxclust")).all()
+            compared += 1
+    assert compared >= 12  # of 16
+    import scipy.cluster
+
+    monkeypatch.setattr(scipy.cluster, "_hierarchy", object())  # what ward_labels imports; hierarchy keeps its own
+    x = cases[-2]
+    assert hierarchical_pool(x, 2).shape[0] == 1 + (x.shape[0] - 1) // 2
+    bad = x.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        token_pooling.hierarchical_pool(bad, 2)
 
 
 def test_pool_factor_checks(minilm_llm):
