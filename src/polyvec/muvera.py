@@ -87,6 +87,8 @@ class Muvera:
         planes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
         self.hyperplanes = planes.transpose(1, 0, 2).reshape(dim, -1)  # [dim, r·k]: one matmul for all repetitions
         self.projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
+        # [dim, r·dp], scaled: every vector projected once, before the partition sums (both are linear)
+        self._project = self.projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
         ids = np.arange(1 << p.k_sim)
         popcount = np.array([bin(i).count("1") for i in range(1 << p.k_sim)])
         self.hamming = popcount[ids[:, None] ^ ids[None, :]]  # [B, B]
@@ -112,9 +114,14 @@ class Muvera:
         p, n, parts = self.params, len(x), 1 << self.params.k_sim
         bits = (x @ self.hyperplanes).reshape(n, p.r_reps, p.k_sim) > 0
         part = (bits.astype(np.int64) @ (1 << np.arange(p.k_sim))).T  # [r, n]: each vector's partition
+        reps = np.arange(p.r_reps)[:, None]
         onehot = np.zeros((p.r_reps, parts, n))
-        onehot[np.arange(p.r_reps)[:, None], part, np.arange(n)[None, :]] = 1.0
-        centers = (onehot.reshape(-1, n) @ x).reshape(p.r_reps, parts, self.dim)  # partition sums
+        onehot[reps, part, np.arange(n)[None, :]] = 1.0
+        if p.dim_proj < self.dim:  # [r, n, w]: the vectors as each repetition projects them
+            y = (x @ self._project).reshape(n, p.r_reps, p.dim_proj).transpose(1, 0, 2)
+        else:
+            y = np.broadcast_to(x, (p.r_reps, n, self.dim))
+        centers = onehot @ y  # [r, B, w]: partition sums
         if not query:
             counts = onehot.sum(2)  # [r, B]
             centers /= np.maximum(counts, 1.0)[..., None]
@@ -125,11 +132,9 @@ class Muvera:
                 dist = np.where(empty[:, None, :], np.iinfo(np.int64).max, self.hamming[None])  # [r, B, B]
                 nearest = dist.argmin(2)  # [r, B]
                 first = np.full((p.r_reps, parts), n)
-                np.minimum.at(first, (np.arange(p.r_reps)[:, None], part), np.arange(n)[None, :])
-                fill = x[first[np.arange(p.r_reps)[:, None], nearest]]  # [r, B, dim]
-                centers = np.where(empty[..., None], fill, centers)
-        if p.dim_proj < self.dim:
-            centers = (centers @ self.projections) / np.sqrt(p.dim_proj)  # [r, B, dim_proj]
+                np.minimum.at(first, (reps, part), np.arange(n)[None, :])
+                r_empty, b_empty = np.nonzero(empty)
+                centers[r_empty, b_empty] = y[r_empty, first[r_empty, nearest[r_empty, b_empty]]]
         return centers.reshape(-1).astype(np.float32)
 
     def encode(self, inputs: Sequence[torch.Tensor | np.ndarray], query: bool = False) -> np.ndarray:
