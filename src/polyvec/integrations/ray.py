@@ -127,8 +127,8 @@ def encode_dataset(
     actors = actors or auto_actors
     threads = threads_per_actor or auto_threads
     # An engine on a whole node reserves a CPU less than it uses, so that the read and write tasks feeding it
-    # (give them num_cpus <= 0.5, as `polyvec embed --ray` does) can be scheduled beside it, not deadlock; with
-    # only half a CPU left, Ray Data's scheduling cost the engine 10% of its throughput on a 2-core node.
+    # (give them num_cpus <= 0.5, as `polyvec embed --ray` does) can be scheduled beside it, not deadlock; half a
+    # CPU was too little room for Ray Data, whose own processes then slowed the engine.
     reserve = threads if threads_per_actor or num_gpus else max(0.5, threads - 1)
     if actors < 1 or threads < 1 or batch_size < 1:
         raise ValueError(
