@@ -86,9 +86,9 @@ class Muvera:
         rng = np.random.default_rng(p.seed)
         planes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
         self.hyperplanes = planes.transpose(1, 0, 2).reshape(dim, -1)  # [dim, r·k]: one matmul for all repetitions
-        self.projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
+        projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
         # [dim, r·dp], scaled: every vector projected once, before the partition sums (both are linear)
-        self._project = self.projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
+        self._project = projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
         ids = np.arange(1 << p.k_sim)
         popcount = np.array([bin(i).count("1") for i in range(1 << p.k_sim)])
         self.hamming = popcount[ids[:, None] ^ ids[None, :]]  # [B, B]

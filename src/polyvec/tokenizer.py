@@ -5,7 +5,7 @@ tokenizer called with `truncation=True, max_length=n` does, or on the left (`tru
 last tokens, transformers' `truncation_side`). The `tokenizers` object carries its truncation setting as mutable
 state, so each length and side gets its own configured copy: encoding stays safe to call from several threads
 at once (the server tokenizes in worker threads). Prompts need no character offsets, so they come from
-`encode_batch_fast`, which skips them (a fifth less CPU than `encode_batch`, the same ids).
+`encode_batch_fast`, which skips computing them (the same ids as `encode_batch`).
 """
 
 from __future__ import annotations
