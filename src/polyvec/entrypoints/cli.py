@@ -823,8 +823,10 @@ def ingress_env(ingress: str) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
         # HAProxy here learns of a stopping replica within ~0.1 s; Ray's 30 s default suits remote balancers
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-        # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay
-        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
+        # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay.
+        # HAProxy replays only a request it held whole when it sent it, so it must wait for the body; Ray's
+        # template has no place for other options, and this one rides on the retry-on line it fills in.
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response\n    option http-buffer-request",
     }
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **{k: os.environ.get(k, v) for k, v in tuned.items()}}
 
