@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=None, help="default: the library's for the task")
     ap.add_argument("--task", nargs="+", default=["embed", "token_embed"])
     args = ap.parse_args()
     import ray
@@ -50,7 +50,7 @@ def main() -> int:
     items = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
     print(f"## Ray Data overhead: {len(texts)} {args.data} passages, {tokens} tokens; {args.model} {args.dtype}\n"
           f"{time.strftime('%Y-%m-%d')}, {hardware()}; one actor with {cores} threads, "
-          f"batches of {args.batch_size}\n")  # fmt: skip
+          f"batches of {args.batch_size or 'the default'}\n")  # fmt: skip
     print("| task | round | offline tokens/s | Ray, 1 actor tokens/s | Ray / offline |")
     print("|---|---|---|---|---|")
     for task in args.task:

@@ -20,7 +20,7 @@ import ray
 import ray.data
 
 from polyvec import LLM
-from polyvec.integrations.ray import encode_dataset
+from polyvec.integrations.ray import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, encode_dataset
 
 TOPICS = ["boundary layers", "wing flutter", "heat transfer"]
 TEXTS = [f"passage {i} about " + " and ".join(TOPICS[: 1 + i % 3]) for i in range(120)]
@@ -48,6 +48,14 @@ def test_columns_equal_single_process(cluster, tmp_path, minilm_path, minilm_llm
             assert np.allclose(got, o.outputs.data.numpy(), atol=1e-5), (t, i)
     if "token_embed" in tasks:  # plain Arrow: a list of fixed-size lists, no padding
         assert str(table.schema.field("token_embed").type) == "list<element: fixed_size_list<element: float>[384]>"
+
+
+def test_default_batch_size():
+    """Per-token outputs in smaller batches (their output is large), one vector a row in larger ones."""
+    assert default_batch_size("embed") == default_batch_size(["embed", "embed_sparse"]) == ROW_BATCH_SIZE
+    assert default_batch_size("classify") == ROW_BATCH_SIZE > TOKEN_BATCH_SIZE
+    assert default_batch_size("token_embed") == default_batch_size(["token_embed", "embed"]) == TOKEN_BATCH_SIZE
+    assert default_batch_size("token_classify") == TOKEN_BATCH_SIZE
 
 
 def test_sparse_column(cluster, tmp_path, splade_path):

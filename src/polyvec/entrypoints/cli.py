@@ -950,7 +950,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads-per-actor", type=int, default=None, help="--ray: CPU threads per engine (default: a node's CPUs)"
     )
     p.add_argument("--gpus-per-actor", type=float, default=0, help="--ray: GPUs per engine (default: 0, CPU)")
-    p.add_argument("--batch-size", type=int, default=256, help="--ray: rows per batch handed to an engine")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="--ray: rows per batch handed to an engine (1024; per-token tasks 256)",
+    )
     p.set_defaults(func=cmd_embed)
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")
     ev.add_argument("--data", required=True, help="folder with corpus.jsonl, queries.jsonl, qrels.tsv")

@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_BATCH_SIZE = 256
+TOKEN_BATCH_SIZE = 256
+"""Rows per batch when a task returns vectors per token: megabytes of output a batch, written as it comes."""
+ROW_BATCH_SIZE = 1024
+"""Rows per batch when each row gets one vector or list: fewer, larger read, encode and write tasks."""
+
+
+def default_batch_size(task: str | Sequence[str]) -> int:
+    tasks = [task] if isinstance(task, str) else task
+    return TOKEN_BATCH_SIZE if {"token_embed", "token_classify"} & set(tasks) else ROW_BATCH_SIZE
 
 
 def _vectors(rows: Sequence[np.ndarray], dtype: Any) -> Any:
@@ -114,11 +122,11 @@ def encode_dataset(
     actors: int | None = None,
     threads_per_actor: int | None = None,
     num_gpus: float = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int | None = None,
     **llm_kwargs: Any,
 ) -> Any:
     """`ds` with the task's output column(s) added, computed by `actors` polyvec engines (lazy, as Ray Data
-    is: write or iterate the result to run it)."""
+    is: write or iterate the result to run it); `batch_size` rows at a time (default: `default_batch_size`)."""
     import ray.data
 
     if not ray.is_initialized():
@@ -130,6 +138,7 @@ def encode_dataset(
     # (give them num_cpus <= 0.5, as `polyvec embed --ray` does) can be scheduled beside it, not deadlock; half a
     # CPU was too little room for Ray Data, whose own processes then slowed the engine.
     reserve = threads if threads_per_actor or num_gpus else max(0.5, threads - 1)
+    batch_size = default_batch_size(task) if batch_size is None else batch_size
     if actors < 1 or threads < 1 or batch_size < 1:
         raise ValueError(
             f"actors, threads_per_actor and batch_size must be positive: {actors}, {threads}, {batch_size}"
@@ -173,7 +182,7 @@ def index_dataset(
     actors: int | None = None,
     threads_per_actor: int | None = None,
     num_gpus: float = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int = TOKEN_BATCH_SIZE,
     **llm_kwargs: Any,
 ) -> int:
     """Encode a Dataset's documents on Ray with the index's model (as documents; with the embed or embed_sparse
