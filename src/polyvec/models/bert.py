@@ -15,6 +15,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.embedding import Embedding
 from ..layers.layernorm import LayerNorm
 from ..layers.linear import Int8Linear, linear_add
 from .args import EncoderArgs
@@ -67,10 +68,10 @@ class BertEmbeddings(nn.Module):
     def __init__(self, args: EncoderArgs):
         super().__init__()
         hidden = args.hidden_size
-        self.word_embeddings = nn.Embedding(args.vocab_size, hidden)
-        self.position_embeddings = nn.Embedding(args.max_position_embeddings, hidden)
+        self.word_embeddings = Embedding(args.vocab_size, hidden)
+        self.position_embeddings = Embedding(args.max_position_embeddings, hidden)
         types = args.type_vocab_size
-        self.token_type_embeddings = nn.Embedding(types, hidden) if types > 0 else None
+        self.token_type_embeddings = Embedding(types, hidden) if types > 0 else None
         self.norm = LayerNorm(hidden, eps=args.layer_norm_eps)
 
     def forward(

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, causal_attention
+from ..layers.embedding import Embedding
 from ..layers.linear import linear_add
 from .args import DecoderArgs
 from .interface import ProjectionPacker
@@ -149,7 +150,7 @@ class DecoderModel(nn.Module):
         self.head_dim = args.head_dim
         self.num_kv_heads = args.num_key_value_heads
         qkv_bias = self.qkv_bias_default or args.attention_bias
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
             self.layer_class(args, i, qkv_bias, self.qk_norm) for i in range(args.num_hidden_layers)
         )

@@ -20,6 +20,7 @@ from torch import nn
 from ..layers import kernels
 from ..layers.activation import get_act_fn
 from ..layers.attention import AttentionMetadata, varlen_attention
+from ..layers.embedding import Embedding
 from ..layers.layernorm import LayerNorm
 from ..layers.linear import linear_add, linear_mul
 from .args import ModernBertArgs
@@ -159,7 +160,7 @@ class ModernBertEncoder(nn.Module):
     def __init__(self, args: ModernBertArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.tok_embeddings = Embedding(args.vocab_size, args.hidden_size)
         self.embed_norm = LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
         self.layers = nn.ModuleList(ModernBertLayer(args, i) for i in range(args.num_hidden_layers))
         self.final_norm = LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)

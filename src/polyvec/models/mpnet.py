@@ -11,9 +11,9 @@ import dataclasses
 import math
 
 import torch
-from torch import nn
 
 from ..layers.attention import AttentionMetadata
+from ..layers.embedding import Embedding
 from .args import EncoderArgs
 from .bert import _LAYER, EMBEDDING_RULES, FFN_RULES, BertEncoder
 from .weights import Rule
@@ -48,7 +48,7 @@ class MPNetEncoder(BertEncoder):
         args = dataclasses.replace(args, type_vocab_size=0)  # MPNet has no segment embeddings
         super().__init__(args)
         self.num_buckets = args.relative_attention_num_buckets
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, args.num_attention_heads)
+        self.relative_attention_bias = Embedding(self.num_buckets, args.num_attention_heads)
 
     def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor:
         length = meta.max_seqlen
