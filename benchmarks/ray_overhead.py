@@ -2,11 +2,11 @@
 
     python benchmarks/ray_overhead.py [--data vaswani] [--limit N] [--rounds 2] [--task embed token_embed]
 
-Each round runs, one after the other on the same cores: `LLM.iter_encode` over the passages (what `polyvec
-embed` does) in this process, then `encode_dataset` with one actor using every core on a local Ray, the
-passages from `ray.data.from_items`, the output written as Parquet to a temporary folder (what `polyvec embed
---ray` does; its time includes starting the actor and loading the model there, which a job pays once).
-Tokens per second of each, and their ratio per round.
+Each round runs, one after the other on the same cores: `encode_to_parquet` over the passages in this process
+(what `polyvec embed --output FILE.parquet` does, with the model loaded and warm), then `encode_dataset` with one
+actor using every core on a local Ray, the passages from `ray.data.from_items`, written as Parquet with the same
+columns (what `polyvec embed --ray --output DIR` does; its time includes starting the actor and loading the model
+there, which a job pays once). Both write to a temporary folder. Tokens per second of each, and their ratio.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main() -> int:
     import ray.data
 
     from polyvec import LLM
+    from polyvec.columns import PARQUET_OPTIONS, encode_to_parquet
     from polyvec.integrations.ray import encode_dataset
 
     texts = load_passages((args.data,), limit=args.limit)
@@ -47,24 +48,24 @@ def main() -> int:
     llm.embed(texts[:64], use_tqdm=False)  # warm-up
     ray.init(num_cpus=cores, include_dashboard=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
-    items = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    ids = [str(i) for i in range(len(texts))]
+    items = [{"id": i, "text": t} for i, t in zip(ids, texts)]
     print(f"## Ray Data overhead: {len(texts)} {args.data} passages, {tokens} tokens; {args.model} {args.dtype}\n"
           f"{time.strftime('%Y-%m-%d')}, {hardware()}; one actor with {cores} threads, "
           f"batches of {args.batch_size or 'the default'}\n")  # fmt: skip
-    print("| task | round | offline tokens/s | Ray, 1 actor tokens/s | Ray / offline |")
+    print("| task | round | polyvec embed tokens/s | Ray, 1 actor tokens/s | Ray / polyvec embed |")
     print("|---|---|---|---|---|")
     for task in args.task:
         for r in range(1, args.rounds + 1):
-            t0 = time.perf_counter()
-            for _ in llm.iter_encode(texts, pooling_task=task):
-                pass
-            offline = tokens / (time.perf_counter() - t0)
             out = Path(tempfile.mkdtemp(prefix="polyvec-ray-"))
             try:
+                t0 = time.perf_counter()
+                encode_to_parquet(llm, ids, texts, str(out / "plain.parquet"), task, batch_size=args.batch_size)
+                offline = tokens / (time.perf_counter() - t0)
                 ds = ray.data.from_items(items)
                 t0 = time.perf_counter()
                 encode_dataset(ds, args.model, task=task, dtype=args.dtype, actors=1, batch_size=args.batch_size)\
-                    .write_parquet(str(out / "o"), ray_remote_args={"num_cpus": 0.25})  # fmt: skip
+                    .write_parquet(str(out / "o"), ray_remote_args={"num_cpus": 0.25}, **PARQUET_OPTIONS)  # fmt: skip
                 on_ray = tokens / (time.perf_counter() - t0)
             finally:
                 shutil.rmtree(out, ignore_errors=True)

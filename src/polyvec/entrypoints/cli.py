@@ -2,6 +2,7 @@
 
     polyvec serve [MODEL]            start the HTTP server (OpenAI / vLLM / Cohere / TEI compatible)
     polyvec embed FILE [--model M]   embed a corpus offline; print throughput and a sample similarity
+    polyvec embed FILE --pooling-task token_embed --output vectors.parquet   any task, to Parquet
     polyvec embed FILE --ray [ADDRESS] --pooling-task token_embed --output DIR   on a Ray cluster, to Parquet
     polyvec eval-retrieval --model M --data DIR [--mode dense|multivector|sparse|bm25] [--top-k 100]
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
@@ -51,11 +52,6 @@ def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[st
             if limit is not None and len(texts) >= limit:
                 break
     return ids, texts
-
-
-def read_texts(path: str, limit: int | None = None) -> list[str]:
-    """The texts of `read_corpus`."""
-    return read_corpus(path, limit)[1]
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -176,6 +172,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         import ray.data
     except ImportError:
         raise CommandError("--ray needs Ray: pip install 'polyvec[ray]'") from None
+    from ..columns import PARQUET_OPTIONS
     from ..integrations.ray import encode_dataset
 
     if not args.output:
@@ -206,7 +203,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         **{k: v for k, v in model_kwargs.items() if v is not None},
     )
-    out.write_parquet(args.output, ray_remote_args={"num_cpus": io})
+    out.write_parquet(args.output, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
     rows = ray.data.read_parquet(args.output, num_cpus=io).count()
     took = time.perf_counter() - start
     print(f"encoded {rows} rows ({args.pooling_task}) on Ray in {took:.1f} s; written to {args.output}")
@@ -214,20 +211,96 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
     if args.ray:
         return cmd_embed_ray(args)
-
+    tasks = args.pooling_task.split("+")
+    task = tasks[0] if len(tasks) == 1 else tasks
+    parquet = bool(args.output) and args.output.endswith(".parquet")
+    if args.output and not parquet and task != "embed":
+        raise CommandError(f"--pooling-task {args.pooling_task} is written as Parquet: give --output FILE.parquet")
+    if parquet:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise CommandError("--output FILE.parquet needs pyarrow: pip install pyarrow") from None
     try:
-        texts = read_texts(args.file, args.limit)
+        ids, texts = read_corpus(args.file, args.limit)
     except OSError as exc:
         raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     if not texts:
         raise CommandError(f"no texts in {args.file}")
     llm = load_llm(args, max_num_batched_tokens=args.max_num_batched_tokens)
-    llm.embed(texts[:8], use_tqdm=False)  # warm-up
+    unsupported = [t for t in tasks if t not in llm.supported_tasks]
+    if unsupported:
+        raise CommandError(
+            f"--pooling-task {unsupported[0]} is not supported by this model; it supports: "
+            + ", ".join(llm.supported_tasks)
+        )
+    llm.encode(texts[:8], pooling_task=task, use_tqdm=False)  # warm-up
+    if task == "embed" and not parquet:
+        return _embed_vectors(args, llm, texts)
+    return _encode_task(args, llm, ids, texts, task)
+
+
+def _progress(args: argparse.Namespace, total: int) -> Any:
+    if args.quiet:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Embedded", dynamic_ncols=True)
+
+
+def _throughput(texts: list[str], tokens: int, elapsed: float) -> str:
+    return (
+        f"{len(texts)} texts, {tokens} tokens (mean {tokens / len(texts):.1f}) in {elapsed:.2f} s: "
+        f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s"
+    )
+
+
+def _model_line(llm: Any) -> str:
+    import torch
+
+    return (
+        f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
+        f"device {llm.engine.device}, threads {torch.get_num_threads()}, "
+        f"{platform.processor() or platform.machine()})"
+    )
+
+
+def _encode_task(args: argparse.Namespace, llm: Any, ids: list[str], texts: list[str], task: Any) -> int:
+    """Any task (or several, one pass), written as Parquet with the columns `polyvec embed --ray` writes."""
+    from ..columns import encode_to_parquet
+
+    bar = _progress(args, len(texts))
+    tokens = 0
+
+    def on_row(out: Any) -> None:
+        nonlocal tokens
+        tokens += len(out.prompt_token_ids)
+        if bar is not None:
+            bar.update(1)
+
+    start = time.perf_counter()
+    if args.output:
+        encode_to_parquet(llm, ids, texts, args.output, task, batch_size=args.batch_size, on_row=on_row)
+    else:
+        for out in llm.iter_encode(texts, pooling_task=task):
+            on_row(out)
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    print(_model_line(llm))
+    print(
+        f"encoded ({args.pooling_task}) {_throughput(texts, tokens, elapsed)}"
+        + (f"; written to {args.output}" if args.output else "")
+    )
+    return 0
+
+
+def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
+    import numpy as np
+    import torch
+
     dim = llm.model_config.embed_dim
     # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus.
     vecs = (
@@ -235,11 +308,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         if args.output
         else np.empty((len(texts), dim), dtype=np.float32)
     )
-    bar = None
-    if not args.quiet:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(texts), desc="Embedded", dynamic_ncols=True)
+    bar = _progress(args, len(texts))
     tokens = 0
     start = time.perf_counter()
     for i, out in enumerate(llm.iter_encode(texts, pooling_task="embed")):
@@ -252,14 +321,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
         bar.close()
     sims = torch.from_numpy(np.asarray(vecs[1:])) @ torch.from_numpy(np.asarray(vecs[0]))
     best = int(sims.argmax()) + 1 if len(texts) > 1 else 0
+    print(_model_line(llm))
     print(
-        f"model: {llm.model_config.model} ({llm.model_config.architecture}, dtype {llm.model_config.dtype}, "
-        f"device {llm.engine.device}, threads {torch.get_num_threads()}, "
-        f"{platform.processor() or platform.machine()})"
-    )
-    print(
-        f"embedded {len(texts)} texts, {tokens} tokens (mean {tokens / len(texts):.1f}) in {elapsed:.2f} s: "
-        f"{tokens / elapsed:,.0f} tokens/s, {len(texts) / elapsed:,.1f} texts/s; dim {dim}"
+        f"embedded {_throughput(texts, tokens, elapsed)}; dim {dim}"
         + (f"; written to {args.output}" if args.output else "")
     )
     if best:
@@ -930,7 +994,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--output", default=None, help="write the embeddings to this .npy file (float32, one row per text)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="FILE.npy: the embed vectors (float32, one row per text); FILE.parquet: id, text and a column per "
+        "task (any --pooling-task; needs pyarrow); with --ray a folder of Parquet files",
+    )
     p.add_argument(
         "--ray",
         nargs="?",
@@ -943,8 +1012,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pooling-task",
         default="embed",
-        help="--ray: embed, token_embed, classify, token_classify, embed_sparse, or several joined by + "
-        "(one forward pass; a column each)",
+        help="embed (default), token_embed, classify, token_classify, embed_sparse, or several joined by + "
+        "(one forward pass; a column each); other than embed, written to --output FILE.parquet or DIR (--ray)",
     )
     p.add_argument("--text-column", default="text", help="--ray: the column holding the texts (default: text)")
     p.add_argument("--actors", type=int, default=None, help="--ray: engines (default: one per node, or per GPU)")
@@ -956,7 +1025,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=int,
         default=None,
-        help="--ray: rows per batch handed to an engine (1024; per-token tasks 256)",
+        help="rows per batch handed to an engine with --ray, per Parquet row group without (1024; per-token tasks 256)",
     )
     p.set_defaults(func=cmd_embed)
     ev = sub.add_parser("eval-retrieval", help="retrieval quality on a BEIR-style folder")

@@ -244,7 +244,7 @@ class LLM:
         prompts: Iterable[Prompt],
         pooling_params: PoolingParams | None = None,
         *,
-        pooling_task: str = "embed",
+        pooling_task: str | Sequence[str] = "embed",
         max_in_flight: int = 4096,
         truncate_prompt_tokens: int | None = None,
     ) -> Iterator[PoolingRequestOutput]:

@@ -23,47 +23,9 @@ from typing import Any
 
 import numpy as np
 
-TOKEN_BATCH_SIZE = 256
-"""Rows per batch when a task returns vectors per token: megabytes of output a batch, written as it comes."""
-ROW_BATCH_SIZE = 1024
-"""Rows per batch when each row gets one vector or list: fewer, larger read, encode and write tasks."""
+from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
 
-
-def default_batch_size(task: str | Sequence[str]) -> int:
-    tasks = [task] if isinstance(task, str) else task
-    return TOKEN_BATCH_SIZE if {"token_embed", "token_classify"} & set(tasks) else ROW_BATCH_SIZE
-
-
-def _vectors(rows: Sequence[np.ndarray], dtype: Any) -> Any:
-    """[n_i, d] arrays → list<fixed_size_list<dtype, d>>: token vectors without padding."""
-    import pyarrow as pa
-
-    width = rows[0].shape[1] if rows else 0
-    flat = np.concatenate([r.reshape(-1, width) for r in rows]) if rows else np.zeros((0, 0))
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    offsets[1:] = np.cumsum([r.shape[0] for r in rows])
-    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).astype(dtype)), width)
-    return pa.ListArray.from_arrays(pa.array(offsets), inner)
-
-
-def _column(task: str, outputs: Sequence[Any]) -> Any:
-    """One task's outputs (tensors) as an Arrow column."""
-    import pyarrow as pa
-
-    arrays = [o.float().numpy() for o in outputs]
-    if task in ("token_embed", "token_classify"):
-        return _vectors(arrays, np.float32)
-    if task == "embed_sparse":
-        indices = [np.flatnonzero(a).astype(np.int32) for a in arrays]
-        values = [a[i] for a, i in zip(arrays, indices)]
-        return pa.StructArray.from_arrays(
-            [pa.array(indices, pa.list_(pa.int32())), pa.array(values, pa.list_(pa.float32()))], ["indices", "values"]
-        )
-    if task == "classify":
-        return pa.array([a.astype(np.float32) for a in arrays], pa.list_(pa.float32()))
-    width = arrays[0].shape[0] if arrays else 0  # embed: one vector per row
-    flat = np.concatenate(arrays).astype(np.float32) if arrays else np.zeros(0, dtype=np.float32)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+__all__ = ["ROW_BATCH_SIZE", "TOKEN_BATCH_SIZE", "default_batch_size", "encode_dataset", "index_dataset", "token_rows"]
 
 
 class PolyvecEncoder:
@@ -83,18 +45,15 @@ class PolyvecEncoder:
 
         self.llm = LLM(model, num_threads=num_threads, **(llm_kwargs or {}))
         self.task, self.text_column = task, text_column
-        self.output_column = output_column or (task if isinstance(task, str) else "")
+        self.output_column = output_column
         self.params = PoolingParams(**(pooling_params or {}))
         self.pid = os.getpid()
 
     def __call__(self, batch: Any) -> Any:
         texts = batch.column(self.text_column).to_pylist()
         outs = self.llm.encode(texts, self.params, pooling_task=self.task, use_tqdm=False)
-        if isinstance(self.task, str):
-            return batch.append_column(self.output_column, _column(self.task, [o.outputs.data for o in outs]))
-        for t in self.task:  # several tasks from one forward pass: a column each
-            name = f"{self.output_column}_{t}" if self.output_column else t
-            batch = batch.append_column(name, _column(t, [o.outputs.data[t] for o in outs]))
+        for name, column in output_columns(self.task, outs, self.output_column).items():
+            batch = batch.append_column(name, column)
         return batch
 
 
@@ -160,17 +119,6 @@ def encode_dataset(
         num_cpus=reserve,
         num_gpus=num_gpus or None,
     )
-
-
-def token_rows(column: Any) -> list[np.ndarray]:
-    """A list<fixed_size_list<float32, d>> column back to one [n_i, d] array per row."""
-    import pyarrow as pa
-
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    width = arr.type.value_type.list_size
-    offsets = arr.offsets.to_numpy()
-    flat = arr.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
 
 
 def index_dataset(

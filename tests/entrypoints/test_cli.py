@@ -1,0 +1,50 @@
+"""`polyvec embed` without Ray: every task to Parquet (the columns `--ray` writes), and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from polyvec.columns import token_rows
+from tests.conftest import REPO
+
+DOCS = [("d1", "Flutter", "wing flutter at transonic speeds"), ("d2", "", "heat transfer in a boundary layer")]
+
+
+def embed_cli(*args: str):
+    cmd = [sys.executable, "-m", "polyvec", "embed", *args, "--quiet", "--dtype", "float32"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_embed_any_task_to_parquet(tmp_path, minilm_path, minilm_llm):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in DOCS))
+    out = tmp_path / "vectors.parquet"
+    r = embed_cli(str(corpus), "--model", str(minilm_path), "--pooling-task", "token_embed+embed", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "encoded (token_embed+embed) 2 texts" in r.stdout and f"written to {out}" in r.stdout
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["d1", "d2"]
+    texts = table.column("text").to_pylist()
+    assert texts[0].startswith("Flutter") and texts[1] == DOCS[1][2]  # title and text, as `--ray` reads them
+    want = minilm_llm.encode(texts, pooling_task=["token_embed", "embed"], use_tqdm=False)
+    for got, o in zip(token_rows(table.column("token_embed")), want):
+        assert np.allclose(got, o.outputs.data["token_embed"].numpy(), atol=1e-5)
+    embeds = table.column("embed").combine_chunks().values.to_numpy().reshape(2, 384)
+    assert np.allclose(embeds, np.stack([o.outputs.data["embed"].numpy() for o in want]), atol=1e-5)
+
+
+def test_embed_refuses_what_it_cannot_write(tmp_path, minilm_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one\ntwo\n")
+    r = embed_cli(str(texts), "--model", str(minilm_path), "--pooling-task", "token_embed", "--output",
+                  str(tmp_path / "v.npy"))  # fmt: skip
+    assert r.returncode == 2 and "give --output FILE.parquet" in r.stderr
+    assert not (tmp_path / "v.npy").exists()
+    r = embed_cli(str(texts), "--model", str(minilm_path), "--pooling-task", "classify")
+    assert r.returncode == 2 and "--pooling-task classify is not supported by this model" in r.stderr
+    assert "embed" in r.stderr.rsplit("it supports:", 1)[1]

@@ -1,0 +1,57 @@
+"""Pooling outputs as Arrow columns and `encode_to_parquet`: the file holds, row by row and in input order, what
+`LLM.encode` returns, in the column types `polyvec embed --ray` writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from polyvec.columns import TOKEN_BATCH_SIZE, encode_to_parquet, output_columns, token_rows
+
+TEXTS = [f"passage {i} about " + "wing flutter and " * (i % 7) + "heat transfer" for i in range(37)]
+
+
+def test_token_and_embed_columns_equal_encode(minilm_llm, tmp_path):
+    path = tmp_path / "out.parquet"
+    seen = []
+    ids = [f"d{i}" for i in range(len(TEXTS))]
+    n = encode_to_parquet(minilm_llm, ids, TEXTS, str(path), ["token_embed", "embed"], batch_size=8, on_row=seen.append)
+    assert n == len(TEXTS) == len(seen)
+    file = pq.ParquetFile(path)
+    assert [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)] == [8, 8, 8, 8, 5]
+    table = file.read()
+    assert table.column_names == ["id", "text", "token_embed", "embed"]
+    assert table.column("id").to_pylist() == ids and table.column("text").to_pylist() == TEXTS
+    assert str(table.schema.field("token_embed").type) == "list<element: fixed_size_list<element: float>[384]>"
+    assert str(table.schema.field("embed").type) == "fixed_size_list<element: float>[384]"
+    tokens = token_rows(table.column("token_embed"))
+    embeds = table.column("embed").combine_chunks().values.to_numpy().reshape(len(TEXTS), 384)
+    want = zip(minilm_llm.token_embed(TEXTS, use_tqdm=False), minilm_llm.embed(TEXTS, use_tqdm=False))
+    for i, (t, e) in enumerate(want):
+        assert tokens[i].shape == tuple(t.outputs.data.shape), i
+        assert np.allclose(tokens[i], t.outputs.data.numpy(), atol=1e-5), i
+        assert np.allclose(embeds[i], e.outputs.data.numpy(), atol=1e-5), i
+
+
+def test_one_task_column_and_default_row_groups(minilm_llm, tmp_path):
+    path = tmp_path / "tokens.parquet"
+    texts = TEXTS * 8  # 296 rows: one full default row group of per-token outputs and the rest
+    assert encode_to_parquet(minilm_llm, [str(i) for i in range(len(texts))], texts, str(path), "token_embed") == 296
+    file = pq.ParquetFile(path)
+    assert [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)] == [TOKEN_BATCH_SIZE, 40]
+    assert file.schema_arrow.names == ["id", "text", "token_embed"]
+
+
+def test_output_column_names(minilm_llm):
+    outs = minilm_llm.encode(TEXTS[:3], pooling_task=["token_embed", "embed"], use_tqdm=False)
+    assert list(output_columns(["token_embed", "embed"], outs)) == ["token_embed", "embed"]
+    assert list(output_columns(["token_embed", "embed"], outs, "v")) == ["v_token_embed", "v_embed"]
+    one = minilm_llm.embed(TEXTS[:3], use_tqdm=False)
+    assert list(output_columns("embed", one)) == ["embed"] and list(output_columns("embed", one, "v")) == ["v"]
+
+
+def test_refuses_ids_that_do_not_match(minilm_llm, tmp_path):
+    with pytest.raises(ValueError, match="2 texts, 1 ids"):
+        encode_to_parquet(minilm_llm, ["a"], TEXTS[:2], str(tmp_path / "x.parquet"))
+    assert not (tmp_path / "x.parquet").exists()
