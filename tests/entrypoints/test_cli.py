@@ -48,3 +48,33 @@ def test_embed_refuses_what_it_cannot_write(tmp_path, minilm_path):
     r = embed_cli(str(texts), "--model", str(minilm_path), "--pooling-task", "classify")
     assert r.returncode == 2 and "--pooling-task classify is not supported by this model" in r.stderr
     assert "embed" in r.stderr.rsplit("it supports:", 1)[1]
+
+
+def test_embed_reads_parquet_and_a_text_column(tmp_path, minilm_path, minilm_llm):
+    import pyarrow as pa
+
+    source = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"_id": ["a", "b", "c"], "body": ["wing flutter", "heat transfer", "shock waves"]}), source)
+    out = tmp_path / "out.parquet"
+    r = embed_cli(str(source), "--model", str(minilm_path), "--text-column", "body", "--limit", "2", "--pooling-task",
+                  "token_embed", "--output", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["a", "b"]
+    assert table.column("text").to_pylist() == ["wing flutter", "heat transfer"]
+    want = minilm_llm.token_embed(["wing flutter", "heat transfer"], use_tqdm=False)
+    for got, o in zip(token_rows(table.column("token_embed")), want):
+        assert np.allclose(got, o.outputs.data.numpy(), atol=1e-5)
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"id": 1, "body": "lift"}\n{"id": 2, "text": "drag"}\n')
+    r = embed_cli(str(jsonl), "--model", str(minilm_path), "--text-column", "body")
+    assert r.returncode == 2 and "line 2 has no text in field 'body'" in r.stderr
+    r = embed_cli(str(source), "--model", str(minilm_path))
+    assert r.returncode == 2 and "no column 'text' (give --text-column); it has: _id, body" in r.stderr
+
+
+def test_embed_refuses_a_file_that_is_not_text(tmp_path, minilm_path):
+    binary = tmp_path / "vectors.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    r = embed_cli(str(binary), "--model", str(minilm_path))
+    assert r.returncode == 2 and f"cannot read {binary}" in r.stderr and "Traceback" not in r.stderr

@@ -32,9 +32,13 @@ from ..eval import document_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
-def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same) or
-    of a plain file, one text per line: a blank line is an empty text, so that output row i is line i (its id)."""
+def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
+    """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same; another
+    field with `text_column`), of a Parquet file or folder (ids from `_id` or `id`, else the row number; texts
+    from `text_column`) or of a plain file, one text per line: a blank line is an empty text, so that output
+    row i is line i (its id). Raises ValueError naming what is wrong."""
+    if path.endswith(".parquet") or os.path.isdir(path):
+        return _read_parquet(path, limit, text_column)
     ids, texts = [], []
     jsonl = path.endswith(".jsonl")
     with open(path, encoding="utf-8") as f:
@@ -44,13 +48,38 @@ def read_corpus(path: str, limit: int | None = None) -> tuple[list[str], list[st
                 if not line.strip():
                     continue
                 row = json.loads(line)
+                if text_column != "text" and not isinstance(row.get(text_column), str):
+                    raise ValueError(f"line {n + 1} has no text in field {text_column!r}")
                 ids.append(str(row.get("_id", row.get("id", n))))
-                texts.append(document_text(row))
+                texts.append(document_text(row) if text_column == "text" else row[text_column])
             else:
                 ids.append(str(n))
                 texts.append(line)
             if limit is not None and len(texts) >= limit:
                 break
+    return ids, texts
+
+
+def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[str], list[str]]:
+    try:
+        import pyarrow.dataset as pads
+    except ImportError:
+        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow") from None
+    data = pads.dataset(path, format="parquet")
+    names = data.schema.names
+    if text_column not in names:
+        raise ValueError(f"no column {text_column!r} (give --text-column); it has: {', '.join(names)}")
+    columns = [c for c in ("_id", "id") if c in names][:1] + [text_column]
+    table = data.head(limit, columns=columns) if limit else data.to_table(columns=columns)
+    texts = table.column(text_column).to_pylist()
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise ValueError(f"row {bad} of column {text_column!r} is not a text: {texts[bad]!r}")
+    ids = (
+        [str(x) for x in table.column(columns[0]).to_pylist()]
+        if len(columns) == 2
+        else list(map(str, range(len(texts))))
+    )
     return ids, texts
 
 
@@ -224,9 +253,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
         except ImportError:
             raise CommandError("--output FILE.parquet needs pyarrow: pip install pyarrow") from None
     try:
-        ids, texts = read_corpus(args.file, args.limit)
-    except OSError as exc:
-        raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        ids, texts = read_corpus(args.file, args.limit, args.text_column)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot read {args.file}: {getattr(exc, 'strerror', None) or exc}") from None
     if not texts:
         raise CommandError(f"no texts in {args.file}")
     llm = load_llm(args, max_num_batched_tokens=args.max_num_batched_tokens)
@@ -985,8 +1014,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("embed", help="embed a corpus offline and print throughput")
     p.add_argument(
         "file",
-        help="corpus.jsonl (BEIR) or a text file with one text per line (row i of the output is "
-        "line i; a blank line is an empty text)",
+        help="corpus.jsonl (BEIR), Parquet (a file or folder) or a text file with one text per line (row i of "
+        "the output is line i; a blank line is an empty text)",
     )
     add_model_args(p, positional=False)
     _flag(
@@ -1015,7 +1044,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="embed (default), token_embed, classify, token_classify, embed_sparse, or several joined by + "
         "(one forward pass; a column each); other than embed, written to --output FILE.parquet or DIR (--ray)",
     )
-    p.add_argument("--text-column", default="text", help="--ray: the column holding the texts (default: text)")
+    p.add_argument(
+        "--text-column",
+        default="text",
+        help="the column (Parquet) or field (JSONL) holding the texts (default: text; in a BEIR corpus, title + text)",
+    )
     p.add_argument("--actors", type=int, default=None, help="--ray: engines (default: one per node, or per GPU)")
     p.add_argument(
         "--threads-per-actor", type=int, default=None, help="--ray: CPU threads per engine (default: a node's CPUs)"
