@@ -50,6 +50,18 @@ def test_columns_equal_single_process(cluster, tmp_path, minilm_path, minilm_llm
         assert str(table.schema.field("token_embed").type) == "list<element: fixed_size_list<element: float>[384]>"
 
 
+def test_title_column_joined_by_the_engines(cluster, tmp_path, minilm_path, minilm_llm):
+    items = [{"id": str(i), "title": f"title {i}" if i % 2 else None, "text": t} for i, t in enumerate(TEXTS[:20])]
+    out = encode_dataset(ray.data.from_items(items), str(minilm_path), title_column="title", dtype="float32",
+                         batch_size=8)  # fmt: skip
+    out.write_parquet(str(tmp_path / "out"))
+    rows, _ = rows_by_id(str(tmp_path / "out"))
+    joined = [f"title {i} {t}" if i % 2 else t for i, t in enumerate(TEXTS[:20])]
+    assert [rows[str(i)]["text"] for i in range(20)] == joined
+    for i, o in enumerate(minilm_llm.embed(joined, use_tqdm=False)):
+        assert np.allclose(rows[str(i)]["embed"], o.outputs.data.numpy(), atol=1e-5), i
+
+
 def test_default_batch_size():
     """Per-token outputs in smaller batches (their output is large), one vector a row in larger ones."""
     assert default_batch_size("embed") == default_batch_size(["embed", "embed_sparse"]) == ROW_BATCH_SIZE

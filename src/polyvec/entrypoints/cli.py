@@ -212,8 +212,6 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         ds = ray.data.read_parquet(path, num_cpus=io)
     elif path.endswith(".jsonl"):
         ds = ray.data.read_json(path, lines=True, num_cpus=io)
-        if "title" in ds.schema().names:  # BEIR: title and text as one text, as polyvec embed reads them
-            ds = ds.map(lambda row: {**row, "text": document_text(row)}, num_cpus=io)
     else:
         ds = ray.data.read_text(path, num_cpus=io)
     if args.limit:
@@ -226,6 +224,9 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         args.model,
         task=tasks[0] if len(tasks) == 1 else tasks,
         text_column=args.text_column,
+        # BEIR: title and text as one text, as polyvec embed reads them; joined by the engines, not by a pass of
+        # its own (asking Ray for the schema first ran a read job: ~3 s of a 45 s job)
+        title_column="title" if path.endswith(".jsonl") and args.text_column == "text" else None,
         actors=args.actors,
         threads_per_actor=args.threads_per_actor,
         num_gpus=args.gpus_per_actor,

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
+from ..eval import document_text
 
 __all__ = ["ROW_BATCH_SIZE", "TOKEN_BATCH_SIZE", "default_batch_size", "encode_dataset", "index_dataset", "token_rows"]
 
@@ -40,17 +41,24 @@ class PolyvecEncoder:
         pooling_params: dict[str, Any] | None = None,
         num_threads: int | None = None,
         llm_kwargs: dict[str, Any] | None = None,
+        title_column: str | None = None,
     ):
         from .. import LLM, PoolingParams
 
         self.llm = LLM(model, num_threads=num_threads, **(llm_kwargs or {}))
-        self.task, self.text_column = task, text_column
+        self.task, self.text_column, self.title_column = task, text_column, title_column
         self.output_column = output_column
         self.params = PoolingParams(**(pooling_params or {}))
         self.pid = os.getpid()
 
     def __call__(self, batch: Any) -> Any:
         texts = batch.column(self.text_column).to_pylist()
+        if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
+            import pyarrow as pa
+
+            titles = batch.column(self.title_column).to_pylist()
+            texts = [document_text({"title": a, "text": b}) for a, b in zip(titles, texts)]
+            batch = batch.set_column(batch.column_names.index(self.text_column), self.text_column, pa.array(texts))
         outs = self.llm.encode(texts, self.params, pooling_task=self.task, use_tqdm=False)
         for name, column in output_columns(self.task, outs, self.output_column).items():
             batch = batch.append_column(name, column)
@@ -76,6 +84,7 @@ def encode_dataset(
     task: str | Sequence[str] = "embed",
     *,
     text_column: str = "text",
+    title_column: str | None = None,
     output_column: str | None = None,
     pooling_params: dict[str, Any] | None = None,
     actors: int | None = None,
@@ -85,7 +94,9 @@ def encode_dataset(
     **llm_kwargs: Any,
 ) -> Any:
     """`ds` with the task's output column(s) added, computed by `actors` polyvec engines (lazy, as Ray Data
-    is: write or iterate the result to run it); `batch_size` rows at a time (default: `default_batch_size`)."""
+    is: write or iterate the result to run it); `batch_size` rows at a time (default: `default_batch_size`).
+    With `title_column` (a BEIR corpus: "title"), rows that have one are encoded as title and text joined, and
+    the text column holds that; the engines join them, so no pass over the data is added."""
     import ray.data
 
     if not ray.is_initialized():
@@ -108,6 +119,7 @@ def encode_dataset(
             "model": model,
             "task": task,
             "text_column": text_column,
+            "title_column": title_column,
             "output_column": output_column,
             "pooling_params": pooling_params,
             "num_threads": None if num_gpus else threads,
