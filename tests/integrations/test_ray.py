@@ -115,18 +115,28 @@ def test_killed_actor_loses_and_duplicates_nothing(cluster, tmp_path, minilm_pat
         assert np.allclose(rows[str(i)]["embed"], o.outputs.data.numpy(), atol=1e-5)
 
 
-def test_cli_embed_on_ray(cluster, tmp_path, minilm_path):
+def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40])))
     cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, "--model",
            str(minilm_path), "--dtype", "float32", "--pooling-task", "token_embed+embed",
-           "--output", str(tmp_path / "out"), "--batch-size", "16"]  # fmt: skip
+           "--output", str(tmp_path / "out"), "--batch-size", "16",
+           "--pooler-config", '{"pooling_type": "CLS"}']  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "encoded 40 rows (token_embed+embed) on Ray" in r.stdout
     table = pq.read_table(str(tmp_path / "out"))
     assert table.num_rows == 40 and {"_id", "text", "token_embed", "embed"} <= set(table.column_names)
     assert table.column("text").to_pylist()[0].startswith("t")  # title and text joined, as polyvec embed reads
+    cls = LLM(str(minilm_path), dtype="float32", pooler_config={"pooling_type": "CLS"})  # the model flags reach Ray
+    want = cls.embed(table.column("text").to_pylist(), use_tqdm=False)
+    got = table.column("embed").combine_chunks().values.to_numpy().reshape(40, 384)
+    assert np.allclose(got, np.stack([o.outputs.data.numpy() for o in want]), atol=1e-5)
+    assert not np.allclose(
+        got[0],
+        minilm_llm.embed(table.column("text").to_pylist()[:1], use_tqdm=False)[0].outputs.data.numpy(),
+        atol=1e-3,
+    )
     r = subprocess.run([c for c in cmd if c not in ("--output", str(tmp_path / "out"))], capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "give --output DIR" in r.stderr

@@ -206,6 +206,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise CommandError("--ray writes Parquet files: give --output DIR")
+    # Every model flag reaches the engines, as without --ray (checked here, before Ray starts); threads are per actor.
+    model_kwargs = {**model_options(args), "num_threads": None, "max_num_batched_tokens": args.max_num_batched_tokens}
     ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
     path, io = args.file, 0.25  # reading and writing are light: they fit beside the engines' reservations
     if path.endswith(".parquet") or os.path.isdir(path):
@@ -218,7 +220,6 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         ds = ds.limit(args.limit)
     tasks = args.pooling_task.split("+")
     start = time.perf_counter()
-    model_kwargs = {"dtype": args.dtype, "max_num_batched_tokens": args.max_num_batched_tokens}
     out = encode_dataset(
         ds,
         args.model,
@@ -228,7 +229,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         # its own (asking Ray for the schema first ran a read job: ~3 s of a 45 s job)
         title_column="title" if path.endswith(".jsonl") and args.text_column == "text" else None,
         actors=args.actors,
-        threads_per_actor=args.threads_per_actor,
+        threads_per_actor=args.threads_per_actor or args.threads,
         num_gpus=args.gpus_per_actor,
         batch_size=args.batch_size,
         **{k: v for k, v in model_kwargs.items() if v is not None},
