@@ -140,6 +140,9 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
     r = subprocess.run([c for c in cmd if c not in ("--output", str(tmp_path / "out"))], capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "give --output DIR" in r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)  # again: it would add every row twice
+    assert r.returncode == 2 and f"--output {tmp_path / 'out'} is not empty" in r.stderr
+    assert pq.read_table(str(tmp_path / "out")).num_rows == 40
 
 
 @pytest.mark.parametrize("first_stage", ["muvera", "dense", "sparse"])

@@ -194,6 +194,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_files(path: str) -> bool:
+    """Whether the folder (local or a pyarrow filesystem URI such as s3://) exists and holds anything."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, where = pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), os.path.abspath(path))
+        info = fs.get_file_info(where)
+        if info.type == pafs.FileType.NotFound:
+            return False
+        return info.type != pafs.FileType.Directory or bool(fs.get_file_info(pafs.FileSelector(where)))
+    except (OSError, ValueError):  # a filesystem this driver cannot list: Ray's write will say what is wrong
+        return False
+
+
 def cmd_embed_ray(args: argparse.Namespace) -> int:
     """`polyvec embed FILE --ray [ADDRESS]`: the same job on a Ray cluster, written as Parquet."""
     try:
@@ -206,6 +220,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise CommandError("--ray writes Parquet files: give --output DIR")
+    if _has_files(args.output):  # Ray Data adds its files beside those there: every row twice on a rerun
+        raise CommandError(f"--output {args.output} is not empty: remove it or give a new folder")
     # Every model flag reaches the engines, as without --ray (checked here, before Ray starts); threads are per actor.
     model_kwargs = {**model_options(args), "num_threads": None, "max_num_batched_tokens": args.max_num_batched_tokens}
     ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
