@@ -8,7 +8,7 @@ Arrow types, so any Parquet reader reads them. pyarrow is needed only here (it c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,14 +28,6 @@ PARQUET_OPTIONS: dict[str, Any] = {"use_dictionary": False}
 def default_batch_size(task: str | Sequence[str]) -> int:
     tasks = [task] if isinstance(task, str) else task
     return TOKEN_BATCH_SIZE if {"token_embed", "token_classify"} & set(tasks) else ROW_BATCH_SIZE
-
-
-def column_name(task: str, tasks: str | Sequence[str], output_column: str | None = None) -> str:
-    """The column of `task`'s output: `output_column` (or the task) for one task; `{output_column}_{task}` (or
-    the task) when several come from one pass."""
-    if isinstance(tasks, str):
-        return output_column or task
-    return f"{output_column}_{task}" if output_column else task
 
 
 def _vectors(rows: Sequence[np.ndarray]) -> Any:
@@ -73,10 +65,12 @@ def task_column(task: str, outputs: Sequence[Any]) -> Any:
 def output_columns(
     tasks: str | Sequence[str], outputs: Sequence[Any], output_column: str | None = None
 ) -> dict[str, Any]:
-    """{column name: Arrow array} of a batch's outputs (`PoolingRequestOutput`s): one column per task."""
+    """{column name: Arrow array} of a batch's outputs (`PoolingRequestOutput`s): one task's column is named
+    `output_column` (default: the task); several tasks from one pass get `{output_column}_{task}` (or the task)."""
     if isinstance(tasks, str):
-        return {column_name(tasks, tasks, output_column): task_column(tasks, [o.outputs.data for o in outputs])}
-    return {column_name(t, tasks, output_column): task_column(t, [o.outputs.data[t] for o in outputs]) for t in tasks}
+        return {output_column or tasks: task_column(tasks, [o.outputs.data for o in outputs])}
+    prefix = f"{output_column}_" if output_column else ""
+    return {prefix + t: task_column(t, [o.outputs.data[t] for o in outputs]) for t in tasks}
 
 
 def token_rows(column: Any) -> list[np.ndarray]:
@@ -98,7 +92,7 @@ def encode_to_parquet(
     task: str | Sequence[str] = "embed",
     *,
     batch_size: int | None = None,
-    on_row: Any = None,
+    on_row: Callable[[Any], None] | None = None,
 ) -> int:
     """Encode `texts` (row i has id `ids[i]`) and write `id`, `text` and the task's column(s) to the Parquet
     file `path`, a row group every `batch_size` rows as outputs come: memory holds a batch, not the corpus.

@@ -13,8 +13,8 @@ from tests.conftest import REPO
 
 
 def test_loading_imports_neither_dynamo_nor_sympy(minilm_path, mpnet_path):
-    """Random init of embeddings and `to_empty` on meta tensors import torch._dynamo and sympy: ~1.4 s of a
-    ~1.7 s MiniLM load. Neither is needed to load and run a model."""
+    """Random init of embeddings and `to_empty` on meta tensors import torch._dynamo and sympy, most of a
+    MiniLM load's time. Neither is needed to load and run a model."""
     code = (
         "import sys; from polyvec import LLM\n"
         f"for path in [{str(minilm_path)!r}, {str(mpnet_path)!r}]:\n"

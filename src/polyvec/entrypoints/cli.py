@@ -242,7 +242,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         task=tasks[0] if len(tasks) == 1 else tasks,
         text_column=args.text_column,
         # BEIR: title and text as one text, as polyvec embed reads them; joined by the engines, not by a pass of
-        # its own (asking Ray for the schema first ran a read job: ~3 s of a 45 s job)
+        # its own (asking Ray for the schema first would run a read job before the real one)
         title_column="title" if path.endswith(".jsonl") and args.text_column == "text" else None,
         actors=args.actors,
         threads_per_actor=args.threads_per_actor or args.threads,

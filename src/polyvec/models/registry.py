@@ -210,7 +210,7 @@ class PoolingModel(nn.Module):
 
 def _materialize(model: nn.Module, device: str) -> None:
     """Meta parameters and buffers → uninitialised ones on `device` (shared ones stay shared). `Module.to_empty`
-    does the same through `empty_like`, whose meta path imports sympy (~0.4 s of every start)."""
+    does the same through `empty_like`, whose meta path imports sympy, which a start does not need."""
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
