@@ -221,14 +221,37 @@ def save_colpali(folder: Path, minilm_path: Path, layout: str = "transformers"):
 
 @contextlib.contextmanager
 def serve_folder(folder: Path):
-    """A real HTTP file server on loopback over `folder` (remote image URLs); yields its base URL."""
+    """A real HTTP file server on loopback over `folder` (remote image URLs); yields its base URL. Two paths of
+    its own: `/redirect?to=URL` answers 302 to URL, `/slow` sends a byte every 0.2 s for 10 s."""
     import functools
     import threading
+    import time
+    import urllib.parse
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, format, *args):  # noqa: A002 (the base class's name)
             pass
+
+        def do_GET(self):
+            path, _, query = self.path.partition("?")
+            if path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", urllib.parse.parse_qs(query)["to"][0])
+                self.end_headers()
+            elif path == "/slow":
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+                try:
+                    for _ in range(50):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:  # the client gave up
+                    pass
+            else:
+                super().do_GET()
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

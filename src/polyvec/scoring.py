@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -113,11 +114,16 @@ def maxsim_pairs(queries: list[torch.Tensor], docs: list[torch.Tensor], pairs: l
     return [float(matrix[i, j]) for i, j in pairs]
 
 
+def _items(side: Any) -> list[Any]:
+    """One side of a score call as a list: a text, a prompt dict or an image (PIL or bytes) is one item."""
+    one = isinstance(side, (str, dict, bytes, bytearray)) or type(side).__module__.startswith("PIL.")
+    return [side] if one else list(side)
+
+
 def plan_scores(
     text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder: bool, late_interaction: bool = False
 ) -> ScorePlan:
-    texts_1 = [text_1] if isinstance(text_1, str) else list(text_1)
-    texts_2 = [text_2] if isinstance(text_2, str) else list(text_2)
+    texts_1, texts_2 = _items(text_1), _items(text_2)
     if not texts_1 or not texts_2:
         raise ValueError("score needs at least one text on each side (text_1 and text_2)")
     pairs = pair_indices(len(texts_1), len(texts_2))

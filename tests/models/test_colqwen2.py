@@ -176,6 +176,37 @@ def test_bad_images_and_text_models(colqwen2, minilm_llm):
         minilm_llm.embed({"prompt": "x", "multi_modal_data": {"image": _images()[0]}}, use_tqdm=False)
 
 
+def test_every_image_form_is_an_image_and_never_text(colqwen2, minilm_llm):
+    """Bytes, a data:image URL in any case and a single prompt dict are images for an image model (never token ids
+    or text); a text model refuses each by name; image tokens are never silently left uncut."""
+    import base64
+    import io
+
+    _, folder, _ = colqwen2
+    llm = LLM(str(folder), dtype="float32")
+    image = _images()[0]
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    png = buf.getvalue()
+    want = llm.token_embed(image, use_tqdm=False)[0]
+    upper = "DATA:image/png;base64," + base64.b64encode(png).decode()
+    for form in (png, bytearray(png), upper, {"multi_modal_data": {"image": png}}):
+        got = llm.token_embed(form, use_tqdm=False)
+        assert len(got) == 1 and got[0].prompt_token_ids == want.prompt_token_ids
+        assert torch.equal(got[0].outputs.data, want.outputs.data)
+    query = "what is the lift coefficient?"
+    one = llm.score(query, [image], use_tqdm=False)[0].outputs.score
+    for doc in (image, png, {"multi_modal_data": {"image": image}}):  # one document, not its keys or pixels
+        got = llm.score(query, doc, use_tqdm=False)
+        assert len(got) == 1 and got[0].outputs.score == pytest.approx(one, rel=1e-6)
+    with pytest.raises(ValueError, match=rf"prompt 0 has {len(want.prompt_token_ids)} tokens with its images, more "
+                       "than the truncation limit of 5"):  # fmt: skip
+        llm.token_embed(image, truncate_prompt_tokens=5, use_tqdm=False)
+    for form, kind in ((png, "bytes"), (upper, "a data:image URL"), (image, "a PIL image")):
+        with pytest.raises(ValueError, match=rf"prompt 1 is an image \({kind}\); this model reads text only"):
+            minilm_llm.embed(["text", form], use_tqdm=False)
+
+
 def test_image_limits_and_processor_kwargs(colqwen2, minilm_path):
     """vLLM's limit_mm_per_prompt and mm_processor_kwargs, the decoded-size limits, per image and per call."""
     from polyvec.engine.factory import create_engine

@@ -119,3 +119,49 @@ def test_siglip_patches_equal_transformers_processor(size, mode, side, patch):
     assert (got - _patchify(ref[0].float(), patch)).abs().max() <= 1e-6
     # the layout: the first patch is the image's top-left patch × patch square, channel by channel
     assert (got[0].view(3, patch, patch) - ref[0, :, :patch, :patch].float()).abs().max() <= 1e-6
+
+
+def test_remote_fetch_follows_only_allowed_redirects_and_has_a_deadline(tmp_path):
+    from polyvec.multimodal.image import fetch_image
+    from tests.helpers import serve_folder
+
+    (tmp_path / "page.png").write_bytes(_png(_image(20, 10)))
+    with serve_folder(tmp_path) as base:  # http://127.0.0.1:PORT
+        port = base.rsplit(":", 1)[1]
+        to_allowed = f"{base}/redirect?to={base}/page.png"
+        assert fetch_image(to_allowed, 0, ("127.0.0.1",), 1 << 20, 5.0) == (tmp_path / "page.png").read_bytes()
+        # the same file under a host name the deployment did not allow: a redirect must not get around the list
+        to_other = f"{base}/redirect?to=http://localhost:{port}/page.png"
+        with pytest.raises(ImageError, match="'localhost' is not one of them"):
+            fetch_image(to_other, 2, ("127.0.0.1",), 1 << 20, 5.0)
+        with pytest.raises(ImageError, match="is not allowed|not one of them"):  # urllib or our check
+            fetch_image(f"{base}/redirect?to=file:///etc/passwd", 0, ("127.0.0.1",), 1 << 20, 5.0)
+        # a host that trickles bytes (one each 0.2 s, each read within the timeout) is cut off at the deadline
+        with pytest.raises(ImageError, match=r"took more than 0.5 s"):
+            fetch_image(f"{base}/slow", 1, ("127.0.0.1",), 1 << 20, 5.0, deadline=0.5)
+
+
+def test_modes_beyond_8_bits_are_refused_not_clipped():
+    """Pillow's RGB conversion clips 16-bit and float pixels to 255 (a white page): refused, naming the mode."""
+    wide = Image.fromarray(np.full((16, 16), 40000, dtype=np.uint16))  # mode I;16
+    for image in (wide, Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)), wide.convert("I")):
+        with pytest.raises(ImageError, match=rf"image 4: mode {image.mode} \(16-bit or more per channel\)"):
+            load_image(_png(image) if image.mode == "I;16" else image, index=4)
+    for mode in ("P", "CMYK", "LA"):  # converted faithfully
+        assert load_image(_image(8, 8).convert(mode)).mode == "RGB"
+    with pytest.raises(ImageError, match=r"no image format Pillow knows\)$"):  # no object repr in the message
+        load_image(b"\x89PNx not an image")
+
+
+def test_pixel_limit_above_pillows_own(tmp_path):
+    """A configured limit over Pillow's bomb threshold (~89.5M pixels) is the limit: the header is read and handed
+    on, not refused as a bomb (nothing is decoded: before_decode stops it)."""
+    big = _png(Image.new("1", (10_000, 9_500)))  # 95M pixels
+
+    def stop(width: int, height: int) -> None:
+        raise ImageError(7, f"header read: {width * height} pixels")
+
+    with pytest.raises(ImageError, match="image 7: header read: 95000000 pixels"):
+        load_image(big, max_pixels=200_000_000, before_decode=stop)
+    with pytest.raises(ImageError, match="10000x9500 pixels, more than the limit of 50000000"):
+        load_image(big)

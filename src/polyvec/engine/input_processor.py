@@ -157,9 +157,9 @@ class InputProcessor:
             add_special = add_special_tokens
             if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
                 truncate, add_special = True, False
-            if type(prompt).__module__.startswith("PIL.") or (
-                self.model_config.colqwen2 is not None and isinstance(prompt, str) and prompt.startswith("data:image/")
-            ):  # a bare image (or, for an image model, a base64 data: URL): the model's own image prompt
+            if _is_image(prompt):  # a bare image (PIL, bytes or a base64 data:image URL): the model's image prompt
+                if self.model_config.colqwen2 is None:  # never read an image as text or token ids
+                    raise PromptError(i, f" is an image ({_image_kind(prompt)}); this model reads text only")
                 prompt = {"multi_modal_data": {"image": prompt}}
             if isinstance(prompt, dict):
                 if prompt.get("multi_modal_data"):  # never drop an image silently
@@ -206,8 +206,16 @@ class InputProcessor:
         for i in range(n):
             ids, types, num_input = tokenized[i]
             if i in pixels:
-                ids, num_input = self._expand_images(i, ids, pixels[i]), 0
+                ids = self._expand_images(i, ids, pixels[i])
                 num_input = len(ids)
+                most = verified[i].truncate_prompt_tokens
+                if most is not None and num_input > most:  # an image's tokens are never cut: say so, not ignore it
+                    raise PromptError(
+                        i,
+                        f" has {num_input} tokens with its images, more than the truncation limit of {most} "
+                        "(truncate_prompt_tokens / max_tokens); images are not truncated: raise the limit or send "
+                        "smaller images",
+                    )
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
                     i,
@@ -475,6 +483,19 @@ def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
     )
     error.num_tokens, error.max_len = num_tokens, max_len
     return error
+
+
+def _is_image(prompt: Any) -> bool:
+    """A PIL image, an encoded image's bytes or a base64 data:image URL (the scheme in any case, as URLs allow)."""
+    if isinstance(prompt, str):
+        return prompt[:11].lower() == "data:image/"
+    return isinstance(prompt, (bytes, bytearray)) or type(prompt).__module__.startswith("PIL.")
+
+
+def _image_kind(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return "a data:image URL"
+    return "bytes" if isinstance(prompt, (bytes, bytearray)) else "a PIL image"
 
 
 def _is_text_pair(prompt: Any) -> bool:

@@ -446,11 +446,12 @@ def _tokenization_options(
 
 
 def _is_image(p: object) -> bool:
-    return type(p).__module__.startswith("PIL.")  # a PIL image, without importing Pillow
+    """A PIL image (checked without importing Pillow) or an encoded image's bytes."""
+    return isinstance(p, (bytes, bytearray)) or type(p).__module__.startswith("PIL.")
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
-    if isinstance(prompts, (str, dict)) or _is_image(prompts):
+    if isinstance(prompts, (str, dict)) or _is_image(prompts):  # bytes are an image, never token ids
         return [cast(Prompt, prompts)]
     items = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):

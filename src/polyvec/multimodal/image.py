@@ -18,6 +18,7 @@ import base64
 import binascii
 import io
 import math
+import time
 import urllib.parse
 import urllib.request
 import warnings
@@ -33,6 +34,8 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_IMAGE_PIXELS = 50_000_000  # decoded size above which an image is refused (Pillow's bomb check, made an error)
 FETCH_MAX_BYTES = 64 * 1024 * 1024  # an allowed remote image larger than this is refused, not read on
 FETCH_TIMEOUT = 10.0  # seconds to connect and between reads of a remote image
+FETCH_DEADLINE = 30.0  # seconds for the whole download: a host that trickles bytes is cut off
+HIGH_BIT_MODES = ("I", "F")  # 32-bit int, float and the 16-bit "I;16*" modes: Pillow's RGB conversion clips them
 
 
 class ImageError(ValueError):
@@ -51,24 +54,69 @@ def _pil() -> Any:
     return Image
 
 
-def fetch_image(url: str, index: int, allowed_domains: tuple[str, ...], max_bytes: int, timeout: float) -> bytes:
-    """An http(s) image URL's bytes, only from an allowed host (or a subdomain of one); ImageError otherwise."""
-    host = (urllib.parse.urlsplit(url).hostname or "").lower()
-    if not any(host == d or host.endswith("." + d) for d in allowed_domains):
+def _check_host(url: str, index: int, allowed_domains: tuple[str, ...]) -> None:
+    """ImageError unless `url` is http(s) on an allowed host (or a subdomain of one)."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme.lower() not in ("http", "https") or not any(
+        host == d or host.endswith("." + d) for d in allowed_domains
+    ):
         allowed = ", ".join(allowed_domains) if allowed_domains else "none"
         raise ImageError(
             index,
             f"remote image URLs are fetched only from --allowed-media-domains (allowed: {allowed}); "
             f"{host or url[:40]!r} is not one of them; send the image as a base64 data: URL",
         )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to an allowed host: otherwise an allowed one could send the server anywhere."""
+
+    def __init__(self, index: int, allowed_domains: tuple[str, ...]):
+        self.index, self.allowed_domains = index, allowed_domains
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        _check_host(newurl, self.index, self.allowed_domains)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def is_remote(source: Any) -> bool:
+    """An http(s) URL, which `load_image` downloads (a caller may keep that off threads that must stay free)."""
+    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
+
+
+def fetch_image(
+    url: str,
+    index: int,
+    allowed_domains: tuple[str, ...],
+    max_bytes: int,
+    timeout: float,
+    deadline: float = FETCH_DEADLINE,
+) -> bytes:
+    """An http(s) image URL's bytes, only from an allowed host (redirects included), within `max_bytes` and
+    `deadline` seconds in all (`timeout`: to connect and between reads); ImageError otherwise."""
+    _check_host(url, index, allowed_domains)
+    opener = urllib.request.build_opener(_CheckedRedirects(index, allowed_domains))
+    end = time.monotonic() + deadline
+    chunks: list[bytes] = []
+    size = 0
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http(s) checked above)
-            data = response.read(max_bytes + 1)
+        with opener.open(url, timeout=timeout) as response:
+            while size <= max_bytes:
+                if time.monotonic() > end:
+                    raise ImageError(index, f"fetching {url[:200]} took more than {deadline:g} s")
+                chunk = response.read1(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except ImageError:
+        raise
     except (OSError, ValueError) as e:  # URLError, HTTPError, timeouts
         raise ImageError(index, f"fetching {url[:200]} failed ({type(e).__name__}: {e})") from None
-    if len(data) > max_bytes:
+    if size > max_bytes:
         raise ImageError(index, f"the image at {url[:200]} is over {max_bytes} bytes")
-    return data
+    return b"".join(chunks)
 
 
 def load_image(
@@ -89,13 +137,13 @@ def load_image(
             before_decode(image.width, image.height)
     else:
         if isinstance(source, str):
-            if source.startswith(("http://", "https://")):
+            if is_remote(source):
                 source = fetch_image(source, index, allowed_domains, FETCH_MAX_BYTES, FETCH_TIMEOUT)
-            elif not source.startswith("data:"):
+            elif not source[:5].lower() == "data:":
                 raise ImageError(index, "a string image must be a base64 data: URL (data:image/png;base64,...)")
             else:
                 header, _, payload = source.partition(",")
-                if not header.endswith(";base64"):
+                if not header.lower().endswith(";base64"):
                     raise ImageError(index, "the data: URL is not base64-encoded")
                 try:
                     source = base64.b64decode(payload, validate=True)
@@ -103,9 +151,14 @@ def load_image(
                     raise ImageError(index, "the data: URL's base64 payload does not decode") from None
         if not isinstance(source, (bytes, bytearray)):
             raise ImageError(index, f"expected a PIL image, bytes or a data: URL, got {type(source).__name__}")
+        if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+            # Pillow's own bomb check (process-wide) would refuse what the configured limit allows
+            Image.MAX_IMAGE_PIXELS = max_pixels
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                # the limit is the check below, on the header before any pixel is decoded; Pillow's error at
+                # twice its own limit stays as the bomb guard for what is far beyond
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 image = Image.open(io.BytesIO(source))
                 if image.width * image.height > max_pixels:
                     raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
@@ -114,15 +167,26 @@ def load_image(
                 image.load()  # decode now: a truncated file fails here, not later
         except ImageError:
             raise
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        except Image.DecompressionBombError:
             raise ImageError(index, "a decompression bomb (its decoded size is far beyond the pixel limit)") from None
-        except Exception as e:  # Pillow's UnidentifiedImageError, OSError for truncated data, ...
+        except Image.UnidentifiedImageError:
+            raise ImageError(index, "not a readable image (no image format Pillow knows)") from None
+        except Exception as e:  # OSError for truncated data, ...
             raise ImageError(index, f"not a readable image ({type(e).__name__}: {e})") from None
     if image.width * image.height > max_pixels:
         raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
     if image.width < 1 or image.height < 1:
         raise ImageError(index, "the image is empty")
-    return image if image.mode == "RGB" else image.convert("RGB")
+    if image.mode.startswith(HIGH_BIT_MODES):
+        raise ImageError(
+            index, f"mode {image.mode} (16-bit or more per channel) is not supported: convert it to 8-bit RGB or L"
+        )
+    if image.mode == "RGB":
+        return image
+    try:
+        return image.convert("RGB")
+    except ValueError as e:  # a mode Pillow cannot turn into RGB
+        raise ImageError(index, f"mode {image.mode} cannot be converted to RGB ({e})") from None
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -102,6 +103,75 @@ def test_bad_images_are_400_naming_the_item(served, path, body, param, message):
     err = r.json()["error"]
     assert err["param"] == param and message in err["message"]
     assert s.post("/pooling", {"input": _url(images[0]), "task": "token_embed"}).status_code == 200
+
+
+def _image_messages(url: str) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+
+
+def test_image_options_are_honoured_or_refused_never_ignored(served):
+    """Every option on an image either applies or is a 400 naming it: errors in messages name the message part;
+    chat-template options, a request's processor settings and truncation below an image's tokens are refused."""
+    s, llm, images = served
+    doc = _url(images[0])
+    cases = [
+        ("/v1/embeddings", _image_messages("data:image/png;base64,aGVsbG8="), "messages",
+         "messages item 0 content part 0: image 0: not a readable image"),
+        ("/v1/embeddings", {**_image_messages(doc), "chat_template": "{{ messages }}"}, "chat_template",
+         "chat_template: this model encodes an image with its own prompt, not a chat template"),
+        ("/pooling", {**_image_messages(doc), "add_generation_prompt": True}, "add_generation_prompt",
+         "add_generation_prompt: this model encodes an image"),
+        ("/v1/embeddings", {"input": doc, "mm_processor_kwargs": {"max_pixels": 3136}}, "mm_processor_kwargs",
+         "the server's --mm-processor-kwargs apply"),
+        ("/score", {"text_1": "q", "text_2": [doc], "mm_processor_kwargs": {"max_pixels": 3136}},
+         "mm_processor_kwargs", "a request cannot change the image processor's settings"),
+        ("/v1/embeddings", {"input": ["fine", doc], "truncate_prompt_tokens": 5}, "input",
+         "prompt 1 has 22 tokens with its images, more than the truncation limit of 5"),
+        ("/v2/embed", {"images": [doc], "input_type": "image", "max_tokens": 5, "truncate": "END"}, "images",
+         "'images' item 0 has 22 tokens with its images, more than the truncation limit of 5"),
+    ]  # fmt: skip
+    for path, body, param, message in cases:
+        r = s.post(path, body)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param and message in err["message"], (path, err)
+    assert s.post("/pooling", {"input": doc, "task": "token_embed"}).status_code == 200
+    # Cohere inputs mixing a text query and an image document: the kind of each item, not of the first alone
+    inputs = [{"content": [{"type": "text", "text": "flutter"}]}, {"content": [{"type": "image_url", "image_url":
+              {"url": doc}}]}]  # fmt: skip
+    body = s.post("/v2/embed", {"inputs": inputs, "input_type": "search_query"}).json()
+    assert body["input_types"] == ["query", "document"] and "input_type" not in body
+
+
+def test_a_slow_image_host_holds_no_one_else(served, tmp_path):
+    """Two requests whose image host trickles bytes (10 s) leave the server's tokenizer threads free: a text
+    request meanwhile is answered at once; the slow ones end as a 400 of their own."""
+    import concurrent.futures
+    import time
+
+    s, llm, images = served
+    with serve_folder(tmp_path) as base, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = [pool.submit(s.post, "/v2/embed", {"images": [f"{base}/slow"], "input_type": "image"}) for _ in "ab"]
+        time.sleep(1.0)  # both are downloading
+        t0 = time.monotonic()
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": "a plain text query"}, timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 5 and not any(f.done() for f in slow)
+        for f in slow:
+            r = f.result()
+            assert r.status_code == 400 and r.json()["error"]["param"] == "images"
+
+
+def test_text_models_refuse_images_in_every_form(server):
+    """A data:image URL is an image, never base64 text to embed; an image part in messages is named as one."""
+    png = "data:image/png;base64,aGVsbG8="
+    for path, body, message in [
+        ("/v1/embeddings", {"input": ["text", png]}, "prompt 1 is an image (a data:image URL); this model reads text"),
+        ("/rerank", {"query": "q", "documents": ["x", png]}, "'documents' item 1 is an image"),
+        ("/v1/embeddings", _image_messages(png), "messages item 0 content part 0 is an image; this model reads text"),
+    ]:
+        r = server.post(path, body)
+        assert r.status_code == 400, r.text
+        assert message in r.json()["error"]["message"]
 
 
 def test_text_models_still_refuse_images(server):

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ...engine.engine import Engine
 from ...engine.request import Request
+from ...multimodal.image import is_remote
 from ...outputs import PoolingRequestOutput
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,13 @@ def _resolve_all(results: list[tuple[asyncio.Future, Any]]) -> None:
         _resolve(fut, value)
 
 
+def _fetches(prompt: Any) -> bool:
+    """The prompt has an image to download (an http(s) URL in its multi_modal_data)."""
+    data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+    images = data.get("image") if isinstance(data, dict) else None
+    return any(is_remote(x) for x in (images if isinstance(images, (list, tuple)) else [images]))
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -78,6 +86,9 @@ class AsyncEngine:
             initializer=_name_os_thread,
             initargs=("polyvec-tokens",),
         )
+        # Prompts with remote images wait on other hosts: their own threads, so a slow host never holds the
+        # tokenizer pool that every other request needs.
+        self._fetch_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="polyvec-fetch")
         self._thread = threading.Thread(target=self._loop, name="polyvec-engine", daemon=True)
 
     # ------------------------------------------------------------------------------------------- control
@@ -92,6 +103,7 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=60)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._fetch_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def alive(self) -> bool:
@@ -111,7 +123,8 @@ class AsyncEngine:
     async def process(self, prompts, params, task, **kwargs) -> list[Request]:
         """Tokenize and verify in the thread pool (ValueError on bad input)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, partial(self.engine.process, prompts, params, task, **kwargs))
+        pool = self._fetch_pool if any(_fetches(p) for p in prompts) else self._pool
+        return await loop.run_in_executor(pool, partial(self.engine.process, prompts, params, task, **kwargs))
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run other tokenizer work (/tokenize, /detokenize) in the same thread pool, off the event loop."""

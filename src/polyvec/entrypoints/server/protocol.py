@@ -156,7 +156,8 @@ class VLLMCompatFields(StrictModel):
     cache_salt: str | None = None
     """Accepted for vLLM compatibility; ignored."""
     mm_processor_kwargs: dict[str, Any] | None = None
-    """Accepted for vLLM compatibility; text-only models ignore it."""
+    """Accepted for vLLM compatibility: text-only models ignore it; image models refuse it (400), their resize
+    budget is the server's --mm-processor-kwargs."""
 
 
 class PoolingBase(VLLMCompatFields):

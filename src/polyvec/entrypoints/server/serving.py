@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from ...chat import ChatError, find_template, load_template, render
+from ...chat import ChatError, find_template, load_template, render, text_messages
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
@@ -104,6 +104,14 @@ def check_model(state: ServerState, name: str | None) -> str:
     return state.names[0]
 
 
+def check_processor_kwargs(state: ServerState, req: Any) -> None:
+    """A request's own mm_processor_kwargs: text models ignore them (vLLM's field); an image model's resize
+    budget is the server's (--mm-processor-kwargs), which a request cannot change, so it is told so."""
+    if state.model_config.colqwen2 is not None and getattr(req, "mm_processor_kwargs", None):
+        message = "a request cannot change the image processor's settings; the server's --mm-processor-kwargs apply"
+        raise APIError(400, message, "mm_processor_kwargs")
+
+
 def prompts_of(state: ServerState, value: Any, field_name: str = "input") -> list:
     """A body's input as a list of prompts (texts or token-id lists), within the per-request limit."""
     limit = state.config.max_inputs_per_request
@@ -136,14 +144,25 @@ def pooling_params(req: BaseModel, **renamed: Any) -> PoolingParams:
     return PoolingParams(**{**values, **renamed})
 
 
-def request_prompts(state: ServerState, req: Any) -> tuple[list, bool]:
-    """A pooling body's prompts and add_special_tokens: its `input` items, or its conversation (`messages`)
-    rendered by the chat template as one text, which then gets no special tokens unless the body asks."""
+CHAT_OPTIONS = frozenset({"chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"})
+"""A chat body's options for rendering its template."""
+
+
+def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | None]:
+    """A pooling body's prompts, add_special_tokens and how its errors name the prompt: its `input` items, or its
+    conversation (`messages`) rendered by the chat template as one text, which then gets no special tokens
+    unless the body asks; for an image model the messages' one image, with the model's own prompt."""
+    check_processor_kwargs(state, req)
     if req.messages is None:
-        return prompts_of(state, req.input), req.add_special_tokens
-    if state.model_config.colqwen2 is not None:  # an image model: the messages' image, with its own prompt
-        return [image_of_messages(req.messages)], req.add_special_tokens
-    return [render_messages(state, req)], chat_special_tokens(req)
+        return prompts_of(state, req.input), req.add_special_tokens, None
+    if state.model_config.colqwen2 is not None:
+        chat = sorted(CHAT_OPTIONS & req.model_fields_set)
+        if chat:  # not dropped silently: these shape a rendered template, and image models render none
+            message = "this model encodes an image with its own prompt, not a chat template"
+            raise APIError(400, f"{', '.join(chat)}: {message}", chat[0])
+        image, where = image_of_messages(req.messages)
+        return [image], req.add_special_tokens, lambda _: (where, "messages")
+    return [render_messages(state, req)], chat_special_tokens(req), lambda _: ("the rendered messages", "messages")
 
 
 def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
@@ -162,9 +181,9 @@ def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
     return value
 
 
-def image_of_messages(messages: list[Any]) -> str | dict[str, Any]:
+def image_of_messages(messages: list[Any]) -> tuple[str | dict[str, Any], str]:
     """A ColQwen2-style model encodes one image with its own prompt: the messages must hold exactly one image
-    part and no text (a query is sent as text `input` with input_type query)."""
+    part and no text (a query is sent as text `input` with input_type query). The image, and where it is."""
     found = []
     for i, message in enumerate(messages):
         content = message.content
@@ -174,7 +193,7 @@ def image_of_messages(messages: list[Any]) -> str | dict[str, Any]:
             if part.get("type") != "image_url":
                 message = "this model encodes an image with its own prompt; send text as 'input' (input_type query)"
                 raise APIError(400, f"{where}: {message}, images alone in messages", "messages")
-            found.append(image_url(part.get("image_url"), where, "messages"))
+            found.append((image_url(part.get("image_url"), where, "messages"), where))
     if len(found) != 1:
         raise APIError(400, f"messages hold {len(found)} images; send one image per request item", "messages")
     return found[0]
@@ -187,6 +206,11 @@ def chat_special_tokens(req: Any) -> bool:
 
 def render_messages(state: ServerState, req: Any) -> str:
     """A chat-style body's `messages` as the chat template writes them (400 naming what is wrong)."""
+    messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+    try:
+        text_messages(messages)  # an image part is named before anything else is said
+    except ChatError as exc:
+        raise APIError(400, str(exc), "messages") from None
     if req.chat_template is not None and not state.config.trust_request_chat_template:
         raise APIError(
             400,
@@ -201,7 +225,7 @@ def render_messages(state: ServerState, req: Any) -> str:
     try:
         return render(
             template,
-            [m.model_dump(exclude_unset=True) for m in req.messages],
+            messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             special_tokens=state.special_tokens(),

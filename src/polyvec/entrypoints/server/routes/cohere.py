@@ -89,7 +89,11 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
     if field == "texts":
         body["texts"] = texts
     if multi:
-        body |= {"shapes": [list(t.shape) for t in tensors], "input_type": outputs[0].input_type}
+        # one input_type per item (`inputs` may mix text queries and image documents); the single field when all agree
+        types = [o.input_type for o in outputs]
+        body |= {"shapes": [list(t.shape) for t in tensors], "input_types": types}
+        if len(set(types)) == 1:
+            body["input_type"] = types[0]
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
     body["meta"] = {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
     return VectorJSONResponse(body)

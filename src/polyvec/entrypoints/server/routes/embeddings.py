@@ -33,7 +33,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     model = check_model(state, req.model)
     multi = state.engine.is_late_interaction
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
-    prompts, add_special_tokens = request_prompts(state, req)
+    prompts, add_special_tokens, locate = request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
@@ -42,6 +42,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         "token_embed" if multi else "embed",
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        locate=locate,
     )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
@@ -50,7 +51,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     task = req.task or state.engine.pooling_task  # vLLM: a request without a task gets the model's own
-    prompts, add_special_tokens = request_prompts(state, req)
+    prompts, add_special_tokens, locate = request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
@@ -59,6 +60,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         task,
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        locate=locate,
     )
     multi = not isinstance(task, str)
     if multi or task == "embed_sparse":
@@ -114,7 +116,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
 )
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    prompts, add_special_tokens = request_prompts(state, req)
+    prompts, add_special_tokens, locate = request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
@@ -123,6 +125,7 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
         "classify",
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        locate=locate,
     )
     id2label = state.model_config.id2label
     data = []

@@ -12,7 +12,7 @@ from .. import protocol as P
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
 from ..errors import POST_ERRORS, APIError
-from ..serving import ServerState, State, check_model, pooling_params, prompts_of, run_pooling
+from ..serving import ServerState, State, check_model, check_processor_kwargs, pooling_params, prompts_of, run_pooling
 from . import tei
 
 router = APIRouter()
@@ -69,6 +69,7 @@ async def score_pairs(
 
 async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
+    check_processor_kwargs(state, req)
     try:
         side_1, side_2 = req.sides()
     except ValueError as exc:
@@ -80,6 +81,7 @@ async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
 
 async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
+    check_processor_kwargs(state, req)
     prompts_of(state, req.documents, "documents")
     scores, tokens = await score_pairs(state, raw, ("query", req.query), ("documents", req.documents), req)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
