@@ -116,21 +116,30 @@ def test_killed_actor_loses_and_duplicates_nothing(cluster, tmp_path, minilm_pat
 
 
 def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
+    """The plain command's columns (`id` as the string it is, `text` with the title, a column per task) and
+    vectors; every model flag reaches the engines; --output is refused when missing or not empty."""
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40])))
-    cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, "--model",
-           str(minilm_path), "--dtype", "float32", "--pooling-task", "token_embed+embed",
-           "--output", str(tmp_path / "out"), "--batch-size", "16",
-           "--pooler-config", '{"pooling_type": "CLS"}']  # fmt: skip
+    corpus.write_text(
+        "".join(f'{{"_id": "{i:03d}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40]))
+    )
+    flags = ["--model", str(minilm_path), "--dtype", "float32", "--pooling-task", "token_embed+embed", "--batch-size",
+             "16", "--pooler-config", '{"pooling_type": "CLS"}']  # fmt: skip
+    cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, *flags,
+           "--output", str(tmp_path / "out")]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "encoded 40 rows (token_embed+embed) on Ray" in r.stdout
-    table = pq.read_table(str(tmp_path / "out"))
-    assert table.num_rows == 40 and {"_id", "text", "token_embed", "embed"} <= set(table.column_names)
-    assert table.column("text").to_pylist()[0].startswith("t")  # title and text joined, as polyvec embed reads
+    plain = [sys.executable, "-m", "polyvec", "embed", str(corpus), *flags, "--output", str(tmp_path / "p.parquet")]
+    assert subprocess.run(plain, capture_output=True, timeout=300).returncode == 0
+    table, want_table = pq.read_table(str(tmp_path / "out")), pq.read_table(str(tmp_path / "p.parquet"))
+    assert table.schema == want_table.schema and table.column_names == ["id", "text", "token_embed", "embed"]
+    table = table.sort_by("id")
+    for name in ("id", "text"):  # ids stay strings ("007", not 7); title and text joined, as polyvec embed reads
+        assert table.column(name).to_pylist() == want_table.column(name).to_pylist()
+    got = table.column("embed").combine_chunks().values.to_numpy().reshape(40, 384)
+    assert np.allclose(got, want_table.column("embed").combine_chunks().values.to_numpy().reshape(40, 384), atol=1e-5)
     cls = LLM(str(minilm_path), dtype="float32", pooler_config={"pooling_type": "CLS"})  # the model flags reach Ray
     want = cls.embed(table.column("text").to_pylist(), use_tqdm=False)
-    got = table.column("embed").combine_chunks().values.to_numpy().reshape(40, 384)
     assert np.allclose(got, np.stack([o.outputs.data.numpy() for o in want]), atol=1e-5)
     assert not np.allclose(
         got[0],
@@ -143,6 +152,49 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)  # again: it would add every row twice
     assert r.returncode == 2 and f"--output {tmp_path / 'out'} is not empty" in r.stderr
     assert pq.read_table(str(tmp_path / "out")).num_rows == 40
+
+
+def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_path, minilm_llm):
+    """A text file keeps its blank lines and numbers its rows; threads that fill a node leave room for the read
+    and write tasks (the job used to wait for CPUs for ever); bad input is one line and exit code 2."""
+    lines = ["wing flutter", "", "heat transfer", "boundary layers"]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    base = [sys.executable, "-m", "polyvec", "embed", "--ray", cluster.address, "--model", str(minilm_path), "--dtype",
+            "float32", "--quiet"]  # fmt: skip
+    # two engines of a thread each: each node's one CPU (a thread per actor asked for what the node has)
+    r = subprocess.run([*base, str(tmp_path / "t.txt"), "--actors", "2", "--threads-per-actor", "1", "--output",
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pq.read_table(str(tmp_path / "o")).sort_by("id")
+    assert table.column("id").to_pylist() == ["0", "1", "2", "3"] and table.column("text").to_pylist() == lines
+    want = np.stack([o.outputs.data.numpy() for o in minilm_llm.embed(lines, use_tqdm=False)])
+    assert np.allclose(table.column("embed").combine_chunks().values.to_numpy().reshape(4, 384), want, atol=1e-5)
+
+    (tmp_path / "noid.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "body.jsonl").write_text('{"_id": "a", "body": "x"}\n{"_id": "b", "body": 5}\n')
+    for args, message in [
+        (["body.jsonl", "--text-column", "body"], "the Ray job failed: ValueError: the line with id 'b' has no text"),
+        (["noid.jsonl"], "a JSON line without '_id' or 'id' (--ray needs ids)"),
+        (["t.txt", "--threads-per-actor", "2"], "2 threads per actor is more than a node's 1 CPUs"),
+        (["t.txt", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
+        (["missing.jsonl"], "cannot read missing.jsonl: no such file or folder"),
+    ]:
+        args[0] = str(tmp_path / args[0]) if args[0] != "missing.jsonl" else args[0]
+        r = subprocess.run([*base, *args, "--output", str(tmp_path / "bad")], capture_output=True, text=True,
+                           timeout=180)  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr.splitlines()[-1]
+
+
+def test_pool_plan_leaves_room_for_reading_and_writing(cluster):
+    from polyvec.integrations.ray import plan_pool
+
+    # two nodes of one CPU: an engine per node of one thread, each reserving half the node
+    assert plan_pool(None, None) == (2, 1, 0.5)
+    assert plan_pool(None, 1) == (2, 1, 0.5)
+    assert plan_pool(4, None) == (4, 1, 0.25)  # two on each node, within what the node can give
+    with pytest.raises(ValueError, match="2 threads per actor is more than a node's 1 CPUs"):
+        plan_pool(None, 2)
 
 
 @pytest.mark.parametrize("first_stage", ["muvera", "dense", "sparse"])
@@ -159,7 +211,7 @@ def test_index_dataset_equals_a_local_build(cluster, tmp_path, minilm_path, mini
         local.add(TEXTS, ids)
         local.optimize()
         want = local.search(queries, k=5, prefetch=len(ids), hnsw_ef=512)
-    ds = ray.data.from_items([{"id": d, "text": t} for d, t in zip(ids, TEXTS)])
+    ds = ray.data.from_items([{"_id": d, "text": t} for d, t in zip(ids, TEXTS)])  # BEIR's id column
     with Index.create(tmp_path / "ray", minilm_llm, first_stage=first_stage) as index:
         assert index_dataset(ds, index, dtype="float32", batch_size=16) == len(ids)
         assert len(index) == len(ids)

@@ -377,12 +377,20 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
     assert r.returncode == 2 and "no such path" in r.stderr, r.stderr[-2000:]
     r = subprocess.run([*cmd, "--ray", "auto", "--ingress", "haproxy"], env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "--ingress chooses the front of a Ray of its own" in r.stderr, r.stderr[-2000:]
+    # a replica whose engine refuses its options: the engine's own words, not only Serve's "failed to update"
+    good = [*cmd[:8], "1", *cmd[9:]]  # --threads 1
+    r = subprocess.run([*good, "--max-model-len", "100000"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "the replicas did not start: ValueError: max_model_len=100000 is out of range" in r.stderr.splitlines()[-1]
 
 
 def test_ingress_env(monkeypatch):
     haproxy = ingress_env("haproxy")
     assert haproxy["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "empty-response" in haproxy["RAY_SERVE_HAPROXY_RETRY_ON"]
     assert haproxy["RAY_SERVE_HAPROXY_RETRY_ON"].endswith("\n    option http-buffer-request")
+    # HAProxy holds each body whole before a replica sees it: --request-body-timeout is its 408, as on one server
+    timed = ingress_env("haproxy", 2.5)["RAY_SERVE_HAPROXY_RETRY_ON"]
+    assert timed.endswith("\n    option http-buffer-request\n    timeout http-request 2500ms")
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
     assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
     assert haproxy["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +31,18 @@ from typing import Any
 
 from ..eval import document_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer >= 1 (exit 2 naming the flag otherwise; 0 used to mean "no limit" here and
+    one text there)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
@@ -209,7 +222,9 @@ def _has_files(path: str) -> bool:
 
 
 def cmd_embed_ray(args: argparse.Namespace) -> int:
-    """`polyvec embed FILE --ray [ADDRESS]`: the same job on a Ray cluster, written as Parquet."""
+    """`polyvec embed FILE --ray [ADDRESS]`: the same job on a Ray cluster, written as Parquet with the columns
+    the plain command writes (`id`, `text`, a column per task). Ray's workers read JSONL and Parquet; a plain
+    text file (row i is line i, its id) is read here."""
     try:
         import ray
         import ray.data
@@ -222,39 +237,83 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         raise CommandError("--ray writes Parquet files: give --output DIR")
     if _has_files(args.output):  # Ray Data adds its files beside those there: every row twice on a rerun
         raise CommandError(f"--output {args.output} is not empty: remove it or give a new folder")
+    path = args.file
+    local = "://" not in path
+    if local and not os.path.exists(path):
+        raise CommandError(f"cannot read {path}: no such file or folder")
+    if local and os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise CommandError(f"no texts in {path}")
+    parquet, jsonl = path.endswith(".parquet") or os.path.isdir(path), path.endswith(".jsonl")
+    text_file: tuple[list[str], list[str]] | None = None
+    if not parquet and not jsonl:  # lines with their numbers as ids, blank ones kept, as polyvec embed reads them
+        try:
+            text_file = read_corpus(path, args.limit)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not text_file[1]:
+            raise CommandError(f"no texts in {path}")
     # Every model flag reaches the engines, as without --ray (checked here, before Ray starts); threads are per actor.
     model_kwargs = {**model_options(args), "num_threads": None, "max_num_batched_tokens": args.max_num_batched_tokens}
-    ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
-    path, io = args.file, 0.25  # reading and writing are light: they fit beside the engines' reservations
-    if path.endswith(".parquet") or os.path.isdir(path):
+    try:
+        ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise CommandError(f"--ray {args.ray}: cannot connect to a Ray cluster ({exc})") from None
+    if args.quiet:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    io = 0.25  # reading and writing are light: they fit beside the engines' reservations
+    ds: Any
+    if text_file is not None:
+        import pyarrow as pa
+
+        ds = ray.data.from_arrow(pa.table({"id": text_file[0], "text": text_file[1]}))
+    elif parquet:
         ds = ray.data.read_parquet(path, num_cpus=io)
-    elif path.endswith(".jsonl"):
-        ds = ray.data.read_json(path, lines=True, num_cpus=io)
-    else:
+    else:  # as text: Ray's JSON reader guesses types, and ids like "007" would become 7
         ds = ray.data.read_text(path, num_cpus=io)
-    if args.limit:
+    if args.limit and text_file is None:
         ds = ds.limit(args.limit)
     tasks = args.pooling_task.split("+")
     start = time.perf_counter()
-    out = encode_dataset(
-        ds,
-        args.model,
-        task=tasks[0] if len(tasks) == 1 else tasks,
-        text_column=args.text_column,
-        # BEIR: title and text as one text, as polyvec embed reads them; joined by the engines, not by a pass of
-        # its own (asking Ray for the schema first would run a read job before the real one)
-        title_column="title" if path.endswith(".jsonl") and args.text_column == "text" else None,
-        actors=args.actors,
-        threads_per_actor=args.threads_per_actor or args.threads,
-        num_gpus=args.gpus_per_actor,
-        batch_size=args.batch_size,
-        **{k: v for k, v in model_kwargs.items() if v is not None},
-    )
-    out.write_parquet(args.output, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
-    rows = ray.data.read_parquet(args.output, num_cpus=io).count()
+    try:
+        out = encode_dataset(
+            ds,
+            args.model,
+            task=tasks[0] if len(tasks) == 1 else tasks,
+            text_column=args.text_column,
+            # BEIR: title and text as one text, as polyvec embed reads them; joined by the engines, not by a pass
+            # of its own (asking Ray for the schema first would run a read job before the real one)
+            title_column="title" if jsonl and args.text_column == "text" else None,
+            rows="jsonl" if jsonl else "plain",
+            actors=args.actors,
+            threads_per_actor=args.threads_per_actor or args.threads,
+            num_gpus=args.gpus_per_actor,
+            batch_size=args.batch_size,
+            **{k: v for k, v in model_kwargs.items() if v is not None},
+        )
+        out.write_parquet(args.output, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
+        rows = ray.data.read_parquet(args.output, num_cpus=io).count()
+    except ValueError as exc:  # the pool's plan (before any job)
+        raise CommandError(str(exc)) from None
+    except Exception as exc:  # an engine's error, wrapped by Ray in pages of tracebacks: its one line
+        cause = ray_error_cause(exc)
+        if cause is None:
+            raise
+        raise CommandError(f"the Ray job failed: {cause}") from None
     took = time.perf_counter() - start
     print(f"encoded {rows} rows ({args.pooling_task}) on Ray in {took:.1f} s; written to {args.output}")
     return 0
+
+
+_ERROR_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+
+def ray_error_cause(exc: BaseException) -> str | None:
+    """The error an engine raised (`ValueError: ...`), from a Ray exception's text, which holds it as the last
+    line of the remote traceback; None when there is none (then the exception is not an engine's)."""
+    text = str(getattr(exc, "error_msg", None) or exc)
+    causes = [m.group(0) for m in map(_ERROR_LINE.match, text.splitlines()) if m and "ray." not in m.group(1)]
+    return causes[-1] if causes else None
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -631,7 +690,8 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-request-id-headers",
         action="store_true",
-        help="send an X-Request-Id header with every response (the client's own, else a new id)",
+        help="send an X-Request-Id header with every response (the client's own, else a new id); replicas on Ray "
+        "Serve always send it",
     )
     g.add_argument("--chat-template", help="Jinja chat template (file or inline) for chat-style (messages) requests")
     g.add_argument(
@@ -845,7 +905,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         if value and os.path.exists(value):
             setattr(args, name, os.path.abspath(value))
     if local:
-        os.environ.update(ingress_env(args.ingress))  # read by the Ray processes ray.init starts
+        os.environ.update(ingress_env(args.ingress, args.request_body_timeout))  # read by the processes Ray starts
     elif args.ingress != "auto":
         raise CommandError(
             "--ingress chooses the front of a Ray of its own; a cluster keeps the one it was started with "
@@ -882,7 +942,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
                 num_gpus=args.gpus_per_replica,
                 log_level=args.log_level,
                 engine_options={**model_options(args), **serve_engine_options(args)},
-                server_options=server_options(args),
+                # Ray Serve sends X-Request-Id with every response itself: a second one from the app would repeat it
+                server_options={**server_options(args), "request_id_headers": False},
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
@@ -896,8 +957,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
                 pass
         except KeyboardInterrupt:  # signalled while starting: the replicas already up may hold requests too
             serving = True
-        except RuntimeError as exc:  # a replica that cannot start (a model that cannot load)
-            raise CommandError(f"the replicas did not start: {exc}") from None
+        except RuntimeError as exc:  # a replica that cannot start (a model that cannot load): its own error
+            raise CommandError(f"the replicas did not start: {replica_error(serve) or exc}") from None
         log.info("draining the replicas (requests in flight finish)")
         serve.delete("polyvec")  # the replicas finish their requests while the proxy still carries the answers
         deployed = False
@@ -912,10 +973,24 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     return 0
 
 
-def ingress_env(ingress: str) -> dict[str, str]:
+def replica_error(serve: Any) -> str | None:
+    """The error a replica of the application raised while starting, from Serve's status (its traceback's last
+    line), or None."""
+    try:
+        app = serve.status().applications.get("polyvec")
+        messages = [d.message for d in app.deployments.values()] if app is not None else []
+    except Exception:  # the status is a courtesy: the caller still has Serve's own message
+        return None
+    causes = [c for c in map(ray_error_cause, [RuntimeError(m) for m in messages if m]) if c]
+    return causes[0] if causes else None
+
+
+def ingress_env(ingress: str, body_timeout: float = 0) -> dict[str, str]:
     """Environment for a Ray of its own: with HAProxy in front, each replica answers HTTP itself (no hop through
     Ray's Python proxy and an actor call per request); HAProxy's metrics and stats listeners get free ports
-    so that two servers on one machine do not collide. Variables already set keep their values."""
+    so that two servers on one machine do not collide; HAProxy, which reads each body whole before a replica
+    sees it, answers 408 after `body_timeout` seconds (--request-body-timeout) as the single server does.
+    Variables already set keep their values."""
     # Serve's controller wakes 10 times a second by default; on a small node that is CPU taken from the engines
     loop = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": os.environ.get("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")}
     if ingress == "proxy":
@@ -939,7 +1014,8 @@ def ingress_env(ingress: str) -> dict[str, str]:
         # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay.
         # HAProxy replays only a request it held whole when it sent it, so it must wait for the body; Ray's
         # template has no place for other options, and this one rides on the retry-on line it fills in.
-        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response\n    option http-buffer-request",
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response\n    option http-buffer-request"
+        + (f"\n    timeout http-request {max(1, round(body_timeout * 1000))}ms" if body_timeout > 0 else ""),
     }
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **loop, **{k: os.environ.get(k, v) for k, v in tuned.items()}}
 
@@ -1039,7 +1115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(
         p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)", cast=int
     )
-    p.add_argument("--limit", type=int, default=None, help="embed only the first N texts")
+    p.add_argument("--limit", type=positive_int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--output",
@@ -1067,14 +1143,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="the column (Parquet) or field (JSONL) holding the texts (default: text; in a BEIR corpus, title + text)",
     )
-    p.add_argument("--actors", type=int, default=None, help="--ray: engines (default: one per node, or per GPU)")
     p.add_argument(
-        "--threads-per-actor", type=int, default=None, help="--ray: CPU threads per engine (default: a node's CPUs)"
+        "--actors", type=positive_int, default=None, help="--ray: engines (default: one per node, or per GPU)"
+    )
+    p.add_argument(
+        "--threads-per-actor",
+        type=positive_int,
+        default=None,
+        help="--ray: CPU threads per engine (default: a node's CPUs)",
     )
     p.add_argument("--gpus-per-actor", type=float, default=0, help="--ray: GPUs per engine (default: 0, CPU)")
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="rows per batch handed to an engine with --ray, per Parquet row group without (1024; per-token tasks 256)",
     )
@@ -1153,7 +1234,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--shards", type=int, default=None, help="a Qdrant cluster: the collection's shard_number")
     ix.add_argument("--replicas", type=int, default=None, help="a Qdrant cluster: its replication_factor")
     ix.add_argument("--batch-size", type=int, default=512, help="documents encoded and written at a time")
-    ix.add_argument("--limit", type=int, default=None, help="index only the first N documents")
+    ix.add_argument("--limit", type=positive_int, default=None, help="index only the first N documents")
     ix.add_argument("--overwrite", action="store_true", help="replace an index already at --index")
     ix.add_argument("--quiet", action="store_true", help="no progress bar")
     ix.set_defaults(func=cmd_index)

@@ -26,11 +26,24 @@ import numpy as np
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
 from ..eval import document_text
 
-__all__ = ["ROW_BATCH_SIZE", "TOKEN_BATCH_SIZE", "default_batch_size", "encode_dataset", "index_dataset", "token_rows"]
+__all__ = [
+    "ROW_BATCH_SIZE",
+    "TOKEN_BATCH_SIZE",
+    "default_batch_size",
+    "encode_dataset",
+    "index_dataset",
+    "plan_pool",
+    "token_rows",
+]
 
 
 class PolyvecEncoder:
-    """The callable class `map_batches` runs in each actor: one LLM per actor, loaded once."""
+    """The callable class `map_batches` runs in each actor: one LLM per actor, loaded once.
+
+    `rows` is what a batch holds and gives back: "keep" (the default) adds the output columns to the input's;
+    "plain" gives `id` (a string, from `_id` or `id`), `text` and the outputs, the columns `polyvec embed --output
+    FILE.parquet` writes; "jsonl" does the same from lines of JSON in `text_column` (a JSONL file read as text,
+    so ids stay the strings they are: Ray's JSON reader guesses "007" is 7)."""
 
     def __init__(
         self,
@@ -42,40 +55,99 @@ class PolyvecEncoder:
         num_threads: int | None = None,
         llm_kwargs: dict[str, Any] | None = None,
         title_column: str | None = None,
+        rows: str = "keep",
     ):
         from .. import LLM, PoolingParams
 
         self.llm = LLM(model, num_threads=num_threads, **(llm_kwargs or {}))
         self.task, self.text_column, self.title_column = task, text_column, title_column
-        self.output_column = output_column
+        self.output_column, self.rows = output_column, rows
         self.params = PoolingParams(**(pooling_params or {}))
         self.pid = os.getpid()
 
     def __call__(self, batch: Any) -> Any:
-        texts = batch.column(self.text_column).to_pylist()
-        if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
-            import pyarrow as pa
+        import pyarrow as pa
 
-            titles = batch.column(self.title_column).to_pylist()
-            texts = [document_text({"title": a, "text": b}) for a, b in zip(titles, texts)]
-            batch = batch.set_column(batch.column_names.index(self.text_column), self.text_column, pa.array(texts))
+        if self.rows == "jsonl":
+            ids, texts = _json_rows(batch.column("text").to_pylist(), self.text_column, self.title_column)
+            batch = pa.table({"id": ids, "text": texts})
+        else:
+            if self.text_column not in batch.column_names:
+                names = ", ".join(batch.column_names)
+                raise ValueError(f"no column {self.text_column!r} (give --text-column); it has: {names}")
+            texts = batch.column(self.text_column).to_pylist()
+            bad = next((t for t in texts if not isinstance(t, str)), "")
+            if bad != "":
+                raise ValueError(f"a row of column {self.text_column!r} is not a text: {bad!r}")
+            if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
+                titles = batch.column(self.title_column).to_pylist()
+                texts = [document_text({"title": a, "text": b}) for a, b in zip(titles, texts)]
+                batch = batch.set_column(batch.column_names.index(self.text_column), self.text_column, pa.array(texts))
+            if self.rows == "plain":
+                batch = pa.table({"id": _ids(batch), "text": texts})
         outs = self.llm.encode(texts, self.params, pooling_task=self.task, use_tqdm=False)
         for name, column in output_columns(self.task, outs, self.output_column).items():
             batch = batch.append_column(name, column)
         return batch
 
 
-def default_pool(num_gpus: float = 0) -> tuple[int, int]:
-    """(actors, threads per actor) for the connected cluster: one engine per GPU, else one per node with the
-    node's CPUs as its threads (one engine using every core beats several sharing them)."""
+def _ids(batch: Any) -> list[str]:
+    """A batch's ids as strings, from `_id` (BEIR) or `id`."""
+    name = next((c for c in ("_id", "id") if c in batch.column_names), None)
+    if name is None:  # row numbers, as polyvec embed gives such rows, have no meaning across Ray's blocks
+        raise ValueError(f"no '_id' or 'id' column: --ray needs ids (it has: {', '.join(batch.column_names)})")
+    return [str(x) for x in batch.column(name).to_pylist()]
+
+
+def _json_rows(lines: list[str], text_column: str, title_column: str | None) -> tuple[list[str], list[str]]:
+    """Ids and texts of JSONL lines, as `polyvec embed` reads them (read_corpus), ids required."""
+    import json
+
+    ids, texts = [], []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"a line is not JSON: {line[:80]!r}") from None
+        if not isinstance(row, dict) or ("_id" not in row and "id" not in row):
+            raise ValueError(f"a JSON line without '_id' or 'id' (--ray needs ids): {line[:80]!r}")
+        ids.append(str(row.get("_id", row.get("id"))))
+        if title_column and text_column == "text":
+            texts.append(document_text({"title": row.get(title_column), "text": row.get("text")}))
+        elif isinstance(row.get(text_column), str):
+            texts.append(row[text_column])
+        else:
+            raise ValueError(f"the line with id {ids[-1]!r} has no text in field {text_column!r}")
+    return ids, texts
+
+
+def plan_pool(actors: int | None, threads: int | None, num_gpus: float = 0) -> tuple[int, int, float]:
+    """(actors, threads per actor, CPUs each reserves) for the connected cluster. Defaults: one engine per GPU,
+    else one per node with the node's CPUs as its threads (one engine using every core beats several sharing
+    them). The reservations always leave half a CPU on a node for the read and write tasks that feed the engines
+    (num_cpus 0.25 each, as `polyvec embed --ray` asks): taking every CPU left them unscheduled, a job hung."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = min([int(n["Resources"].get("CPU", 0)) for n in nodes] or [os.cpu_count() or 1])
     if num_gpus:
         gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
-        return max(1, int(gpus // num_gpus)), 2
-    cpus = [int(n["Resources"].get("CPU", 1)) for n in nodes] or [os.cpu_count() or 1]
-    return len(cpus), max(1, min(cpus))
+        actors = actors or max(1, int(gpus // num_gpus))
+    else:
+        actors = actors or max(1, len(nodes))
+    per_node = -(-actors // max(1, len(nodes)))  # on the busiest node, as Ray spreads them
+    if threads is not None and threads > cpus and not num_gpus:
+        raise ValueError(f"{threads} threads per actor is more than a node's {cpus} CPUs")
+    threads = threads or (2 if num_gpus else max(1, cpus // per_node))
+    room = (cpus - 0.5) / per_node
+    if room <= 0:
+        raise ValueError(f"{actors} actors do not fit nodes of {cpus} CPUs beside the read and write tasks")
+    # An engine on a whole node by default reserves a CPU less than it uses (half a CPU was too little room for
+    # Ray Data, whose own processes then slowed it); given threads, what it uses, within the room there is.
+    want = max(0.5, threads - 1) if threads == cpus // per_node and not num_gpus else threads
+    return actors, threads, min(want, room)
 
 
 def encode_dataset(
@@ -85,6 +157,7 @@ def encode_dataset(
     *,
     text_column: str = "text",
     title_column: str | None = None,
+    rows: str = "keep",
     output_column: str | None = None,
     pooling_params: dict[str, Any] | None = None,
     actors: int | None = None,
@@ -96,23 +169,18 @@ def encode_dataset(
     """`ds` with the task's output column(s) added, computed by `actors` polyvec engines (lazy, as Ray Data
     is: write or iterate the result to run it); `batch_size` rows at a time (default: `default_batch_size`).
     With `title_column` (a BEIR corpus: "title"), rows that have one are encoded as title and text joined, and
-    the text column holds that; the engines join them, so no pass over the data is added."""
+    the text column holds that; the engines join them, so no pass over the data is added. `rows`: what the
+    output rows hold (see PolyvecEncoder; "plain" and "jsonl" give `polyvec embed`'s columns)."""
     import ray.data
 
     if not ray.is_initialized():
         ray.init()
-    auto_actors, auto_threads = default_pool(num_gpus)
-    actors = actors or auto_actors
-    threads = threads_per_actor or auto_threads
-    # An engine on a whole node reserves a CPU less than it uses, so that the read and write tasks feeding it
-    # (give them num_cpus <= 0.5, as `polyvec embed --ray` does) can be scheduled beside it, not deadlock; half a
-    # CPU was too little room for Ray Data, whose own processes then slowed the engine.
-    reserve = threads if threads_per_actor or num_gpus else max(0.5, threads - 1)
     batch_size = default_batch_size(task) if batch_size is None else batch_size
-    if actors < 1 or threads < 1 or batch_size < 1:
-        raise ValueError(
-            f"actors, threads_per_actor and batch_size must be positive: {actors}, {threads}, {batch_size}"
-        )
+    if (actors is not None and actors < 1) or (threads_per_actor is not None and threads_per_actor < 1):
+        raise ValueError(f"actors and threads_per_actor must be positive: {actors}, {threads_per_actor}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive: {batch_size}")
+    actors, threads, reserve = plan_pool(actors, threads_per_actor, num_gpus)
     return ds.map_batches(
         PolyvecEncoder,
         fn_constructor_kwargs={
@@ -120,6 +188,7 @@ def encode_dataset(
             "task": task,
             "text_column": text_column,
             "title_column": title_column,
+            "rows": rows,
             "output_column": output_column,
             "pooling_params": pooling_params,
             "num_threads": None if num_gpus else threads,
@@ -137,7 +206,7 @@ def index_dataset(
     ds: Any,
     index: Any,
     *,
-    id_column: str = "id",
+    id_column: str | None = None,
     text_column: str = "text",
     actors: int | None = None,
     threads_per_actor: int | None = None,
@@ -147,7 +216,8 @@ def index_dataset(
 ) -> int:
     """Encode a Dataset's documents on Ray with the index's model (as documents; with the embed or embed_sparse
     vectors too for a dense or sparse first stage of the same model) and write them into `index` (a
-    `polyvec.index.Index`) from the driver, batch by batch. Returns how many were written."""
+    `polyvec.index.Index`) from the driver, batch by batch; ids from `id_column` (default: `_id`, as in BEIR, or
+    `id`). Returns how many were written."""
     config = index.config
     dense, sparse = config.first_stage == "dense", config.first_stage == "sparse"
     if sparse and config.sparse_model != config.model:
@@ -166,7 +236,7 @@ def index_dataset(
     )
     written = 0
     for batch in out.iter_batches(batch_format="pyarrow", batch_size=batch_size):
-        ids = [str(x) for x in batch.column(id_column).to_pylist()]
+        ids = [str(x) for x in batch.column(id_column).to_pylist()] if id_column else _ids(batch)
         vectors = None
         if dense:
             col = batch.column("embed").combine_chunks()
