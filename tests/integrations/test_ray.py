@@ -157,6 +157,8 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
 def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_path, minilm_llm):
     """A text file keeps its blank lines and numbers its rows; threads that fill a node leave room for the read
     and write tasks (the job used to wait for CPUs for ever); bad input is one line and exit code 2."""
+    import pyarrow as pa
+
     lines = ["wing flutter", "", "heat transfer", "boundary layers"]
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
     base = [sys.executable, "-m", "polyvec", "embed", "--ray", cluster.address, "--model", str(minilm_path), "--dtype",
@@ -170,9 +172,19 @@ def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_
     want = np.stack([o.outputs.data.numpy() for o in minilm_llm.embed(lines, use_tqdm=False)])
     assert np.allclose(table.column("embed").combine_chunks().values.to_numpy().reshape(4, 384), want, atol=1e-5)
 
+    # Parquet on nodes of one CPU (Ray's newer reader lists files in a task of a whole CPU: it waited for ever)
+    pq.write_table(pa.table({"id": [7, 8], "text": ["wing flutter", "heat"]}), tmp_path / "in.parquet")
+    r = subprocess.run([*base, str(tmp_path / "in.parquet"), "--output", str(tmp_path / "p")], capture_output=True,
+                       text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pq.read_table(str(tmp_path / "p")).sort_by("id")
+    assert table.column("id").to_pylist() == ["7", "8"] and table.column("text").to_pylist() == ["wing flutter", "heat"]
+
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", None]}), tmp_path / "null.parquet")
     (tmp_path / "noid.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "body.jsonl").write_text('{"_id": "a", "body": "x"}\n{"_id": "b", "body": 5}\n')
     for args, message in [
+        (["null.parquet"], "the Ray job failed: ValueError: a row of column 'text' is not a text: None"),
         (["body.jsonl", "--text-column", "body"], "the Ray job failed: ValueError: the line with id 'b' has no text"),
         (["noid.jsonl"], "a JSON line without '_id' or 'id' (--ray needs ids)"),
         (["t.txt", "--threads-per-actor", "2"], "2 threads per actor is more than a node's 1 CPUs"),

@@ -262,6 +262,9 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
     io = 0.25  # reading and writing are light: they fit beside the engines' reservations
+    # Ray 2.60's newer file reader lists Parquet files in a task of a whole CPU, which a node of 1 CPU cannot give
+    # beside an engine: the job waited for ever. The older reader's tasks take the `num_cpus` they are given.
+    ray.data.DataContext.get_current().use_datasource_v2 = False
     ds: Any
     if text_file is not None:
         import pyarrow as pa
