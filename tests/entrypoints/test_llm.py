@@ -42,6 +42,21 @@ def test_encode_picks_token_embed_and_honours_task(minilm_llm):
     assert torch.equal(minilm_llm.token_embed(QUERY, use_tqdm=False)[0].outputs.data, out.outputs.data)
 
 
+def test_a_list_of_tasks_is_keyed_by_task_even_of_one(minilm_llm):
+    """pooling_task=["embed"] gives {"embed": tensor}, as any list does; options that reshape one token_embed
+    output, or that only embed_sparse reads, are refused for a list rather than dropped or crashing."""
+    one = minilm_llm.encode("wing flutter", pooling_task=["embed"], use_tqdm=False)[0].outputs.data
+    alone = minilm_llm.embed("wing flutter", use_tqdm=False)[0].outputs.data
+    assert set(one) == {"embed"} and torch.equal(one["embed"], alone)
+    for option, message in [
+        ({"token_encoding": "int8"}, "token_encoding applies to one token_embed task, not a list of tasks"),
+        ({"pool_factor": 2}, "pool_factor applies to one token_embed task, not a list of tasks"),
+        ({"sparse_top_k": 3}, "sparse_top_k applies to embed_sparse, which is not among"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            minilm_llm.encode("x", PoolingParams(**option), pooling_task=["token_embed"], use_tqdm=False)
+
+
 def test_unsupported_task_names_supported_ones(minilm_llm):
     with pytest.raises(ValueError, match=r"task='classify' is not supported .*it supports: embed, token_embed"):
         minilm_llm.classify(QUERY, use_tqdm=False)

@@ -355,6 +355,24 @@ class InputProcessor:
         if self.causal:
             raise ValueError("several tasks from one pass apply to encoder models (causal ones prefill in chunks)")
 
+        sparse_options = [
+            f"{name}={value!r}"
+            for p in (params if isinstance(params, Sequence) else [params])
+            if p is not None
+            for name, value in (
+                ("sparse_top_k", p.sparse_top_k),
+                ("sparse_threshold", p.sparse_threshold),
+                ("return_tokens", p.return_tokens or None),
+            )  # fmt: skip
+            if value is not None
+        ]
+        if sparse_options and "embed_sparse" not in tasks:  # as for one task: an option that would do nothing
+            raise ValueError(f"{sparse_options[0].split('=')[0]} applies to embed_sparse, which is not among {tasks}")
+        for p in params if isinstance(params, Sequence) else [params]:
+            shaped = [n for n in ("pool_factor", "muvera", "token_encoding") if p is not None and getattr(p, n)]
+            if shaped:  # they reshape one token_embed output; a list of tasks gives a dict of outputs
+                raise ValueError(f"{shaped[0]} applies to one token_embed task, not a list of tasks ({tasks})")
+
         def for_task(p: PoolingParams | None, task: str) -> PoolingParams:
             p = dataclasses.replace(p or PoolingParams(), task=None)
             if task != "embed_sparse":  # a sparse output's options leave the other tasks alone
@@ -372,6 +390,7 @@ class InputProcessor:
             truncation_side=side,
         )
         for r, p in zip(requests, per_prompt):
+            r.by_task = True
             if r.static_output is not None:
                 raise ValueError("several tasks from one pass need the model; an inference-free SPLADE query has none")
             if r.windows:

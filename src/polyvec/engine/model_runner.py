@@ -277,6 +277,9 @@ class ModelRunner:
                     multi = first if isinstance(first, dict) else {r.params.task: first}
                     multi[r.extra[k][0]] = extra[i]
                     outputs[i] = multi
+        for i, r in enumerate(requests):
+            if r.by_task and whole[i] and not isinstance(outputs[i], dict):  # a list of one task
+                outputs[i] = {r.params.task: outputs[i]}
         if not all(whole):
             starts = meta.cu_seqlens.tolist()
             for i, c in enumerate(chunks):

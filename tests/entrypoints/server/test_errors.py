@@ -257,6 +257,77 @@ CASES = [
     Bad("/nowhere", {"input": "x"}, 404, "no route /nowhere"),
     Bad("/V1/EMBEDDINGS", {"input": "x"}, 404, "no route /V1/EMBEDDINGS"),
     Bad("/nowhere", None, 404, "no route /nowhere", method="GET"),
+    # chat bodies: the renderer's own names, lone surrogates in messages
+    Bad(
+        "/v1/embeddings",
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": True}},
+        400,
+        "chat_template_kwargs cannot set add_generation_prompt",
+        "chat_template_kwargs",
+    ),  # fmt: skip
+    Bad(
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}},
+        400,
+        "chat_template_kwargs cannot set messages",
+        "chat_template_kwargs",
+    ),  # fmt: skip
+    Bad(
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "\ud800"}]},
+        400,
+        "messages item 0 is not valid UTF-8 text (lone surrogate)",
+        "messages",
+    ),  # fmt: skip
+    Bad(
+        "/v1/embeddings",
+        {
+            "messages": [
+                {"role": "user", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "\udfff"}]},
+            ]
+        },
+        400,
+        "messages item 1 is not valid UTF-8 text",
+        "messages",
+    ),  # fmt: skip
+    # options that would do nothing, sides that contradict each other
+    Bad(
+        "/score",
+        {"text_1": "hi", "text_2": "x", "queries": "a", "documents": ["b"]},
+        400,
+        "give one pair of sides: text_1/text_2 and queries, documents were both given",
+        "text_1",
+    ),  # fmt: skip
+    Bad(
+        "/score",
+        {"text_1": "hi", "text_2": "x", "data_1": "zzz"},
+        400,
+        "text_1/text_2 and data_1 were both given",
+        "text_1",
+    ),  # fmt: skip
+    Bad(
+        "/pooling",
+        {"input": "hi", "task": ["embed", "token_embed"], "sparse_top_k": 3},
+        400,
+        "sparse_top_k applies to embed_sparse, which is not among ['embed', 'token_embed']",
+        "sparse_top_k",
+    ),  # fmt: skip
+    Bad(
+        "/pooling",
+        {"input": "hi", "task": ["embed"], "return_tokens": True},
+        400,
+        "return_tokens applies to embed_sparse",
+        "return_tokens",
+    ),  # fmt: skip
+    Bad("/v1/embeddings", {"input": "hi", "dimensions": 100}, 400, "dimensions", "dimensions"),
+    Bad(
+        "/score",
+        {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]},
+        400,
+        "text_1 has 2 items and text_2 has 3",
+        "text_2",
+    ),  # fmt: skip
     # API keys
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": ""}, strict=True),
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer x"}, strict=True),
@@ -343,3 +414,27 @@ def test_truncation_error_mode_and_body_limit(strict_server):
     big = s.post("/v1/embeddings", {"input": LONG * 2}, headers=auth)
     assert big.status_code == 413 and "larger than the limit of 200000 bytes" in big.json()["error"]["message"]
     assert s.post("/v1/embeddings", {"input": "still fine"}, headers=auth).status_code == 200
+
+
+def test_a_list_of_one_task_is_keyed_by_task(server):
+    """`task: ["embed"]` answers as any list of tasks does (a 500 before), with the vector of `task: "embed"`."""
+    one = server.post("/pooling", {"input": "wing flutter", "task": ["embed"]})
+    assert one.status_code == 200, one.text
+    item = one.json()["data"][0]
+    want = server.post("/pooling", {"input": "wing flutter", "task": "embed"}).json()["data"][0]["data"]
+    assert set(item["data"]) == {"embed"} and item["data"]["embed"] == pytest.approx(want, abs=1e-6)
+
+
+def test_score_and_rerank_honour_add_special_tokens(server):
+    """add_special_tokens false reaches the engine on /score and /rerank as on /classify (it was dropped)."""
+    body = {"text_1": "wing flutter", "text_2": ["heat transfer", "boundary layers"]}
+    with_special = server.post("/score", body).json()
+    without = server.post("/score", {**body, "add_special_tokens": False}).json()
+    assert without["usage"]["prompt_tokens"] == with_special["usage"]["prompt_tokens"] - 2 * 3
+    assert without["data"][0]["score"] != pytest.approx(with_special["data"][0]["score"], abs=1e-4)
+    ranked = {"query": "wing flutter", "documents": ["heat transfer", "boundary layers"]}
+    r0, r1 = (
+        server.post("/rerank", ranked).json(),
+        server.post("/rerank", {**ranked, "add_special_tokens": False}).json(),
+    )
+    assert r1["usage"]["prompt_tokens"] == r0["usage"]["prompt_tokens"] - 2 * 3

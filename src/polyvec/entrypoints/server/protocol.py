@@ -341,6 +341,10 @@ class ScoreRequest(PoolingBase):
         if not given:
             raise ValueError("text_1 and text_2 are required (or data_1/data_2, queries/documents)")
         a, b = given[0]
+        extra = [f for f in ("text_1", "text_2", "data_1", "data_2", "queries", "documents", "items")
+                 if f not in (a, b) and getattr(self, f) is not None]  # fmt: skip
+        if extra:  # a second pair of sides, or half of one: which to score would be a guess
+            raise ValueError(f"give one pair of sides: {a}/{b} and {', '.join(extra)} were both given")
         return (a, getattr(self, a)), (b, getattr(self, b))
 
 

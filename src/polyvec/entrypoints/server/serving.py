@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -207,10 +208,20 @@ def chat_special_tokens(req: Any) -> bool:
 def render_messages(state: ServerState, req: Any) -> str:
     """A chat-style body's `messages` as the chat template writes them (400 naming what is wrong)."""
     messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+    for i, message in enumerate(messages):  # as for `input`: JSON can escape a lone surrogate, UTF-8 cannot
+        try:
+            json.dumps(message, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, f"messages item {i} is not valid UTF-8 text (lone surrogate)", "messages") from None
     try:
         text_messages(messages)  # an image part is named before anything else is said
     except ChatError as exc:
         raise APIError(400, str(exc), "messages") from None
+    own = {"messages", "template", "add_generation_prompt", "continue_final_message", *state.special_tokens()}
+    clash = sorted(own & set(req.chat_template_kwargs or {}))
+    if clash:  # the renderer sets these itself
+        message = f"chat_template_kwargs cannot set {', '.join(clash)} (a field of the request, or set by the server)"
+        raise APIError(400, message, "chat_template_kwargs")
     if req.chat_template is not None and not state.config.trust_request_chat_template:
         raise APIError(
             400,
@@ -267,6 +278,16 @@ def check_limits(state: ServerState, requests: list, field: str = "input", locat
             )
 
 
+_PARAM = re.compile(r"^([a-z_]+)\b")
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a parameter check's message is about: PoolingParams' checks start with its name."""
+    match = _PARAM.match(message)
+    name = match.group(1) if match else None
+    return name if name in _BODY_PARAMS else None
+
+
 async def run_pooling(
     state: ServerState,
     raw: Request,
@@ -295,7 +316,7 @@ async def run_pooling(
             error.too_long = (exc.num_tokens, exc.max_len)
         raise error from None
     except (ValueError, TypeError) as exc:
-        raise APIError(400, str(exc)) from None
+        raise APIError(400, str(exc), _param_of(str(exc))) from None
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)

@@ -51,6 +51,13 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     task = req.task or state.engine.pooling_task  # vLLM: a request without a task gets the model's own
+    multi = not isinstance(task, str)
+    if multi or task == "embed_sparse":  # JSON objects per item: refused before any work
+        if req.token_encoding is not None:
+            raise APIError(400, "token_encoding applies to one token_embed task", "token_encoding")
+        if req.encoding_format != "float":
+            message = "embed_sparse and several tasks return JSON objects; encoding_format must be float"
+            raise APIError(400, message, "encoding_format")
     prompts, add_special_tokens, locate = request_prompts(state, req)
     outputs = await run_pooling(
         state,
@@ -62,13 +69,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         truncation_side=req.truncation_side,
         locate=locate,
     )
-    multi = not isinstance(task, str)
     if multi or task == "embed_sparse":
-        if req.token_encoding is not None:
-            raise APIError(400, "token_encoding applies to one token_embed task", "token_encoding")
-        if req.encoding_format != "float":
-            message = "embed_sparse and several tasks return JSON objects; encoding_format must be float"
-            raise APIError(400, message, "encoding_format")
         tokenizer = state.engine.tokenizer
 
         def entry(name: str, v: Any) -> Any:

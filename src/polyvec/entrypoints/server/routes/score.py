@@ -32,8 +32,8 @@ async def score_pairs(
         plan = plan_scores(
             text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.is_late_interaction
         )
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
+    except ValueError as exc:  # the sides' lengths (N:N) or a model that cannot score
+        raise APIError(400, str(exc), name_2 if "text" in str(exc) else None) from None
     for name, value in side_1, side_2:
         prompts_of(state, value, name)
 
@@ -62,7 +62,14 @@ async def score_pairs(
             400, str(exc), "max_tokens_per_query" if req.max_tokens_per_query else "max_tokens_per_doc"
         ) from None
     outputs = await run_pooling(
-        state, raw, plan.prompts, per_prompt, plan.task, locate=locate, truncation_side=req.truncation_side
+        state,
+        raw,
+        plan.prompts,
+        per_prompt,
+        plan.task,
+        locate=locate,
+        truncation_side=req.truncation_side,
+        add_special_tokens=req.add_special_tokens,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
