@@ -147,3 +147,25 @@ def test_pooler_config_validation():
     assert PoolerConfig(pooling_type="mean").pooling_type == "MEAN"
     with pytest.raises(ValueError, match="dimensions must be a positive integer"):
         PoolerConfig(dimensions=0)
+
+
+def test_booleans_are_booleans_and_step_settings_are_token_ids(cfg):
+    """A string such as "no" used to read as true; a STEP tag of "x" gave an empty tensor."""
+    for field in ("use_activation", "normalize", "return_tokens"):
+        with pytest.raises(ValueError, match=f"{field} must be true or false, got 'no'"):
+            verify(PoolingParams(**{field: "no"}), "embed", cfg)
+    with pytest.raises(ValueError, match="step_tag_id must be a non-negative integer"):
+        verify(PoolingParams(step_tag_id="x"), "token_embed", cfg)
+    for bad in (5, [True], []):
+        with pytest.raises(ValueError, match="returned_token_ids must be a non-empty list"):
+            verify(PoolingParams(returned_token_ids=bad), "token_embed", cfg)
+
+
+def test_pooler_step_settings_apply_to_token_tasks_only(cfg):
+    """A pooler_config's step_tag_id / returned_token_ids are STEP pooling of token tasks: embed keeps its own
+    pooling (and its long-input windows); they made every embed request fail or cut it short."""
+    stepped = replace(cfg, pooler_config=PoolerConfig(step_tag_id=2088, returned_token_ids=[99999]))
+    embed = verify(PoolingParams(), "embed", stepped)
+    assert embed.step_tag_id is None and embed.returned_token_ids is None
+    token = verify(PoolingParams(), "token_embed", stepped)
+    assert token.step_tag_id == 2088 and token.returned_token_ids == [99999]

@@ -327,8 +327,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.long_input not in ("truncate", "window"):
             raise ValueError(f"long_input must be 'truncate' or 'window', got {self.long_input!r}")
-        if self.window_overlap < 0:
-            raise ValueError(f"window_overlap must be >= 0, got {self.window_overlap}")
+        overlap = self.window_overlap
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise ValueError(f"window_overlap must be an integer >= 0, got {overlap!r}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
         if self.prefix_cache_tokens < 0:

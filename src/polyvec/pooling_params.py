@@ -99,6 +99,10 @@ class PoolingParams:
             )
         if self.softmax is not None:
             raise ValueError("softmax is no longer a PoolingParams field; use use_activation=True/False instead")
+        for name in ("use_activation", "normalize", "activation", "return_tokens"):  # "no" would read as true
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         if self.late_chunking_params is not None and task != "token_embed":
             raise ValueError("Late chunking requires token_embed")
         factor = self.pool_factor
@@ -122,7 +126,7 @@ class PoolingParams:
         if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):
             raise ValueError(f"sparse_top_k, sparse_threshold and return_tokens apply to embed_sparse, not {task!r}")
         if sparse:
-            if self.use_activation is False or self.normalize is False:
+            if self.use_activation is False or self.normalize is False or self.activation is False:
                 raise ValueError(
                     "embed_sparse always applies its activation (log(1 + relu)); use_activation=False is not valid"
                 )
@@ -179,8 +183,11 @@ class PoolingParams:
                     f"input length max_model_len={limit}; allowed: -1 or 1..{limit}"
                 )
 
-        step_tag_id = self.step_tag_id if self.step_tag_id is not None else pooler.step_tag_id
-        returned = self.returned_token_ids if self.returned_token_ids is not None else pooler.returned_token_ids
+        token_task = task in ("token_embed", "token_classify")  # the pooler's STEP settings: token tasks only
+        step_tag_id = self.step_tag_id if self.step_tag_id is not None else pooler.step_tag_id if token_task else None
+        returned = self.returned_token_ids
+        if returned is None and token_task:
+            returned = pooler.returned_token_ids
         if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in (
             "embed",
             "classify",
@@ -190,7 +197,15 @@ class PoolingParams:
                 f"step_tag_id and returned_token_ids apply to STEP pooling of token tasks "
                 f"({', '.join(t for t in POOLING_TASKS if t.startswith('token'))}), not {task!r}"
             )
-        if returned is not None and (not returned or any(not isinstance(i, int) or i < 0 for i in returned)):
+        if step_tag_id is not None and (
+            isinstance(step_tag_id, bool) or not isinstance(step_tag_id, int) or step_tag_id < 0
+        ):
+            raise ValueError(f"step_tag_id must be a non-negative integer (a token id), got {step_tag_id!r}")
+        if returned is not None and (
+            not isinstance(returned, (list, tuple))
+            or not returned
+            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in returned)
+        ):
             raise ValueError(f"returned_token_ids must be a non-empty list of non-negative integers, got {returned!r}")
 
         input_type = self.input_type

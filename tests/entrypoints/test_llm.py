@@ -57,6 +57,21 @@ def test_a_list_of_tasks_is_keyed_by_task_even_of_one(minilm_llm):
             minilm_llm.encode("x", PoolingParams(**option), pooling_task=["token_embed"], use_tqdm=False)
 
 
+def test_token_prompts_carry_their_segments(minilm_llm):
+    """vLLM's TokensPrompt token_type_ids (a tokenized pair) are the pair's segments, as the text pair gives them;
+    they were dropped, so the second segment was read as the first."""
+    pair = ("what is flutter", "wing flutter is an oscillation")
+    enc = minilm_llm.engine.tokenizer.encode([pair], 512, True)[0]
+    assert 1 in enc.token_type_ids
+    want = minilm_llm.token_embed([pair], use_tqdm=False)[0].outputs.data
+    prompt = {"prompt_token_ids": enc.input_ids, "token_type_ids": enc.token_type_ids}
+    assert torch.equal(minilm_llm.token_embed(prompt, use_tqdm=False)[0].outputs.data, want)
+    with pytest.raises(ValueError, match="prompt 0: token_type_ids must be one integer >= 0 per token id"):
+        minilm_llm.embed({"prompt_token_ids": [101, 102], "token_type_ids": [0]}, use_tqdm=False)
+    with pytest.raises(ValueError, match="window_overlap=254 must be less than half of max_model_len=256"):
+        LLM(minilm_llm.model_config.model, long_input="window", window_overlap=254)
+
+
 def test_unsupported_task_names_supported_ones(minilm_llm):
     with pytest.raises(ValueError, match=r"task='classify' is not supported .*it supports: embed, token_embed"):
         minilm_llm.classify(QUERY, use_tqdm=False)

@@ -76,6 +76,11 @@ def create_engine(
     )
     if mm_processor_kwargs:
         model_config = _with_processor_kwargs(model_config, mm_processor_kwargs)
+    if checked.window_overlap * 2 >= model_config.max_model_len:  # as a request's own window_overlap is checked
+        raise ValueError(
+            f"window_overlap={checked.window_overlap} must be less than half of "
+            f"max_model_len={model_config.max_model_len}: each window must move on"
+        )
     budget = max_num_batched_tokens or platform.default_max_num_batched_tokens(model_config, quantization)
     return Engine(model_config, dataclasses.replace(checked, max_num_batched_tokens=budget))
 

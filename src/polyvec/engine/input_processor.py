@@ -172,7 +172,16 @@ class InputProcessor:
                     tokenized[i] = prompt
                     continue
                 if "prompt_token_ids" in prompt:
+                    types = prompt.get("token_type_ids")  # vLLM's TokensPrompt for cross-encoders: the segments
                     prompt = prompt["prompt_token_ids"]
+                    if types is not None:
+                        ids, _, num = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
+                        if len(types) != len(prompt) or any(type(t) is not int or t < 0 for t in types):
+                            raise PromptError(i, ": token_type_ids must be one integer >= 0 per token id")
+                        if len(ids) != len(prompt):
+                            raise PromptError(i, ": token ids with token_type_ids are not truncated; shorten both")
+                        tokenized[i] = (ids, list(types), num)
+                        continue
                 elif "prompt" in prompt:
                     prompt = prompt["prompt"]
                 else:
