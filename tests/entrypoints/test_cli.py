@@ -78,3 +78,53 @@ def test_embed_refuses_a_file_that_is_not_text(tmp_path, minilm_path):
     binary.write_bytes(bytes(range(256)) * 4)
     r = embed_cli(str(binary), "--model", str(minilm_path))
     assert r.returncode == 2 and f"cannot read {binary}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_path, capsys, monkeypatch):
+    """Each of these ended in a Python traceback (exit 1) or was accepted and did something else."""
+    import pytest
+
+    from polyvec.entrypoints.cli import main
+
+    texts = tmp_path / "two.txt"
+    texts.write_text("wing flutter\nheat transfer\n")
+    (tmp_path / "arr.jsonl").write_text("[1, 2]\n")
+    model = ["--model", str(minilm_path), "--quiet"]
+    for argv, message in [
+        ([str(tmp_path / "arr.jsonl")], "line 1 is not a JSON object"),
+        ([str(texts), "--pooling-task", "embed+embed"], "tasks must be a non-empty list without repeats"),
+        ([str(texts), "--output", str(tmp_path / "no" / "x.npy")], "cannot write --output"),
+        ([str(texts), "--pooler-config", '{"dimensions": 100}'], "dimensions=100 is not allowed"),
+    ]:
+        assert main(["embed", *argv, *model]) == 2, argv
+        assert message in capsys.readouterr().err
+    for argv, message in [
+        (["serve", str(minilm_path), "--log-level", "bogus"], "argument --log-level: invalid choice: 'bogus'"),
+        (["eval-retrieval", "--data", str(tmp_path), "--top-k", "-5"], "argument --top-k: must be at least 1"),
+        (["index", str(texts), "--index", str(tmp_path / "ix"), "--batch-size", "0"], "--batch-size: must be at"),
+        (["search", "q", "--index", str(tmp_path / "ix"), "-k", "0"], "argument -k: must be at least 1, got 0"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    monkeypatch.setenv("POLYVEC_PORT", "abc")  # an environment default is checked as the flag would be
+    with pytest.raises(SystemExit) as exit_:
+        main(["embed", "--help"])
+    assert exit_.value.code == 2 and "POLYVEC_PORT='abc' is not a valid value for --port" in capsys.readouterr().err
+
+
+def test_embed_prints_the_vectors_width_and_a_true_cosine(tmp_path, minilm_path, capsys):
+    """--pooler-config dimensions (Matryoshka) made the command fail filling 384-wide rows; unnormalized vectors
+    printed their dot product as a "cosine"."""
+    from polyvec.entrypoints.cli import main
+
+    texts = tmp_path / "two.txt"
+    texts.write_text("wing flutter\nheat transfer\n")
+    base = ["embed", str(texts), "--model", str(minilm_path), "--quiet", "--dtype", "float32"]
+    assert main([*base, "--output", str(tmp_path / "v.npy")]) == 0
+    cosine = capsys.readouterr().out.split("cosine ")[1].split()[0]
+    assert main([*base, "--pooler-config", '{"use_activation": false}']) == 0
+    assert capsys.readouterr().out.split("cosine ")[1].split()[0] == cosine
+    small = ["--hf-overrides", '{"matryoshka_dimensions": [128]}', "--pooler-config", '{"dimensions": 128}']
+    assert main([*base, *small, "--output", str(tmp_path / "s.npy")]) == 0
+    assert "dim 128" in capsys.readouterr().out and np.load(tmp_path / "s.npy").shape == (2, 128)

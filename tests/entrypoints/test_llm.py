@@ -70,6 +70,7 @@ def test_token_prompts_carry_their_segments(minilm_llm):
         minilm_llm.embed({"prompt_token_ids": [101, 102], "token_type_ids": [0]}, use_tqdm=False)
     with pytest.raises(ValueError, match="window_overlap=254 must be less than half of max_model_len=256"):
         LLM(minilm_llm.model_config.model, long_input="window", window_overlap=254)
+    assert LLM(minilm_llm.model_config.model, enforce_eager=True).supported_tasks  # vLLM's keyword (a TypeError)
 
 
 def test_unsupported_task_names_supported_ones(minilm_llm):

@@ -61,6 +61,8 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
                 if not line.strip():
                     continue
                 row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {n + 1} is not a JSON object")
                 if text_column != "text" and not isinstance(row.get(text_column), str):
                     raise ValueError(f"line {n + 1} has no text in field {text_column!r}")
                 ids.append(str(row.get("_id", row.get("id", n))))
@@ -178,9 +180,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         index = Index.open(args.index, collection=args.collection)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise CommandError(str(exc)) from None
-    llm = LLM(args.model or index.config.model, dtype=args.dtype)  # its recipe's model
-    sparse = index.config.sparse_model
-    sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
+    try:
+        llm = LLM(args.model or index.config.model, dtype=args.dtype)  # its recipe's model
+        sparse = index.config.sparse_model
+        sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
+    except ModelNotFoundError as exc:
+        raise CommandError(str(exc)) from None
+    except (ValueError, OSError) as exc:  # a bad --dtype, a model that cannot be read
+        raise CommandError(f"cannot load the model: {exc}") from None
     index = Index(index.backend, llm, sparse_llm)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
@@ -345,7 +352,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
             f"--pooling-task {unsupported[0]} is not supported by this model; it supports: "
             + ", ".join(llm.supported_tasks)
         )
-    llm.encode(texts[:8], pooling_task=task, use_tqdm=False)  # warm-up
+    try:
+        llm.encode(texts[:8], pooling_task=task, use_tqdm=False)  # warm-up, and the options' check
+    except ValueError as exc:  # --pooler-config or --pooling-task the model cannot serve
+        raise CommandError(str(exc)) from None
     if task == "embed" and not parquet:
         return _embed_vectors(args, llm, texts)
     return _encode_task(args, llm, ids, texts, task)
@@ -410,25 +420,33 @@ def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
     import numpy as np
     import torch
 
-    dim = llm.model_config.embed_dim
-    # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus.
-    vecs = (
-        np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=(len(texts), dim))
-        if args.output
-        else np.empty((len(texts), dim), dtype=np.float32)
-    )
+    # Streamed into one float32 array (a .npy memory map with --output): memory does not grow with the corpus. Its
+    # width is the first vector's: --pooler-config dimensions (Matryoshka) may make it narrower than the model's.
+    vecs: Any = None
     bar = _progress(args, len(texts))
     tokens = 0
     start = time.perf_counter()
     for i, out in enumerate(llm.iter_encode(texts, pooling_task="embed")):
+        if vecs is None:
+            shape = (len(texts), out.outputs.data.shape[-1])
+            try:
+                vecs = (
+                    np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=shape)
+                    if args.output
+                    else np.empty(shape, dtype=np.float32)
+                )
+            except OSError as exc:
+                raise CommandError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
         vecs[i] = out.outputs.data.float().numpy()
         tokens += len(out.prompt_token_ids)
         if bar is not None:
             bar.update(1)
+    dim = vecs.shape[1]
     elapsed = time.perf_counter() - start
     if bar is not None:
         bar.close()
-    sims = torch.from_numpy(np.asarray(vecs[1:])) @ torch.from_numpy(np.asarray(vecs[0]))
+    # cosine whatever the vectors' norms (use_activation false leaves them unnormalized)
+    sims = torch.nn.functional.cosine_similarity(torch.from_numpy(np.asarray(vecs[1:])), torch.from_numpy(vecs[0:1]))
     best = int(sims.argmax()) + 1 if len(texts) > 1 else 0
     print(_model_line(llm))
     print(
@@ -450,6 +468,9 @@ QUANTIZATION_HELP = (
 )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
 def env_name(flag: str) -> str:
     """--max-model-len → POLYVEC_MAX_MODEL_LEN."""
     return "POLYVEC_" + flag.lstrip("-").replace("-", "_").upper()
@@ -467,7 +488,11 @@ def _flag(
     var = env_name(flag)
     value = os.environ.get(var)
     if value is not None:
-        default = cast(value)
+        try:
+            default = cast(value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError):  # the parser is not built yet: say it here
+            print(f"polyvec: error: {var}={value!r} is not a valid value for {flag}", file=sys.stderr)
+            raise SystemExit(2) from None
     shown = f"default: {default}; " if default is not None else ""
     if cast not in (str, _split):
         kw["type"] = cast
@@ -648,7 +673,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="do not compile kernels for every batch size while idle after start; they then compile when a "
         f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
     )
-    _flag(p, "--log-level", "info", "debug, info, warning or error")
+    _flag(p, "--log-level", "info", "debug, info, warning or error", cast=str.lower, choices=LOG_LEVELS)
     g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
     _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=int)
     _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=int)
@@ -689,7 +714,7 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("vLLM compatibility")
     g.add_argument("--runner", help="auto or pooling (polyvec runs pooling models only)")
-    g.add_argument("--uvicorn-log-level", help="same as --log-level")
+    g.add_argument("--uvicorn-log-level", type=str.lower, choices=("trace", *LOG_LEVELS), help="same as --log-level")
     g.add_argument(
         "--enable-request-id-headers",
         action="store_true",
@@ -1174,7 +1199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SPLADE vectors (an embed_sparse model); bm25: bm25s, no model; hybrid: fuse the --hybrid systems "
         "(default: dense)",
     )
-    ev.add_argument("--top-k", type=int, default=100, help="documents ranked per query (default: 100)")
+    ev.add_argument("--top-k", type=positive_int, default=100, help="documents ranked per query (default: 100)")
     ev.add_argument(
         "--hybrid",
         nargs="+",
@@ -1203,7 +1228,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="--fusion weighted: raw scores as bge-m3 (none), or each system's min-max over a query's "
         "candidates (default: none)",
     )
-    ev.add_argument("--rrf-k", type=int, default=60, help="--fusion rrf: the k of 1/(k + rank) (default: 60)")
+    ev.add_argument("--rrf-k", type=positive_int, default=60, help="--fusion rrf: the k of 1/(k + rank) (default: 60)")
     ev.add_argument(
         "--depth", type=int, default=None, help="--mode hybrid: documents each system contributes (default: --top-k)"
     )
@@ -1236,7 +1261,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--muvera", default=None, help='MUVERA parameters, JSON, e.g. \'{"k_sim": 4, "dim_proj": 16}\'')
     ix.add_argument("--shards", type=int, default=None, help="a Qdrant cluster: the collection's shard_number")
     ix.add_argument("--replicas", type=int, default=None, help="a Qdrant cluster: its replication_factor")
-    ix.add_argument("--batch-size", type=int, default=512, help="documents encoded and written at a time")
+    ix.add_argument("--batch-size", type=positive_int, default=512, help="documents encoded and written at a time")
     ix.add_argument("--limit", type=positive_int, default=None, help="index only the first N documents")
     ix.add_argument("--overwrite", action="store_true", help="replace an index already at --index")
     ix.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -1246,8 +1271,10 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--index", required=True, help="the folder or Qdrant server URL given to polyvec index")
     _index_location_args(se)
     se.add_argument("--queries", default=None, help="queries.jsonl (BEIR: _id, text) or one query per line")
-    se.add_argument("-k", type=int, default=10, help="results per query (default: 10)")
-    se.add_argument("--prefetch", type=int, default=100, help="first-stage candidates re-ranked (default: 100)")
+    se.add_argument("-k", type=positive_int, default=10, help="results per query (default: 10)")
+    se.add_argument(
+        "--prefetch", type=positive_int, default=100, help="first-stage candidates re-ranked (default: 100)"
+    )
     se.add_argument(
         "--rescore",
         action=argparse.BooleanOptionalAction,

@@ -107,6 +107,7 @@ class LLM:
         allowed_media_domains: list[str] | None = None,
         **kwargs: Any,
     ):
+        kwargs.pop("enforce_eager", None)  # vLLM's CUDA graphs; offline polyvec has no warm-up for it to skip
         known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner"}
         unknown = set(kwargs) - known
         if unknown:

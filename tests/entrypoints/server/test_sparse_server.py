@@ -37,6 +37,7 @@ def test_pooling_embed_sparse(splade):
 
 def test_tei_embed_sparse(splade, server):
     s, llm = splade
+    assert s.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}  # TEI's name (was "cls")
     body = s.post("/embed_sparse", {"inputs": TEXTS}).json()
     for entries, w in zip(body, llm.embed_sparse(TEXTS, use_tqdm=False)):
         assert [e["index"] for e in entries] == w.outputs.indices

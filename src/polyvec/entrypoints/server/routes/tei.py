@@ -601,6 +601,8 @@ def _model_type(state: ServerState) -> dict[str, Any]:
         id2label = {str(i): mc.id2label.get(i, f"LABEL_{i}") for i in range(max(mc.num_labels, 1))}
         classes = {"id2label": id2label, "label2id": {label: int(i) for i, label in id2label.items()}}
         return {"reranker" if engine.is_cross_encoder else "classifier": classes}
+    if "embed" not in engine.supported_tasks and "embed_sparse" in engine.supported_tasks:
+        return {"embedding": {"pooling": "splade"}}  # as TEI names a SPLADE model's pooling
     pooling = engine.default_pooling("embed")
     return {"embedding": {"pooling": "+".join(_POOLING_NAMES.get(p, p.lower()) for p in pooling)}}
 
@@ -671,8 +673,8 @@ async def model_route(raw: Request, state: State) -> Response:
     model, handler = kind
     try:
         body = orjson.loads(await raw.body())
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"Failed to parse the request body as JSON: {exc}") from None
+    except orjson.JSONDecodeError as exc:  # 400 as on /embed and the other TEI routes (not 422)
+        raise TEIError("Validation", f"the request body is not valid JSON: {exc}", 400) from None
     try:
         req = model.model_validate(body)
     except ValidationError as exc:
