@@ -103,6 +103,11 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
         (["eval-retrieval", "--data", str(tmp_path), "--top-k", "-5"], "argument --top-k: must be at least 1"),
         (["index", str(texts), "--index", str(tmp_path / "ix"), "--batch-size", "0"], "--batch-size: must be at"),
         (["search", "q", "--index", str(tmp_path / "ix"), "-k", "0"], "argument -k: must be at least 1, got 0"),
+        (["serve", "m", "--port", "99999"], "argument --port: a port is at most 65535"),  # it listened on 34463
+        (["serve", "m", "--max-request-bytes", "-1"], "--max-request-bytes: must be at least 1"),  # every 413
+        (["serve", "m", "--max-inputs-per-request", "0"], "--max-inputs-per-request: must be at least 1"),
+        (["serve", "m", "--max-concurrent-requests", "-1"], "--max-concurrent-requests: must be 0 or more"),
+        (["serve", "m", "--request-body-timeout", "nan"], "--request-body-timeout: must be 0 or more"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             main(argv)

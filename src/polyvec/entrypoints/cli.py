@@ -45,6 +45,30 @@ def positive_int(value: str) -> int:
     return number
 
 
+def port_number(value: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one wrapped around silently)."""
+    number = positive_int(value) if value.strip() != "0" else 0
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {number}")
+    return number
+
+
+def non_negative(cast: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: `cast`, >= 0 (0 meaning no limit where the flag says so)."""
+
+    def check(value: str) -> Any:
+        try:
+            number = cast(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if number != number or number < 0:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+        return number
+
+    check.__name__ = cast.__name__  # argparse names the type in its messages
+    return check
+
+
 def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
     """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same; another
     field with `text_column`), of a Parquet file or folder (ids from `_id` or `id`, else the row number; texts
@@ -578,7 +602,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p, positional=True)
     _flag(p, "--host", "127.0.0.1", "address to listen on")
-    _flag(p, "--port", 8000, "port to listen on", cast=int)
+    _flag(p, "--port", 8000, "port to listen on", cast=port_number)
     _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     _flag(
         p,
@@ -628,8 +652,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=_truthy(os.environ[var]) if var in os.environ else None,
         help=f"causal models: do not reuse computed prompt prefixes (env {var}=0)",
     )
-    _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=int)
-    _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=int)
+    _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=positive_int)
+    _flag(p, "--max-inputs-per-request", 4096, "most inputs in one request", cast=positive_int)
     _flag(
         p,
         "--max-request-image-pixels",
@@ -656,14 +680,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--request-body-timeout",
         30.0,
         "seconds a request body may take to arrive; a slower one gets 408 (0: no limit)",
-        cast=float,
+        cast=non_negative(float),
     )
     _flag(
         p,
         "--max-concurrent-requests",
         512,
         "POST requests in progress at once; more get 429 with Retry-After (0: no limit)",
-        cast=int,
+        cast=non_negative(int),
     )
     var = env_name("--enforce-eager")
     p.add_argument(
