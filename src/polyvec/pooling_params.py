@@ -126,9 +126,10 @@ class PoolingParams:
         if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):
             raise ValueError(f"sparse_top_k, sparse_threshold and return_tokens apply to embed_sparse, not {task!r}")
         if sparse:
-            if self.use_activation is False or self.normalize is False or self.activation is False:
+            off = [n for n in ("use_activation", "normalize", "activation") if getattr(self, n) is False]
+            if off:  # named as the caller spelled it
                 raise ValueError(
-                    "embed_sparse always applies its activation (log(1 + relu)); use_activation=False is not valid"
+                    f"embed_sparse always applies its activation (log(1 + relu)); {off[0]}=False is not valid"
                 )
             k, threshold = self.sparse_top_k, self.sparse_threshold
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):

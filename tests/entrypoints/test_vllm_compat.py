@@ -190,6 +190,15 @@ def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_t
     )[0]
     assert torch.allclose(plain.outputs.data, torch.stack([p.mean(0) for p in raw.split(16)]), atol=1e-6)
     assert params.late_chunking_params is not None and params.use_activation is None  # the caller's, untouched
+    # normalize=False as use_activation=False (it was ignored, and normalize=True refused as a conflict)
+    for spelled, unit in (({"normalize": False}, False), ({"normalize": True}, True)):
+        got = minilm_llm.token_embed(text, PoolingParams(**spelled, late_chunking_params=LateChunkingParams(16)),
+                                     use_tqdm=False)[0].outputs.data  # fmt: skip
+        assert torch.allclose(got, want if unit else plain.outputs.data, atol=1e-6)
+    with pytest.raises(ValueError, match="late chunking needs the whole document's tokens"):
+        next(minilm_llm.iter_encode([text], params, pooling_task="token_embed"))  # it ignored the chunking
+    with pytest.raises(ValueError, match="return_tokens applies to embed_sparse"):
+        minilm_llm.encode(text, PoolingParams(return_tokens=True), pooling_task="token_embed", use_tqdm=False)
     # a special-token-only chunk has no characters: chunk_size 1 puts [CLS] alone
     single = minilm_llm.encode(
         "wing", PoolingParams(late_chunking_params=LateChunkingParams(1)), pooling_task="token_embed", use_tqdm=False

@@ -94,7 +94,7 @@ def test_pruning_and_tokens(splade_llm, cranfield_texts):
     assert cut.indices == [i for i, v in zip(full.indices, full.values) if v >= 1.0]
     for bad, message in [
         (PoolingParams(use_activation=False), "use_activation=False is not valid"),
-        (PoolingParams(activation=False), "use_activation=False is not valid"),  # the older name, ignored before
+        (PoolingParams(activation=False), "activation=False is not valid"),  # the older name, ignored before
         (PoolingParams(sparse_top_k=0), "sparse_top_k must be a positive integer"),
         (PoolingParams(sparse_threshold=-1.0), "sparse_threshold must be a non-negative number"),
         (PoolingParams(long_input="window"), "does not apply to embed_sparse"),

@@ -184,7 +184,9 @@ class LLM:
         if late:  # raw token vectors, whole documents; the chunks are pooled below
             per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
             params = [
-                dataclasses.replace(p or PoolingParams(), use_activation=False, late_chunking_params=None)
+                dataclasses.replace(
+                    p or PoolingParams(), use_activation=False, normalize=None, late_chunking_params=None
+                )
                 if i in late
                 else p or PoolingParams()
                 for i, p in enumerate(per_prompt)
@@ -237,7 +239,9 @@ class LLM:
                 late_interaction=self.engine.is_late_interaction,
                 lower_case=self.model_config.do_lower_case,
             )
-            found[i] = (text, p.late_chunking_params, p.use_activation is not False)
+            # normalized as the request resolves it: normalize, use_activation, else the pooler's default
+            normalize = bool(self.engine.input_processor.verify_params(p, task).use_activation)
+            found[i] = (text, p.late_chunking_params, normalize)
         return found
 
     def iter_encode(
@@ -255,6 +259,9 @@ class LLM:
         over large collections (write each output to disk as it comes)."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if pooling_params is not None and pooling_params.late_chunking_params is not None:
+            raise ValueError("late chunking needs the whole document's tokens: use encode() or token_embed()")
+        _check_return_tokens(pooling_params)
         if truncate_prompt_tokens is not None:
             pooling_params = _with_truncation(pooling_params, truncate_prompt_tokens)
         source = iter(prompts)
@@ -313,6 +320,7 @@ class LLM:
                 raise ValueError(
                     f"encode() needs pooling_task for this model; it supports: {', '.join(self.supported_tasks)}"
                 )
+        _check_return_tokens(pooling_params)
         return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
     def embed(
@@ -449,6 +457,13 @@ def _tokenization_options(
 def _is_image(p: object) -> bool:
     """A PIL image (checked without importing Pillow) or an encoded image's bytes."""
     return isinstance(p, (bytes, bytearray)) or type(p).__module__.startswith("PIL.")
+
+
+def _check_return_tokens(params: PoolingParams | Sequence[PoolingParams] | None) -> None:
+    """return_tokens fills `.outputs.tokens` of embed_sparse(); encode's raw output has no place for them."""
+    for p in params if isinstance(params, Sequence) else [params]:
+        if p is not None and p.return_tokens:
+            raise ValueError("return_tokens applies to embed_sparse(); encode returns the raw vector without tokens")
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
