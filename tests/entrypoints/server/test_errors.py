@@ -328,6 +328,9 @@ CASES = [
         "text_1 has 2 items and text_2 has 3",
         "text_2",
     ),  # fmt: skip
+    # SageMaker: the error of the request shape the body means (it said only "Cannot find suitable handler")
+    Bad("/invocations", {"input": [True, False]}, 400, "'input' item 0 is a boolean, not a token id", "input"),
+    Bad("/invocations", {"query": "q", "documents": "not a list"}, 400, "documents", "documents"),
     # API keys
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": ""}, strict=True),
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer x"}, strict=True),
@@ -438,3 +441,9 @@ def test_score_and_rerank_honour_add_special_tokens(server):
         server.post("/rerank", {**ranked, "add_special_tokens": False}).json(),
     )
     assert r1["usage"]["prompt_tokens"] == r0["usage"]["prompt_tokens"] - 2 * 3
+
+
+def test_openapi_lists_what_ping_answers(server):
+    """POST /ping passes the body checks like every POST: its 408, 413 and 429 are documented."""
+    doc = server.get("/openapi.json").json()
+    assert {"408", "413", "429"} <= set(doc["paths"]["/ping"]["post"]["responses"])

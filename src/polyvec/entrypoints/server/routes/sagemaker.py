@@ -7,11 +7,12 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from .. import protocol as P
-from ..errors import POST_ERRORS, APIError
+from ..errors import POST_ERRORS, APIError, error_responses
 from ..serving import State
 from . import embeddings, score
 
@@ -53,14 +54,25 @@ async def invocations(raw: Request, state: State) -> Response:
     except orjson.JSONDecodeError as exc:
         raise APIError(400, f"JSON decode error: {exc}") from None
     handlers = _handlers(state)
+    closest: ValidationError | None = None
     for model, handler in handlers:
         try:
             req = model.model_validate(body)
-        except ValidationError:
+        except ValidationError as exc:
+            # the shape whose defining field the body has: its own error names the field and item
+            if closest is None and isinstance(body, dict) and _defining_field(model) in body:
+                closest = exc
             continue
         return await handler(req, raw, state)
+    if closest is not None:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in closest.errors()]) from None
     names = ", ".join(m.__name__ for m, _ in handlers)
     raise APIError(400, f"Cannot find suitable handler for request. Expected one of: [{names}]")
+
+
+def _defining_field(model: type[BaseModel]) -> str:
+    """The body field that says which request shape a body means."""
+    return {P.RerankRequest: "query", P.ScoreRequest: "text_1"}.get(model, "input")
 
 
 async def _ping() -> Response:
@@ -74,4 +86,6 @@ router.add_api_route(
     summary="Liveness (SageMaker)",
     response_class=Response,
     response_description="The server is up; the body is empty (no API key needed)",
+    # a POST body still passes the server's body checks (size, arrival time, requests in progress)
+    responses=error_responses(408, 413, 429),
 )
