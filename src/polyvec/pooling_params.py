@@ -135,7 +135,7 @@ class PoolingParams:
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
                 raise ValueError(f"sparse_top_k must be a positive integer, got {k!r}")
             if threshold is not None and (
-                isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0
+                isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0  # NaN
             ):
                 raise ValueError(f"sparse_threshold must be a non-negative number, got {threshold!r}")
             if self.long_input == "window":

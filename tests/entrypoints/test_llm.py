@@ -287,3 +287,19 @@ def test_cli_embed_keeps_blank_lines_as_rows(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "embedded 3 texts" in result.stdout and np.load(out).shape == (3, 384)
+
+
+def test_engine_settings_of_the_wrong_type_are_refused(minilm_path):
+    """max_model_len=True kept one token, max_num_batched_tokens=0 silently meant the default, a callable
+    hf_overrides failed as "not iterable", a NaN sparse_threshold gave empty vectors."""
+    for kwargs, message in [
+        ({"max_model_len": True}, "max_model_len must be a positive integer, got True"),
+        ({"max_model_len": "1k"}, "max_model_len must be a positive integer, got '1k'"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be a positive integer, got 0"),
+        ({"hf_overrides": lambda config: config}, "hf_overrides must be a dict of config fields, got function"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LLM(str(minilm_path), **kwargs)
+    with pytest.raises(ValueError, match="sparse_threshold must be a non-negative number, got nan"):
+        PoolingParams(sparse_threshold=float("nan")).verify("embed_sparse", LLM(str(minilm_path)).model_config,
+                                                            ("embed_sparse",))  # fmt: skip

@@ -43,6 +43,11 @@ def create_engine(
     allowed_media_domains: list[str] | tuple[str, ...] | None = None,
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
+    for name, value in (("max_model_len", max_model_len), ("max_num_batched_tokens", max_num_batched_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")  # 0 meant the default, True 1
+    if hf_overrides is not None and not isinstance(hf_overrides, dict):
+        raise ValueError(f"hf_overrides must be a dict of config fields, got {type(hf_overrides).__name__}")
     if pooler_config is not None and pooler_config.enable_chunked_processing and long_input == "truncate":
         long_input = "window"  # vLLM's chunked processing of long inputs is polyvec's windows
     checked = EngineConfig(
