@@ -211,9 +211,12 @@ class PoolingParams:
 
         input_type = self.input_type
         if input_type is not None:
-            if input_type not in INPUT_TYPES:
-                raise ValueError(f"input_type={input_type!r} is not valid; allowed: {', '.join(INPUT_TYPES)}")
-            input_type = INPUT_TYPES[input_type]
+            declared = model_config.prompts  # a prompt the model names (sentence-transformers' prompt_name)
+            if input_type not in INPUT_TYPES and input_type not in declared:
+                allowed = ", ".join([*INPUT_TYPES, *(n for n in declared if n not in INPUT_TYPES)])
+                raise ValueError(f"input_type={input_type!r} is not valid; allowed: {allowed}")
+            if INPUT_TYPES.get(input_type, input_type) is not None or input_type not in declared:
+                input_type = INPUT_TYPES.get(input_type, input_type)  # Cohere's names as the modes they mean
 
         if self.long_input is not None and self.long_input not in LONG_INPUT_MODES:
             raise ValueError(f"long_input={self.long_input!r} is not valid; allowed: {', '.join(LONG_INPUT_MODES)}")

@@ -487,3 +487,20 @@ def test_post_root_is_the_models_own_route(server, classifier, cross_encoder):
         r = httpx.post(server.url + "/", content=bad, headers={"Content-Type": "application/json"})
         same = httpx.post(server.url + "/embed", content=bad, headers={"Content-Type": "application/json"})
         assert r.status_code == same.status_code == 400 and r.json()["error_type"] == "Validation", r.text
+
+
+def test_input_type_names_a_prompt_the_model_declares(prompted, minilm_llm):
+    """input_type picks the model's instruction prompt of that name (the README's word): "passage" was refused
+    though the model declares it, and a declared "classification" prompt was never applied."""
+    text = "wing flutter"
+
+    def vector(input_type: str) -> torch.Tensor:
+        r = httpx.post(prompted + "/v1/embeddings", json={"input": text, "input_type": input_type})
+        assert r.status_code == 200, r.text
+        return torch.tensor(r.json()["data"][0]["embedding"])
+
+    want = minilm_llm.embed(["passage: " + text, "query: " + text], use_tqdm=False)
+    assert torch.allclose(vector("passage"), want[0].outputs.data, atol=1e-5)
+    assert torch.allclose(vector("search_query"), want[1].outputs.data, atol=1e-5)  # Cohere's name of the mode
+    r = httpx.post(prompted + "/v1/embeddings", json={"input": text, "input_type": "nope"})
+    assert r.status_code == 400 and r.json()["error"]["message"].endswith("clustering, passage")
