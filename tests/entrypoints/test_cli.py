@@ -108,6 +108,7 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
         (["serve", "m", "--max-inputs-per-request", "0"], "--max-inputs-per-request: must be at least 1"),
         (["serve", "m", "--max-concurrent-requests", "-1"], "--max-concurrent-requests: must be 0 or more"),
         (["serve", "m", "--request-body-timeout", "nan"], "--request-body-timeout: must be 0 or more"),
+        (["serve", "m", "--max-model-len", "1.5K"], "decimals go with k, m, g or t (decimal) only"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             main(argv)
@@ -133,3 +134,12 @@ def test_embed_prints_the_vectors_width_and_a_true_cosine(tmp_path, minilm_path,
     small = ["--hf-overrides", '{"matryoshka_dimensions": [128]}', "--pooler-config", '{"dimensions": 128}']
     assert main([*base, *small, "--output", str(tmp_path / "s.npy")]) == 0
     assert "dim 128" in capsys.readouterr().out and np.load(tmp_path / "s.npy").shape == (2, 128)
+
+
+def test_token_counts_as_vllm_writes_them():
+    """--max-model-len 8k (vLLM's human-readable counts) was refused as not an integer."""
+    from polyvec.entrypoints.cli import build_parser
+
+    for given, want in [("8192", 8192), ("8k", 8000), ("8K", 8192), ("25.6k", 25600)]:
+        args = build_parser().parse_args(["serve", "m", "--max-model-len", given, "--max-num-batched-tokens", given])
+        assert args.max_model_len == args.max_num_batched_tokens == want

@@ -45,6 +45,25 @@ def positive_int(value: str) -> int:
     return number
 
 
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+def token_count(value: str) -> int:
+    """An argparse type: a positive count as vLLM writes one, with a lowercase decimal suffix (8k = 8000, 25.6k)
+    or an uppercase binary one (8K = 8192)."""
+    match = _COUNT.fullmatch(value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count (e.g. 8192, 8k or 8K)")
+    number, suffix = match.groups()
+    if "." in number and not suffix.islower():
+        raise argparse.ArgumentTypeError(f"{value!r}: decimals go with k, m, g or t (decimal) only")
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    count = int(float(number) * scale[suffix]) if "." in number else int(number) * scale[suffix]
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return count
+
+
 def port_number(value: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one wrapped around silently)."""
     number = positive_int(value) if value.strip() != "0" else 0
@@ -611,9 +630,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         cast=_split,
         nargs="+",
     )
-    _flag(p, "--max-model-len", help="longest input in tokens (default: the model's)", cast=int)
     _flag(
-        p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)", cast=int
+        p,
+        "--max-model-len",
+        help="longest input in tokens, e.g. 8192, 8k or 8K (default: the model's)",
+        cast=token_count,
+    )
+    _flag(
+        p,
+        "--max-num-batched-tokens",
+        help="token budget of one forward pass (default: sized to the model)",
+        cast=token_count,
     )
     _flag(p, "--max-num-seqs", 256, "most sequences in one forward pass", cast=int)
     _flag(
@@ -1165,7 +1192,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_args(p, positional=False)
     _flag(
-        p, "--max-num-batched-tokens", help="token budget of one forward pass (default: sized to the model)", cast=int
+        p,
+        "--max-num-batched-tokens",
+        help="token budget of one forward pass (default: sized to the model)",
+        cast=token_count,
     )
     p.add_argument("--limit", type=positive_int, default=None, help="embed only the first N texts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
