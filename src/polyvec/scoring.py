@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .multimodal.image import is_image_object
+
 
 def pair_indices(n1: int, n2: int) -> list[tuple[int, int]]:
     if n1 == 1:
@@ -116,8 +118,7 @@ def maxsim_pairs(queries: list[torch.Tensor], docs: list[torch.Tensor], pairs: l
 
 def _items(side: Any) -> list[Any]:
     """One side of a score call as a list: a text, a prompt dict or an image (PIL or bytes) is one item."""
-    one = isinstance(side, (str, dict, bytes, bytearray)) or type(side).__module__.startswith("PIL.")
-    return [side] if one else list(side)
+    return [side] if isinstance(side, (str, dict)) or is_image_object(side) else list(side)
 
 
 def plan_scores(

@@ -185,7 +185,10 @@ def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_
     (tmp_path / "body.jsonl").write_text('{"_id": "a", "body": "x"}\n{"_id": "b", "body": 5}\n')
     for args, message in [
         (["null.parquet"], "the Ray job failed: ValueError: a row of column 'text' is not a text: None"),
-        (["body.jsonl", "--text-column", "body"], "the Ray job failed: ValueError: the line with id 'b' has no text"),
+        (
+            ["body.jsonl", "--text-column", "body"],
+            'the Ray job failed: ValueError: the JSON line \'{"_id": "b", "body": 5}\' has no text in field \'body\'',
+        ),
         (["noid.jsonl"], "a JSON line without '_id' or 'id' (--ray needs ids)"),
         (["t.txt", "--threads-per-actor", "2"], "2 threads per actor is more than a node's 1 CPUs"),
         (["t.txt", "--limit", "0"], "argument --limit: must be at least 1, got 0"),

@@ -17,6 +17,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec, prune_sparse
+from ..multimodal.image import is_image_object
 from ..pooling_params import PoolingParams, token_pooling_type
 from ..tokenizer import PolyTokenizer, PromptTooLongError, TruncationSide
 from .late_interaction import LateInteractionRecipe
@@ -364,21 +365,18 @@ class InputProcessor:
         if self.causal:
             raise ValueError("several tasks from one pass apply to encoder models (causal ones prefill in chunks)")
 
-        sparse_options = [
-            f"{name}={value!r}"
-            for p in (params if isinstance(params, Sequence) else [params])
-            if p is not None
-            for name, value in (
-                ("sparse_top_k", p.sparse_top_k),
-                ("sparse_threshold", p.sparse_threshold),
-                ("return_tokens", p.return_tokens or None),
-            )  # fmt: skip
-            if value is not None
-        ]
-        if sparse_options and "embed_sparse" not in tasks:  # as for one task: an option that would do nothing
-            raise ValueError(f"{sparse_options[0].split('=')[0]} applies to embed_sparse, which is not among {tasks}")
-        for p in params if isinstance(params, Sequence) else [params]:
-            shaped = [n for n in ("pool_factor", "muvera", "token_encoding") if p is not None and getattr(p, n)]
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        for p in per_prompt:
+            if p is None:
+                continue
+            sparse = [
+                n
+                for n in ("sparse_top_k", "sparse_threshold", "return_tokens")
+                if getattr(p, n) is not None and getattr(p, n) is not False
+            ]
+            if sparse and "embed_sparse" not in tasks:  # as for one task: an option that would do nothing
+                raise ValueError(f"{sparse[0]} applies to embed_sparse, which is not among {tasks}")
+            shaped = [n for n in ("pool_factor", "muvera", "token_encoding") if getattr(p, n)]
             if shaped:  # they reshape one token_embed output; a list of tasks gives a dict of outputs
                 raise ValueError(f"{shaped[0]} applies to one token_embed task, not a list of tasks ({tasks})")
 
@@ -388,7 +386,6 @@ class InputProcessor:
                 p = dataclasses.replace(p, sparse_top_k=None, sparse_threshold=None, return_tokens=False)
             return p
 
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         requests = self.process(
             prompts,
             [for_task(p, tasks[0]) for p in per_prompt],
@@ -517,7 +514,7 @@ def _is_image(prompt: Any) -> bool:
     """A PIL image, an encoded image's bytes or a base64 data:image URL (the scheme in any case, as URLs allow)."""
     if isinstance(prompt, str):
         return prompt[:11].lower() == "data:image/"
-    return isinstance(prompt, (bytes, bytearray)) or type(prompt).__module__.startswith("PIL.")
+    return is_image_object(prompt)
 
 
 def _image_kind(prompt: Any) -> str:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..eval import document_text
+from ..eval import row_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -66,7 +66,7 @@ def token_count(value: str) -> int:
 
 def port_number(value: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one wrapped around silently)."""
-    number = positive_int(value) if value.strip() != "0" else 0
+    number = non_negative(int)(value)
     if number > 65535:
         raise argparse.ArgumentTypeError(f"a port is at most 65535, got {number}")
     return number
@@ -84,7 +84,6 @@ def non_negative(cast: Callable[[str], Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
         return number
 
-    check.__name__ = cast.__name__  # argparse names the type in its messages
     return check
 
 
@@ -104,12 +103,11 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"line {n + 1} is not a JSON object")
-                if text_column != "text" and not isinstance(row.get(text_column), str):
-                    raise ValueError(f"line {n + 1} has no text in field {text_column!r}")
+                try:
+                    texts.append(row_text(row, text_column))
+                except ValueError as exc:
+                    raise ValueError(f"line {n + 1} {exc}") from None
                 ids.append(str(row.get("_id", row.get("id", n))))
-                texts.append(document_text(row) if text_column == "text" else row[text_column])
             else:
                 ids.append(str(n))
                 texts.append(line)
@@ -334,10 +332,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             args.model,
             task=tasks[0] if len(tasks) == 1 else tasks,
             text_column=args.text_column,
-            # BEIR: title and text as one text, as polyvec embed reads them; joined by the engines, not by a pass
-            # of its own (asking Ray for the schema first would run a read job before the real one)
-            title_column="title" if jsonl and args.text_column == "text" else None,
-            rows="jsonl" if jsonl else "plain",
+            rows="jsonl" if jsonl else "plain",  # JSONL: parsed by the engines, BEIR's title joined as without --ray
             actors=args.actors,
             threads_per_actor=args.threads_per_actor or args.threads,
             num_gpus=args.gpus_per_actor,
@@ -364,7 +359,11 @@ _ERROR_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))
 def ray_error_cause(exc: BaseException) -> str | None:
     """The error an engine raised (`ValueError: ...`), from a Ray exception's text, which holds it as the last
     line of the remote traceback; None when there is none (then the exception is not an engine's)."""
-    text = str(getattr(exc, "error_msg", None) or exc)
+    return error_line(str(getattr(exc, "error_msg", None) or exc))
+
+
+def error_line(text: str) -> str | None:
+    """The last `SomeError: message` line of a traceback's text that is not one of Ray's own exceptions."""
     causes = [m.group(0) for m in map(_ERROR_LINE.match, text.splitlines()) if m and "ray." not in m.group(1)]
     return causes[-1] if causes else None
 
@@ -1060,7 +1059,7 @@ def replica_error(serve: Any) -> str | None:
         messages = [d.message for d in app.deployments.values()] if app is not None else []
     except Exception:  # the status is a courtesy: the caller still has Serve's own message
         return None
-    causes = [c for c in map(ray_error_cause, [RuntimeError(m) for m in messages if m]) if c]
+    causes = [c for c in map(error_line, messages) if c]
     return causes[0] if causes else None
 
 

@@ -22,6 +22,7 @@ from ..engine.engine import Engine, Prompt
 from ..engine.factory import create_engine
 from ..late_chunking import LateChunkingParams
 from ..loader import DEFAULT_MODEL
+from ..multimodal.image import is_image_object
 from ..outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -454,11 +455,6 @@ def _tokenization_options(
     return truncate, options
 
 
-def _is_image(p: object) -> bool:
-    """A PIL image (checked without importing Pillow) or an encoded image's bytes."""
-    return isinstance(p, (bytes, bytearray)) or type(p).__module__.startswith("PIL.")
-
-
 def _check_return_tokens(params: PoolingParams | Sequence[PoolingParams] | None) -> None:
     """return_tokens fills `.outputs.tokens` of embed_sparse(); encode's raw output has no place for them."""
     for p in params if isinstance(params, Sequence) else [params]:
@@ -467,13 +463,13 @@ def _check_return_tokens(params: PoolingParams | Sequence[PoolingParams] | None)
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
-    if isinstance(prompts, (str, dict)) or _is_image(prompts):  # bytes are an image, never token ids
+    if isinstance(prompts, (str, dict)) or is_image_object(prompts):  # bytes are an image, never token ids
         return [cast(Prompt, prompts)]
     items = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [cast(list[int], items)]  # one prompt given as token ids
     for i, p in enumerate(items):
-        if not isinstance(p, (str, dict, list, tuple)) and not _is_image(p):
+        if not isinstance(p, (str, dict, list, tuple)) and not is_image_object(p):
             raise TypeError(
                 f"prompt {i} must be a string, a list of token ids, a prompt dict or an image, not {type(p).__name__}"
             )

@@ -8,3 +8,15 @@ from typing import Any
 def document_text(row: dict[str, Any]) -> str:
     """A BEIR corpus row as one text: title and text joined, as sentence-transformers' BEIR scripts do."""
     return " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
+
+
+def row_text(row: Any, text_column: str = "text") -> str:
+    """The text of one JSONL corpus row, as `polyvec embed` reads it with or without --ray: BEIR's title and text
+    joined, or the field `text_column`. ValueError when the row is not an object or that field holds no text."""
+    if not isinstance(row, dict):
+        raise ValueError("is not a JSON object")
+    if text_column == "text":
+        return document_text(row)
+    if not isinstance(row.get(text_column), str):
+        raise ValueError(f"has no text in field {text_column!r}")
+    return row[text_column]

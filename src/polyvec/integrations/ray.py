@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
-from ..eval import document_text
+from ..eval import document_text, row_text
 
 __all__ = [
     "ROW_BATCH_SIZE",
@@ -69,16 +69,16 @@ class PolyvecEncoder:
         import pyarrow as pa
 
         if self.rows == "jsonl":
-            ids, texts = _json_rows(batch.column("text").to_pylist(), self.text_column, self.title_column)
+            ids, texts = _json_rows(batch.column("text").to_pylist(), self.text_column)
             batch = pa.table({"id": ids, "text": texts})
         else:
             if self.text_column not in batch.column_names:
                 names = ", ".join(batch.column_names)
                 raise ValueError(f"no column {self.text_column!r} (give --text-column); it has: {names}")
             texts = batch.column(self.text_column).to_pylist()
-            bad = next((t for t in texts if not isinstance(t, str)), "")
-            if bad != "":
-                raise ValueError(f"a row of column {self.text_column!r} is not a text: {bad!r}")
+            bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+            if bad is not None:
+                raise ValueError(f"a row of column {self.text_column!r} is not a text: {texts[bad]!r}")
             if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
                 titles = batch.column(self.title_column).to_pylist()
                 texts = [document_text({"title": a, "text": b}) for a, b in zip(titles, texts)]
@@ -99,8 +99,8 @@ def _ids(batch: Any) -> list[str]:
     return [str(x) for x in batch.column(name).to_pylist()]
 
 
-def _json_rows(lines: list[str], text_column: str, title_column: str | None) -> tuple[list[str], list[str]]:
-    """Ids and texts of JSONL lines, as `polyvec embed` reads them (read_corpus), ids required."""
+def _json_rows(lines: list[str], text_column: str) -> tuple[list[str], list[str]]:
+    """Ids and texts of JSONL lines, as `polyvec embed` reads them (row_text), ids required."""
     import json
 
     ids, texts = [], []
@@ -109,17 +109,12 @@ def _json_rows(lines: list[str], text_column: str, title_column: str | None) -> 
             continue
         try:
             row = json.loads(line)
-        except ValueError:
-            raise ValueError(f"a line is not JSON: {line[:80]!r}") from None
-        if not isinstance(row, dict) or ("_id" not in row and "id" not in row):
+            texts.append(row_text(row, text_column))
+        except ValueError as exc:  # not JSON, not an object, no text
+            raise ValueError(f"the JSON line {line[:80]!r} {exc}") from None
+        if "_id" not in row and "id" not in row:
             raise ValueError(f"a JSON line without '_id' or 'id' (--ray needs ids): {line[:80]!r}")
         ids.append(str(row.get("_id", row.get("id"))))
-        if title_column and text_column == "text":
-            texts.append(document_text({"title": row.get(title_column), "text": row.get("text")}))
-        elif isinstance(row.get(text_column), str):
-            texts.append(row[text_column])
-        else:
-            raise ValueError(f"the line with id {ids[-1]!r} has no text in field {text_column!r}")
     return ids, texts
 
 

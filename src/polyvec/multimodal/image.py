@@ -80,6 +80,11 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+def is_image_object(value: Any) -> bool:
+    """A PIL image or an encoded image's bytes (checked without importing Pillow): one prompt, never a list."""
+    return isinstance(value, (bytes, bytearray)) or type(value).__module__.startswith("PIL.")
+
+
 def is_remote(source: Any) -> bool:
     """An http(s) URL, which `load_image` downloads (a caller may keep that off threads that must stay free)."""
     return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
