@@ -53,8 +53,8 @@ def commands(args: argparse.Namespace) -> None:
             for r in range(1, args.rounds + 1):
                 out = Path(tempfile.mkdtemp(prefix="polyvec-ray-"))
                 base = [sys.executable, "-m", "polyvec", "embed", corpus, "--model", args.model, "--dtype",
-                        args.dtype, "--pooling-task", task, *limit]  # fmt: skip
-                runs = {"plain": [*base, "--quiet", "--output", str(out / "plain.parquet")],
+                        args.dtype, "--pooling-task", task, "--quiet", *limit]  # fmt: skip
+                runs = {"plain": [*base, "--output", str(out / "plain.parquet")],
                         "ray": [*base, "--ray", "auto", "--output", str(out / "ray")]}  # fmt: skip
                 took = {}
                 try:
