@@ -16,7 +16,7 @@ def test_truncation_and_input_length_match_transformers(
     path = request.getfixturevalue(model)
     ref = AutoTokenizer.from_pretrained(str(path))
     texts = cranfield_texts + ["", "one", "x " * 5000]
-    ours = PolyTokenizer(path / "tokenizer.json").encode(
+    ours = PolyTokenizer(path / "tokenizer.json").encode_prompts(
         texts, max_length, truncate=True, add_special_tokens=add_special_tokens
     )
     cut = ref(texts, truncation=True, max_length=max_length, add_special_tokens=add_special_tokens)["input_ids"]
@@ -31,21 +31,48 @@ def test_pairs_and_refusal_keep_their_paths(minilm_path, cranfield_texts):
     tok = PolyTokenizer(minilm_path / "tokenizer.json")
     ref = AutoTokenizer.from_pretrained(str(minilm_path))
     pairs = [("a short query", cranfield_texts[1]), (cranfield_texts[2], "x")]
-    ours = tok.encode(pairs, 64, truncate=True)
+    ours = tok.encode_prompts(pairs, 64, truncate=True)
     cut = ref([p[0] for p in pairs], [p[1] for p in pairs], truncation="longest_first", max_length=64)
     full = ref([p[0] for p in pairs], [p[1] for p in pairs])
     for o, i, t, f in zip(ours, cut["input_ids"], cut["token_type_ids"], full["input_ids"]):
         assert (o.input_ids, o.token_type_ids, o.num_input_tokens) == (i, t, len(f))
     with pytest.raises(PromptTooLongError):
-        tok.encode(["short", "x " * 300], 64, truncate=False)
+        tok.encode_prompts(["short", "x " * 300], 64, truncate=False)
 
 
 def test_truncation_shorter_than_the_special_tokens_keeps_the_first_tokens(minilm_path):
     """`tokenizers` does not cut at all when max_length cannot hold [CLS] and [SEP]; polyvec keeps the first
     max_length tokens, as it cuts token-id prompts (truncate_prompt_tokens=1 gave 5 tokens)."""
     tok = PolyTokenizer(minilm_path / "tokenizer.json")
-    one = tok.encode(["hello big world", "x"], 1, truncate=True)
+    one = tok.encode_prompts(["hello big world", "x"], 1, truncate=True)
     assert [p.input_ids for p in one] == [[101], [101]] and [p.num_input_tokens for p in one] == [5, 3]
-    pair = tok.encode([("a query", "a document")], 1, truncate=True)[0]
+    pair = tok.encode_prompts([("a query", "a document")], 1, truncate=True)[0]
     assert pair.input_ids == [101] and pair.num_input_tokens == 7  # [CLS] a query [SEP] a document [SEP]
-    assert [p.input_ids for p in tok.encode(["hello big world"], 2, truncate=True)] == [[101, 102]]
+    assert [p.input_ids for p in tok.encode_prompts(["hello big world"], 2, truncate=True)] == [[101, 102]]
+
+
+def test_get_tokenizer_answers_as_a_transformers_tokenizer(minilm_llm, minilm_path):
+    """Code written against vLLM's `LLM.get_tokenizer()` (a transformers tokenizer) runs unchanged: encode,
+    calling it, tokenize, the id/token conversions and decode give what transformers gives."""
+    tok, ref = minilm_llm.get_tokenizer(), AutoTokenizer.from_pretrained(str(minilm_path))
+    text, pair, long = "Hello, Wing Flutter!", "a second text", "word " * 700
+    assert tok.encode(text) == ref.encode(text) and tok.encode(text, add_special_tokens=False) == ref.encode(
+        text, add_special_tokens=False
+    )
+    assert tok.encode(text, pair) == ref.encode(text, pair)
+    assert tok.encode(long, truncation=True) == ref.encode(long, truncation=True)  # model_max_length
+    assert tok.encode(long, truncation=True, max_length=9) == ref.encode(long, truncation=True, max_length=9)
+    assert len(tok.encode(long)) == len(ref.encode(long)) > 512
+    for args in ([text], [[text, long, ""]], [[text, "b"], [pair, pair]]):
+        want = ref(*args, truncation=True, max_length=16)
+        assert tok(*args, truncation=True, max_length=16) == {k: want[k] for k in want}
+    assert tok.tokenize(text) == ref.tokenize(text)
+    ids = ref.encode(text)
+    assert tok.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
+    assert tok.convert_ids_to_tokens(ids[1]) == ref.convert_ids_to_tokens(ids[1])
+    assert tok.convert_tokens_to_ids(["hello", "[SEP]"]) == ref.convert_tokens_to_ids(["hello", "[SEP]"])
+    assert tok.decode(ids) == ref.decode(ids) and tok.decode(ids, skip_special_tokens=True) == ref.decode(ids, True)
+    assert tok.batch_decode([ids, ids[:2]]) == ref.batch_decode([ids, ids[:2]])
+    assert len(tok) == len(ref) and tok.get_vocab() == ref.get_vocab()
+    with pytest.raises(TypeError, match="a text"):
+        tok.encode([1, 2])

@@ -182,7 +182,7 @@ def _read_bge_m3(root: Path) -> BgeM3Spec | None:
     return BgeM3Spec(colbert, sparse) if colbert.is_file() and sparse.is_file() else None
 
 
-def _tokenizer_max_length(folder: Path) -> int | None:
+def tokenizer_max_length(folder: Path) -> int | None:
     path = folder / "tokenizer_config.json"
     if not path.is_file():
         return None
@@ -322,7 +322,7 @@ def _token_ids(tokenizer_path: Path, tokens: list[str]) -> list[int]:
     for token in tokens:
         found = tok.token_to_id(token)
         if found is None:
-            encoded = tok.tokenize(token, add_special_tokens=False)[0]
+            encoded = tok.token_ids(token, add_special_tokens=False)[0]
             if len(encoded) != 1:
                 raise ValueError(f"classifier_from_token {token!r} is not a single token of this vocabulary")
             found = encoded[0]
@@ -440,7 +440,7 @@ def load_model_config(
     elif st_cfg.get("max_seq_length"):
         max_model_len = min(int(st_cfg["max_seq_length"]), limit)
         sources["max_model_len"] = "sentence_bert_config.json max_seq_length"
-    elif (root / "modules.json").is_file() and (st_len := _tokenizer_max_length(tdir)):
+    elif (root / "modules.json").is_file() and (st_len := tokenizer_max_length(tdir)):
         # sentence-transformers >= 6 stores max_seq_length as the tokenizer's model_max_length.
         max_model_len = min(st_len, limit)
         sources["max_model_len"] = "tokenizer_config.json model_max_length (sentence-transformers)"

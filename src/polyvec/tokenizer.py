@@ -85,7 +85,7 @@ class PolyTokenizer:
                     self._truncating[key] = tok
         return tok
 
-    def encode(
+    def encode_prompts(
         self,
         texts: Sequence[str | tuple[str, str]],
         max_length: int,
@@ -149,14 +149,82 @@ class PolyTokenizer:
         )
         return [_prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing)) for enc in encoded]
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
+    def token_ids(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
+        """One text's ids and token strings."""
         if self.do_lower_case:
             text = text.lower()
         enc = self._base.encode(text, add_special_tokens=add_special_tokens)
         return list(enc.ids), list(enc.tokens)
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._base.decode(ids, skip_special_tokens=skip_special_tokens)
+    # transformers' tokenizer calls, for code written against vLLM's `LLM.get_tokenizer()` (an HF tokenizer)
+
+    def encode(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        add_special_tokens: bool = True,
+        truncation: bool = False,
+        max_length: int | None = None,
+    ) -> list[int]:
+        """One text's (or text pair's) ids, as `PreTrainedTokenizer.encode` gives them."""
+        return self._encode_one(text, text_pair, add_special_tokens, truncation, max_length).input_ids
+
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        text_pair: str | Sequence[str] | None = None,
+        add_special_tokens: bool = True,
+        truncation: bool = False,
+        max_length: int | None = None,
+    ) -> dict[str, list]:
+        """`input_ids`, `token_type_ids` and `attention_mask`, a list per text for a list of texts (no padding)."""
+        many = not isinstance(text, str)
+        texts = list(text) if many else [text]
+        pairs = [None] * len(texts) if text_pair is None else list(text_pair) if many else [text_pair]
+        if len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts and {len(pairs)} text pairs")
+        encs = [self._encode_one(t, p, add_special_tokens, truncation, max_length) for t, p in zip(texts, pairs)]
+        out: dict[str, list] = {
+            "input_ids": [e.input_ids for e in encs],
+            "token_type_ids": [e.token_type_ids or [0] * len(e.input_ids) for e in encs],
+            "attention_mask": [[1] * len(e.input_ids) for e in encs],
+        }
+        return out if many else {k: v[0] for k, v in out.items()}
+
+    def _encode_one(
+        self, text: object, pair: object, add_special_tokens: bool, truncation: bool, max_length: int | None
+    ) -> TokenizedPrompt:
+        if not isinstance(text, str) or not isinstance(pair, str | None):
+            raise TypeError(f"a text (and a text pair) to encode, got {type(text).__name__} and {type(pair).__name__}")
+        limit = max_length if max_length is not None else self.model_max_length
+        cut = bool(truncation) and limit is not None
+        item: str | tuple[str, str] = text if pair is None else (text, pair)
+        max_len = limit if cut and limit is not None else 1 << 62
+        (enc,) = self.encode_prompts([item], max_len, cut, add_special_tokens)
+        return enc
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """Token strings, special tokens left out unless asked for (transformers' default)."""
+        return self.token_ids(text, add_special_tokens)[1]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | None | list[str | None]:
+        return self.id_to_token(ids) if isinstance(ids, int) else [self.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | None | list[int | None]:
+        return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
+
+    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(list(ids), skip_special_tokens=skip_special_tokens) for ids in sequences]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._base.get_vocab(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of ids; special tokens kept unless asked (transformers' default)."""
+        return self._base.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, i: int) -> str | None:
         return self._base.id_to_token(i)

@@ -44,7 +44,7 @@ def test_error_mode_names_the_limit_and_the_option(minilm_path, long_doc):
 
 
 def test_embed_windows_are_the_token_weighted_mean(minilm_llm, long_doc):
-    ids = minilm_llm.get_tokenizer().tokenize(long_doc)[0]
+    ids = minilm_llm.get_tokenizer().encode(long_doc)
     assert len(ids) > 2900
     (out,) = minilm_llm.embed([long_doc, "a short text"], PoolingParams(long_input="window"), use_tqdm=False)[:1]
     windows, _ = windows_of(ids, 256, 0)
@@ -63,7 +63,7 @@ def test_embed_windows_are_the_token_weighted_mean(minilm_llm, long_doc):
 
 @pytest.mark.parametrize("overlap", [0, 32])
 def test_token_embed_windows_return_one_vector_per_token(minilm_llm, long_doc, overlap):
-    ids = minilm_llm.get_tokenizer().tokenize(long_doc)[0]
+    ids = minilm_llm.get_tokenizer().encode(long_doc)
     (out,) = minilm_llm.token_embed(
         [long_doc], PoolingParams(long_input="window", window_overlap=overlap), use_tqdm=False
     )

@@ -61,7 +61,7 @@ def test_token_prompts_carry_their_segments(minilm_llm):
     """vLLM's TokensPrompt token_type_ids (a tokenized pair) are the pair's segments, as the text pair gives them;
     they were dropped, so the second segment was read as the first."""
     pair = ("what is flutter", "wing flutter is an oscillation")
-    enc = minilm_llm.engine.tokenizer.encode([pair], 512, True)[0]
+    enc = minilm_llm.engine.tokenizer.encode_prompts([pair], 512, True)[0]
     assert 1 in enc.token_type_ids
     want = minilm_llm.token_embed([pair], use_tqdm=False)[0].outputs.data
     prompt = {"prompt_token_ids": enc.input_ids, "token_type_ids": enc.token_type_ids}

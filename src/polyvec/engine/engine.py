@@ -17,12 +17,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingState
+from ..loader import tokenizer_max_length
 from ..muvera import MuveraParams, muvera_for
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
@@ -64,7 +66,9 @@ class Engine:
             )
         self.model_config = model_config
         self.engine_config = engine_config
-        self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case)
+        # model_max_length as transformers reads it, for `encode(..., truncation=True)` (get_tokenizer's users)
+        limit = tokenizer_max_length(Path(model_config.tokenizer_path).parent)
+        self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case, limit)
         self.runner = ModelRunner(model_config, engine_config)
         self.causal = self.runner.causal
         self.prefix_cache: PrefixCache | None = None

@@ -200,7 +200,7 @@ class InputProcessor:
                 tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
         for (max_len, truncate, add_special), members in text_groups.items():
             try:
-                encoded = self.tokenizer.encode(
+                encoded = self.tokenizer.encode_prompts(
                     [tokenized[i] for i in members],
                     max_len,
                     truncate,

@@ -143,7 +143,7 @@ def test_truncation_and_direction(prompted, minilm_llm):
         return httpx.post(prompted + "/embed", json=body, timeout=60)
 
     # truncate null: the server's truncation=error; TEI's words
-    given = len(minilm_llm.engine.tokenizer.encode(["passage: " + LONG], 1 << 62, False)[0].input_ids)
+    given = len(minilm_llm.engine.tokenizer.encode_prompts(["passage: " + LONG], 1 << 62, False)[0].input_ids)
     msg = tei_error(post({"inputs": LONG}), 422, "Validation")
     assert msg == f"Input validation error: `inputs` must have less than 32 tokens. Given: {given}"
     assert tei_error(post({"inputs": LONG, "truncate": False}), 422, "Validation") == msg

@@ -307,7 +307,7 @@ def _prompted(engine: Engine, prompts: list, prompt: str) -> list:
                 raise invalid(f"`inputs` item {i} has token ids outside the vocabulary (size {vocab})")
             p = tokenizer.decode(p, skip_special_tokens=True)
         texts.append(prompt + p)
-    return [enc.input_ids for enc in tokenizer.encode(texts, 1 << 62, truncate=False)]
+    return [enc.input_ids for enc in tokenizer.encode_prompts(texts, 1 << 62, truncate=False)]
 
 
 async def _run(

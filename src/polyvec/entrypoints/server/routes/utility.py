@@ -48,7 +48,7 @@ def _tokenize(
     tokenizer: PolyTokenizer, req: P.TokenizeRequest, text: str, add_special: bool, max_model_len: int
 ) -> bytes:
     # Through the batch encoder: `tokenizers` releases the GIL in encode_batch, not in encode (tokenize()).
-    (enc,) = tokenizer.encode([text], 1 << 62, truncate=False, add_special_tokens=add_special)
+    (enc,) = tokenizer.encode_prompts([text], 1 << 62, truncate=False, add_special_tokens=add_special)
     ids = enc.input_ids
     return render_json(
         {
