@@ -64,6 +64,9 @@ def test_a_pasted_vllm_command_line_parses_and_warns_once(caplog):
         (["--pooler-config", '{"pooling": "CLS"}'], "unknown pooler config field(s): pooling"),
         (["--pooler-config.task", "score"], "`score` task was removed; use classify instead."),
         (["--hf-overrides", "[1]"], "--hf-overrides must be a JSON object"),
+        (["--task", "generate"], "task='generate' is not supported: polyvec runs pooling models only"),
+        (["--task", "score", "--pooler-config.task", "embed"], "task='score' and pooler_config task='embed' disagree"),
+        (["--task", "embed", "--convert", "classify"], "task='embed' and convert='classify' disagree"),
     ],
 )
 def test_flags_that_would_change_results_are_refused(argv, message):
@@ -117,6 +120,23 @@ def test_llm_takes_pooler_config_as_vllm_does(minilm_path, minilm_llm):
     assert cosine_rows(got[None], torch.nn.functional.normalize(hidden[:1], dim=-1)).item() >= 0.9999
     with pytest.raises(ValueError, match="Unsupported task: 'classify'"):
         LLM(str(minilm_path), dtype="float32", pooler_config={"task": "classify"})
+
+
+def test_vllms_old_task_argument_means_what_it_meant(minilm_path, minilm_llm, caplog):
+    """`task=` (vLLM before runner/convert): the task of a request naming none, and for classify or score a
+    classifier (convert), not an argument with no effect."""
+    with caplog.at_level(logging.WARNING, logger="polyvec"):
+        llm = LLM(str(minilm_path), dtype="float32", task="embed")
+    assert any("deprecated form of pooler_config task='embed'" in r.getMessage() for r in caplog.records)
+    got = llm.encode(QUERY, use_tqdm=False)[0].outputs.data  # embed, where a model's own default is token_embed
+    assert got.shape == (384,) and minilm_llm.encode(QUERY, use_tqdm=False)[0].outputs.data.ndim == 2
+    assert torch.allclose(got, minilm_llm.embed(QUERY, use_tqdm=False)[0].outputs.data, atol=1e-5)
+    with pytest.raises(ValueError, match="convert='classify' needs a causal LM or sequence classifier checkpoint"):
+        LLM(str(minilm_path), dtype="float32", task="score")  # a classifier asked of an embedding model
+    args = parse("--task", "embedding", "--pooler-config.seq_pooling_type", "CLS")
+    assert vllm_options(args)["pooler_config"] == PoolerConfig(seq_pooling_type="CLS", task="embed")
+    args = parse("--task", "classify")
+    assert vllm_options(args)["pooler_config"] == PoolerConfig(task="classify") and args.convert == "classify"
 
 
 def PoolingParams_no_activation():

@@ -771,6 +771,9 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("vLLM compatibility")
     g.add_argument("--runner", help="auto or pooling (polyvec runs pooling models only)")
+    g.add_argument(
+        "--task", help="vLLM's deprecated form of --pooler-config.task (classify and score: also --convert classify)"
+    )
     g.add_argument("--uvicorn-log-level", type=str.lower, choices=("trace", *LOG_LEVELS), help="same as --log-level")
     g.add_argument(
         "--enable-request-id-headers",
@@ -810,6 +813,12 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
         ignored = vllm_compat.check(vars(args))
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
         pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
+        if args.task not in (None, "auto"):
+            task, args.convert = vllm_compat.task_options(args.task, (pooler or {}).get("task"), args.convert)
+            pooler = {**(pooler or {}), "task": task}
+            logging.getLogger("polyvec").warning(
+                "--task %s is vLLM's deprecated form of --pooler-config.task %s", args.task, task
+            )
         pooler_config = None
         if pooler is not None:  # config imports torch: `embed --ray`'s driver would load it for nothing (~1.4 s)
             from ..config import PoolerConfig

@@ -109,7 +109,7 @@ class LLM:
         **kwargs: Any,
     ):
         kwargs.pop("enforce_eager", None)  # vLLM's CUDA graphs; offline polyvec has no warm-up for it to skip
-        known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner"}
+        known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner", "task"}
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
@@ -118,6 +118,13 @@ class LLM:
             logger.warning("vLLM arguments with no effect in polyvec: %s", ", ".join(ignored))
         if isinstance(pooler_config, dict):
             pooler_config = PoolerConfig.from_dict(pooler_config)
+        if kwargs.get("task") is not None:
+            pooler_task = pooler_config.task if pooler_config is not None else None
+            task, convert = vllm_compat.task_options(kwargs["task"], pooler_task, convert)
+            if task is not None:
+                pooler_config = dataclasses.replace(pooler_config or PoolerConfig(), task=task)
+            logger.warning("task=%r is vLLM's deprecated form of pooler_config task=%r (convert=%r)", kwargs["task"],
+                           task, convert)  # fmt: skip
         self.engine = create_engine(
             model,
             dtype=dtype,

@@ -33,7 +33,6 @@ IGNORED: dict[str, bool] = {
     "no_enable_chunked_prefill": False,
     "disable_custom_all_reduce": False,
     "max_log_len": True,
-    "task": True,  # vLLM's deprecated --task; --pooler-config '{"task": ...}' is the current form
 }
 
 # Server-only flags with no effect here.
@@ -75,6 +74,33 @@ def check(values: Mapping[str, Any]) -> list[str]:
             raise ValueError(f"{name} is not supported: polyvec serves plain HTTP; terminate TLS in a proxy")
     given = [n for n in {**IGNORED, **IGNORED_SERVER} if values.get(n) not in (None, False)]
     return given
+
+
+# vLLM's `task` before `runner` and `convert` replaced it (since removed there) → the pooling task it meant.
+OLD_TASKS = {
+    "embed": "embed",
+    "embedding": "embed",
+    "classify": "classify",
+    "score": "classify",
+    "reward": "token_classify",
+}
+
+
+def task_options(task: str | None, pooler_task: str | None, convert: str | None) -> tuple[str | None, str | None]:
+    """vLLM's deprecated `task` as the (default pooling task, convert) it meant there: a request naming no task
+    gets it, and classify/score gives a causal LM a score head. ValueError where it contradicts the other two."""
+    if task is None or task == "auto":
+        return pooler_task, convert
+    if task not in OLD_TASKS:
+        allowed = ", ".join(["auto", *OLD_TASKS])
+        raise ValueError(f"task={task!r} is not supported: polyvec runs pooling models only (task: {allowed})")
+    want = OLD_TASKS[task]
+    if pooler_task is not None and pooler_task != want:
+        raise ValueError(f"task={task!r} and pooler_config task={pooler_task!r} disagree: give one")
+    classify = want == "classify"
+    if convert not in (None, "auto") and (convert == "classify") != classify:
+        raise ValueError(f"task={task!r} and convert={convert!r} disagree: give one")
+    return want, "classify" if classify else convert
 
 
 def json_arg(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | None:
