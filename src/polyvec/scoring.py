@@ -20,12 +20,21 @@ import torch.nn.functional as F
 from .multimodal.image import is_image_object
 
 
-def pair_indices(n1: int, n2: int) -> list[tuple[int, int]]:
+class SideError(ValueError):
+    """Score sides that do not fit together; `side` (0 or 1) is the one an error names."""
+
+    def __init__(self, message: str, side: int):
+        super().__init__(message)
+        self.side = side
+
+
+def pair_indices(n1: int, n2: int, names: tuple[str, str] = ("text_1", "text_2")) -> list[tuple[int, int]]:
     if n1 == 1:
         return [(0, j) for j in range(n2)]
     if n1 == n2:
         return [(i, i) for i in range(n1)]
-    raise ValueError(f"text_1 has {n1} items and text_2 has {n2}: score takes 1:1, 1:N or N:N (equal lengths)")
+    message = f"{names[0]} has {n1} items and {names[1]} has {n2}: score takes 1:1, 1:N or N:N (equal lengths)"
+    raise SideError(message, 1)
 
 
 @dataclass
@@ -122,12 +131,19 @@ def _items(side: Any) -> list[Any]:
 
 
 def plan_scores(
-    text_1, text_2, supported_tasks: tuple[str, ...], cross_encoder: bool, late_interaction: bool = False
+    text_1,
+    text_2,
+    supported_tasks: tuple[str, ...],
+    cross_encoder: bool,
+    late_interaction: bool = False,
+    names: tuple[str, str] = ("text_1", "text_2"),
 ) -> ScorePlan:
+    """`names`: the sides as the caller's request calls them, for SideError's messages."""
     texts_1, texts_2 = _items(text_1), _items(text_2)
-    if not texts_1 or not texts_2:
-        raise ValueError("score needs at least one text on each side (text_1 and text_2)")
-    pairs = pair_indices(len(texts_1), len(texts_2))
+    for side, texts in enumerate((texts_1, texts_2)):
+        if not texts:
+            raise SideError(f"{names[side]} is empty: score needs at least one item on each side", side)
+    pairs = pair_indices(len(texts_1), len(texts_2), names)
     if cross_encoder:
         return ScorePlan([(texts_1[i], texts_2[j]) for i, j in pairs], "classify", pairs, len(texts_1))
     if late_interaction:

@@ -328,6 +328,14 @@ CASES = [
         "text_1 has 2 items and text_2 has 3",
         "text_2",
     ),  # fmt: skip
+    # the sides by the names the body gives them (they were text_1 and text_2 whatever the body said)
+    Bad(
+        "/score",
+        {"queries": ["a", "b"], "documents": ["x", "y", "z"]},
+        400,
+        "queries has 2 items and documents has 3",
+        "documents",
+    ),  # fmt: skip
     # SageMaker: the error of the request shape the body means (it said only "Cannot find suitable handler")
     Bad("/invocations", {"input": [True, False]}, 400, "'input' item 0 is a boolean, not a token id", "input"),
     Bad("/invocations", {"query": "q", "documents": "not a list"}, 400, "documents", "documents"),

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ....scoring import plan_scores
+from ....scoring import SideError, plan_scores
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
@@ -30,10 +30,17 @@ async def score_pairs(
     (name_1, text_1), (name_2, text_2) = side_1, side_2
     try:
         plan = plan_scores(
-            text_1, text_2, engine.supported_tasks, engine.is_cross_encoder, late_interaction=engine.is_late_interaction
+            text_1,
+            text_2,
+            engine.supported_tasks,
+            engine.is_cross_encoder,
+            late_interaction=engine.is_late_interaction,
+            names=(name_1, name_2),
         )
-    except ValueError as exc:  # the sides' lengths (N:N) or a model that cannot score
-        raise APIError(400, str(exc), name_2 if "text" in str(exc) else None) from None
+    except SideError as exc:  # an empty side, or lengths that do not pair (N:M)
+        raise APIError(400, str(exc), (name_1, name_2)[exc.side]) from None
+    except ValueError as exc:  # a model that cannot score
+        raise APIError(400, str(exc)) from None
     for name, value in side_1, side_2:
         prompts_of(state, value, name)
 
