@@ -223,3 +223,20 @@ def test_colpali_over_http(tmp_path, minilm_path):
         assert sorted(r["relevance_score"] for r in ranked["results"]) == pytest.approx(sorted(scores), rel=1e-5)
     finally:
         s.stop()
+
+
+def test_tokenize_image_messages_gives_the_ids_the_engine_encodes(served):
+    """/tokenize of an image model's messages: the model's image prompt with the image's tokens, as encoded (it
+    said the model 'reads text only'); a bad image or a chat option is a 400 naming it."""
+    s, llm, images = served
+    (want,) = llm.engine.process([images[1]], None, "token_embed")
+    body = s.post("/tokenize", {**_image_messages(_url(images[1])), "return_token_strs": True}).json()
+    assert body["tokens"] == list(want.prompt_token_ids) and body["count"] == len(want.prompt_token_ids)
+    assert body["token_strs"].count("<|image_pad|>") > 1
+    r = s.post("/tokenize", _image_messages("data:image/png;base64,aGVsbG8="))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "messages item 0 content part 0: image 0: not a readable image" in r.json()["error"]["message"]
+    r = s.post("/tokenize", {**_image_messages(_url(images[0])), "chat_template_kwargs": {"a": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    text = s.post("/tokenize", {"prompt": "wing flutter"}).json()["tokens"]
+    assert text == llm.get_tokenizer().encode("wing flutter")

@@ -302,8 +302,26 @@ async def run_pooling(
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
     input is a 400 that names the field and item."""
     start = time.perf_counter()
+    requests = await process_prompts(state, prompts, params, task, field=field, locate=locate, **kwargs)
+    check_limits(state, requests, field, locate)
+    outputs = await until_disconnect(raw, state.async_engine.run(requests))
+    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)
+    return outputs
+
+
+async def process_prompts(
+    state: ServerState,
+    prompts: list,
+    params: PoolingParams | list[PoolingParams] | None,
+    task: str | Sequence[str],
+    *,
+    field: str = "input",
+    locate: Locate | None = None,
+    **kwargs: Any,
+) -> list:
+    """Tokenize and check a request's prompts (the engine's Requests); a 400 naming the field and item."""
     try:
-        requests = await state.async_engine.process(prompts, params, task, **kwargs)
+        return await state.async_engine.process(prompts, params, task, **kwargs)
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
         if locate is not None:
             where, param = locate(exc.index)
@@ -317,10 +335,6 @@ async def run_pooling(
         raise error from None
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc), _param_of(str(exc))) from None
-    check_limits(state, requests, field, locate)
-    outputs = await until_disconnect(raw, state.async_engine.run(requests))
-    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)
-    return outputs
 
 
 def encoded_response(

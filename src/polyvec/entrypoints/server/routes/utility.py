@@ -20,7 +20,7 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
-from ..serving import State, chat_special_tokens, check_model, render_messages
+from ..serving import State, chat_special_tokens, check_model, process_prompts, render_messages, request_prompts
 from . import tei
 
 router = APIRouter()
@@ -49,7 +49,10 @@ def _tokenize(
 ) -> bytes:
     # Through the batch encoder: `tokenizers` releases the GIL in encode_batch, not in encode (tokenize()).
     (enc,) = tokenizer.encode_prompts([text], 1 << 62, truncate=False, add_special_tokens=add_special)
-    ids = enc.input_ids
+    return _ids_json(tokenizer, req, enc.input_ids, max_model_len)
+
+
+def _ids_json(tokenizer: PolyTokenizer, req: P.TokenizeRequest, ids: list[int], max_model_len: int) -> bytes:
     return render_json(
         {
             "count": len(ids),
@@ -80,6 +83,14 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
     if isinstance(req, T.TEITokenizeRequest):
         return await tei.tokenize(req, state)
     check_model(state, req.model)
+    if req.messages is not None and state.model_config.colqwen2 is not None:  # the ids the engine encodes
+        images, add_special, locate = request_prompts(state, req)
+        (request,) = await process_prompts(
+            state, images, None, "token_embed", locate=locate, add_special_tokens=add_special
+        )
+        ids = list(request.prompt_token_ids)
+        body = _ids_json(state.engine.tokenizer, req, ids, state.model_config.max_model_len)
+        return Response(body, media_type="application/json")
     if req.messages is not None:
         text, add_special = render_messages(state, req), chat_special_tokens(req)
     else:
