@@ -46,6 +46,23 @@ def test_patches_equal_transformers_processor(size, pixels):
     assert (got.patches - ref["pixel_values"].float()).abs().max() <= 1e-6
 
 
+def test_transparent_images_are_on_white_as_transformers_makes_them():
+    """RGBA, LA and palette images with transparency: patches as transformers' processor makes them, whose
+    convert_to_rgb puts transparent pixels on white (vLLM too); load_image's convert("RGB") made them black."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    rgba = np.random.default_rng(0).integers(0, 256, (40, 60, 4), dtype=np.uint8)
+    rgba[..., 3] = 0
+    rgba[:20, :, 3] = 255
+    rgba[20:30, :, 3] = 128
+    palette = Image.fromarray(rgba[..., :3], "RGB").quantize(16)
+    palette.info["transparency"] = 3
+    for image in (Image.fromarray(rgba, "RGBA"), Image.fromarray(rgba, "RGBA").convert("LA"), palette):
+        ref = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=50176)(images=[image], return_tensors="pt")
+        got = qwen2_vl_patches(load_image(image), 3136, 50176)
+        assert (got.patches - ref["pixel_values"].float()).abs().max() <= 1e-6, image.mode
+
+
 def test_smart_resize_rule():
     assert smart_resize(480, 640, 28, 56 * 56, 28 * 28 * 1280) == (476, 644)
     h, w = smart_resize(4000, 3000, 28, 56 * 56, 28 * 28 * 256)
@@ -104,17 +121,17 @@ def _patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
 @pytest.mark.parametrize(("size", "mode", "side", "patch"), [((200, 150), "RGB", 56, 14), ((90, 300), "RGBA", 64, 16)])
 def test_siglip_patches_equal_transformers_processor(size, mode, side, patch):
     """SigLIP's (PaliGemma's) patches as transformers' slow SiglipImageProcessor makes them, patchified the way
-    the Conv2d reads them (within 1e-6): an RGB image and one converted from RGBA by load_image."""
+    the Conv2d reads them (within 1e-6): an RGB image and an RGBA one (transparent pixels on white)."""
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
     from polyvec.multimodal.image import siglip_patches
 
-    image = load_image(_image(*size, mode=mode, seed=7))
+    raw = _image(*size, mode=mode, seed=7)
     processor = SiglipImageProcessorPil(size={"height": side, "width": side}, resample=3, image_mean=[0.5] * 3,
                                         image_std=[0.5] * 3)  # fmt: skip
-    ref = processor(images=[image], return_tensors="pt")["pixel_values"]
+    ref = processor(images=[raw], return_tensors="pt")["pixel_values"]
     assert ref.shape == (1, 3, side, side)
-    got = siglip_patches(image, side, patch)
+    got = siglip_patches(load_image(raw), side, patch)
     assert got.dtype == torch.float32 and got.shape == ((side // patch) ** 2, 3 * patch * patch)
     assert (got - _patchify(ref[0].float(), patch)).abs().max() <= 1e-6
     # the layout: the first patch is the image's top-left patch × patch square, channel by channel

@@ -246,6 +246,10 @@ class InputProcessor:
                 requests.append(request)
                 continue
             if self.model_config.colqwen2 is not None:  # whole prompts, one step each; no prefix caching
+                spec = self.model_config.colqwen2
+                if i not in pixels and spec.family == "qwen2_vl" and spec.image_token_id in ids:
+                    # the vision rotary positions would look for an image behind it (it was a 500 at the forward)
+                    raise PromptError(i, f" holds {spec.image_pad}, the image placeholder, and no image")
                 request.images = pixels.get(i)
                 request.input_type = "document" if i in pixels else (verified[i].input_type or "document")
                 budget = min(self.engine_config.max_num_batched_tokens, limit)

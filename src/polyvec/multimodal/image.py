@@ -189,9 +189,12 @@ def load_image(
     if image.mode == "RGB":
         return image
     try:
-        return image.convert("RGB")
+        rgba = image.convert("RGBA")
     except ValueError as e:  # a mode Pillow cannot turn into RGB
         raise ImageError(index, f"mode {image.mode} cannot be converted to RGB ({e})") from None
+    # transparent pixels on white, as transformers' convert_to_rgb and vLLM do (convert("RGB") kept the colour
+    # they hide, often black)
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

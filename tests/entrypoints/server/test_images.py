@@ -240,3 +240,26 @@ def test_tokenize_image_messages_gives_the_ids_the_engine_encodes(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
     text = s.post("/tokenize", {"prompt": "wing flutter"}).json()["tokens"]
     assert text == llm.get_tokenizer().encode("wing flutter")
+
+
+def test_text_holding_the_image_placeholder_is_a_400(served):
+    """A text or token ids with <|image_pad|> and no image: a 400 naming the item (a 500 at the model's vision
+    positions before), and the server goes on."""
+    s, llm, images = served
+    pad = llm.get_tokenizer().convert_tokens_to_ids("<|image_pad|>")
+    for path, body, param, where in [
+        ("/v1/embeddings", {"input": ["fine", "what is <|image_pad|> here"], "input_type": "query"}, "input", "1"),
+        ("/v1/embeddings", {"input": [[101, pad, 102]]}, "input", "0"),
+        ("/rerank", {"query": "q", "documents": ["fine", "doc about <|image_pad|>"]}, "documents", "item 1"),
+        ("/v2/embed", {"texts": ["<|image_pad|>"], "input_type": "search_document"}, "texts", "item 0"),
+    ]:
+        r = s.post(path, body)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert (
+            err["param"] == param
+            and f"{where} holds <|image_pad|>, the image placeholder, and no image" in (err["message"])
+        ), err
+    assert s.post("/pooling", {"input": "what is flutter?", "task": "token_embed"}).status_code == 200
+    with pytest.raises(ValueError, match="prompt 0 holds <|image_pad|>"):
+        llm.token_embed("<|image_pad|>", use_tqdm=False)
