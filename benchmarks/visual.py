@@ -56,7 +56,7 @@ def build(folder: Path, vision_layers: int, text_layers: int) -> None:
 
     ids = save_special_tokenizer(folder, resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"), COLQWEN2_SPECIAL)
     vlm = Qwen2VLConfig(
-        text_config=dict(vocab_size=30528, hidden_size=1536, intermediate_size=8960, num_hidden_layers=text_layers,
+        text_config=dict(vocab_size=30529, hidden_size=1536, intermediate_size=8960, num_hidden_layers=text_layers,
                          num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
         vision_config=dict(depth=vision_layers, embed_dim=1280, num_heads=16, hidden_size=1536, mlp_ratio=4),

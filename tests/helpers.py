@@ -135,6 +135,7 @@ COLQWEN2_SPECIAL = [
     "<|vision_start|>",
     "<|vision_end|>",
     "<|image_pad|>",
+    "\n",  # a token of Qwen's vocabulary (BERT's drops it): transformers' ColQwen2 queries end with it
 ]
 
 
@@ -155,7 +156,7 @@ def save_colqwen2(folder: Path, minilm_path: Path, version: str = "2"):
         else dict(depth=2, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2)
     )  # fmt: skip
     vlm = (Qwen2_5_VLConfig if version == "2.5" else Qwen2VLConfig)(
-        text_config=dict(vocab_size=30528, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        text_config=dict(vocab_size=30529, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
         vision_config=vision,

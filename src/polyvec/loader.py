@@ -29,6 +29,7 @@ from .config import (
     SpladeSpec,
 )
 from .models.lora import ADAPTER_CONFIG, is_adapter, read_adapter_config
+from .multimodal.image import CLIP_MEAN, CLIP_STD
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
 __all__ = [
@@ -206,11 +207,20 @@ def _read_colqwen2(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any
     pre = root / "preprocessor_config.json"
     cfg = _read_json(pre) if pre.is_file() else {}
     size = cfg.get("size") or {}
+    proc = _read_json(root / "processor_config.json") if (root / "processor_config.json").is_file() else {}
+    default = ColQwen2Spec(vision_config={}, image_token_id=0)
+    # transformers' ColQwen2Processor ends a query with "\n" after the augmentation tokens; colpali-engine's not
+    newline = "\n" if (hf_config.get("architectures") or [""])[0] == "ColQwen2ForRetrieval" else ""
     spec = ColQwen2Spec(
         vision_config=dict(vlm["vision_config"]),
         image_token_id=int(vlm.get("image_token_id", 151655)),
         min_pixels=int(cfg.get("min_pixels") or size.get("shortest_edge") or 4 * 28 * 28),
         max_pixels=int(cfg.get("max_pixels") or size.get("longest_edge") or 768 * 28 * 28),
+        image_mean=tuple(cfg.get("image_mean") or CLIP_MEAN),
+        image_std=tuple(cfg.get("image_std") or CLIP_STD),
+        visual_prompt=proc.get("visual_prompt_prefix") or default.visual_prompt,
+        query_prefix=proc.get("query_prefix") or default.query_prefix,
+        query_suffix=default.query_suffix + newline,
     )
     return flat, spec
 

@@ -77,7 +77,20 @@ def _expected_ids(folder: Path, text: str, images: list | None, pad: int) -> lis
     return out
 
 
-def _check_layout(llm, model, folder, ids):
+def _reference_query_ids(folder: Path, query: str, layout: str, pad: int) -> list[int]:
+    """A query's ids as the layout's processor makes them: transformers' ColQwen2Processor ends it with a newline
+    after the augmentation tokens, colpali-engine's (<= 0.3.10, whose prefix this is) does not."""
+    from transformers import ColQwen2Processor, PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if layout == "colpali-engine":
+        return _expected_ids(folder, "Query: " + query + "<|endoftext|>" * 10, None, pad)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), pad_token="<|endoftext|>")
+    processor = ColQwen2Processor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tok)
+    return processor.process_queries([query])["input_ids"][0].tolist()
+
+
+def _check_layout(llm, model, folder, ids, layout: str = "transformers"):
     pad = ids["<|image_pad|>"]
     assert llm.engine.is_late_interaction and llm.supported_tasks == ("token_embed",)
     images = _images()
@@ -90,7 +103,7 @@ def _check_layout(llm, model, folder, ids):
         assert cosine_rows(o.outputs.data, ref).min() >= 0.9999
     queries = llm.token_embed(QUERIES, PoolingParams(input_type="query"), use_tqdm=False)
     for q, o in zip(QUERIES, queries):
-        want_ids = _expected_ids(folder, SPEC.query_prefix + q + SPEC.query_suffix, None, pad)
+        want_ids = _reference_query_ids(folder, q, layout, pad)
         assert o.prompt_token_ids == want_ids
         assert cosine_rows(o.outputs.data, _reference(model, want_ids, None, pad)).min() >= 0.9999
     return docs, queries
@@ -159,7 +172,7 @@ def test_colpali_engine_layout(colqwen2, colqwen2_5, tmp_path, version):
     config = json.loads((folder / "config.json").read_text())["vlm_config"]
     name = "ColQwen2_5" if version == "2.5" else "ColQwen2"
     (other / "config.json").write_text(json.dumps({**config, "architectures": [name]}))
-    _check_layout(LLM(str(other), dtype="float32"), model, folder, ids)
+    _check_layout(LLM(str(other), dtype="float32"), model, folder, ids, "colpali-engine")
 
 
 def test_bad_images_and_text_models(colqwen2, minilm_llm):
@@ -261,3 +274,26 @@ def test_remote_images_only_from_allowed_domains(colqwen2, tmp_path):
             LLM(str(folder), dtype="float32", allowed_media_domains=["127.0.0.1"]).token_embed(
                 {"multi_modal_data": {"image": base + "/missing.png"}}, use_tqdm=False
             )
+
+
+def test_processor_files_set_prompts_and_normalization(colqwen2, tmp_path):
+    """processor_config.json's query_prefix and preprocessor_config.json's image_mean / image_std apply, as in
+    transformers' processor (they were ignored: the prompts and CLIP's constants were fixed)."""
+    from transformers import ColQwen2Processor, PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    _, folder, ids = colqwen2
+    other = tmp_path / "own-processor"
+    shutil.copytree(folder, other)
+    pre = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64, "image_mean": [0.5] * 3, "image_std": [0.25] * 3}
+    (other / "preprocessor_config.json").write_text(json.dumps(pre))
+    (other / "processor_config.json").write_text(json.dumps({"query_prefix": "Question: "}))
+    llm = LLM(str(other), dtype="float32")
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(other / "tokenizer.json"), pad_token="<|endoftext|>")
+    images = Qwen2VLImageProcessorPil(**pre)
+    processor = ColQwen2Processor(image_processor=images, tokenizer=tok, query_prefix="Question: ")
+    (query,) = llm.engine.process([QUERIES[0]], PoolingParams(input_type="query"), "token_embed")
+    assert query.prompt_token_ids == processor.process_queries([QUERIES[0]])["input_ids"][0].tolist()
+    (doc,) = llm.engine.process([_images()[0]], None, "token_embed")
+    want = images(images=[_images()[0]], return_tensors="pt")["pixel_values"].float()
+    assert (doc.images[0].patches - want).abs().max() <= 1e-6

@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
 from polyvec import LLM, PoolingParams  # noqa: E402
 from tests.helpers import cosine_rows, save_colqwen2  # noqa: E402
-from tests.models.test_colqwen2 import SPEC, _expected_ids, _reference  # noqa: E402
+from tests.models.test_colqwen2 import SPEC, _reference, _reference_query_ids  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PAGE_SIZES = [(300, 400), (420, 300), (340, 440), (460, 260)]  # (width, height): each resized to its own grid
@@ -54,12 +54,12 @@ def _pages() -> tuple[list[bytes], list[str]]:
 
 
 def _queries(texts: list[str]) -> list[str]:
-    """A phrase of each page: the first 5 words of its first line of prose (markup stripped)."""
+    """A phrase of each page: the first 6 words of its first line of prose (markup stripped)."""
     out = []
     for text in texts:
         prose = [re.sub(r"[#*`>\-\[\]()]", " ", s).split() for s in text.splitlines() if not s.startswith("```")]
         words = next(w for w in prose if len(w) >= 5)
-        out.append(" ".join(words[:5]))
+        out.append(" ".join(words[:6]))
     return out
 
 
@@ -124,7 +124,7 @@ def test_readme_pages_match_reference(seeded):
 
     qrefs = []
     for q, o in zip(queries, qouts):
-        want_ids = _expected_ids(folder, SPEC.query_prefix + q + SPEC.query_suffix, None, pad)
+        want_ids = _reference_query_ids(folder, q, "transformers", pad)  # the checkpoint is transformers' layout
         assert o.prompt_token_ids == want_ids
         ref = _reference(model, want_ids, None, pad)
         worst = min(worst, cosine_rows(o.outputs.data, ref).min().item())

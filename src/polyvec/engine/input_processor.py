@@ -328,6 +328,8 @@ class InputProcessor:
                         int(vision.get("patch_size", 14)),
                         int(vision.get("spatial_merge_size", 2)),
                         int(vision.get("temporal_patch_size", 2)),
+                        spec.image_mean,
+                        spec.image_std,
                         index=k,
                     )
                 )

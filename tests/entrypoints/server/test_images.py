@@ -126,9 +126,9 @@ def test_image_options_are_honoured_or_refused_never_ignored(served):
         ("/score", {"text_1": "q", "text_2": [doc], "mm_processor_kwargs": {"max_pixels": 3136}},
          "mm_processor_kwargs", "a request cannot change the image processor's settings"),
         ("/v1/embeddings", {"input": ["fine", doc], "truncate_prompt_tokens": 5}, "input",
-         "prompt 1 has 22 tokens with its images, more than the truncation limit of 5"),
+         "prompt 1 has 23 tokens with its images, more than the truncation limit of 5"),
         ("/v2/embed", {"images": [doc], "input_type": "image", "max_tokens": 5, "truncate": "END"}, "images",
-         "'images' item 0 has 22 tokens with its images, more than the truncation limit of 5"),
+         "'images' item 0 has 23 tokens with its images, more than the truncation limit of 5"),
     ]  # fmt: skip
     for path, body, param, message in cases:
         r = s.post(path, body)
