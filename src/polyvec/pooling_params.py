@@ -24,6 +24,10 @@ INPUT_TYPES = {
 }
 
 
+class TaskError(ValueError):
+    """A task that is not valid here (unknown, unsupported by the model, repeated, conflicting)."""
+
+
 @dataclass
 class PoolingParams:
     """Options of one pooling request (vLLM's `PoolingParams`)."""
@@ -87,13 +91,13 @@ class PoolingParams:
         """Check against the task and model; return a copy with `task` and `use_activation` resolved."""
         task = task or self.task
         if task is None:
-            raise ValueError(f"task must be given; this model supports: {', '.join(supported_tasks)}")
+            raise TaskError(f"task must be given; this model supports: {', '.join(supported_tasks)}")
         if self.task is not None and self.task != task:
-            raise ValueError(f"task={self.task!r} in PoolingParams conflicts with the requested task {task!r}")
+            raise TaskError(f"task={self.task!r} in PoolingParams conflicts with the requested task {task!r}")
         if task not in POOLING_TASKS:
-            raise ValueError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
+            raise TaskError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
         if task not in supported_tasks:
-            raise ValueError(
+            raise TaskError(
                 f"Unsupported task: task={task!r} is not supported by this model ({model_config.architecture}); "
                 f"it supports: {', '.join(supported_tasks)}"
             )
@@ -123,8 +127,11 @@ class PoolingParams:
                 raise ValueError("token_encoding and late_chunking_params cannot be combined")
 
         sparse = task == "embed_sparse"
-        if not sparse and (self.sparse_top_k is not None or self.sparse_threshold is not None or self.return_tokens):
-            raise ValueError(f"sparse_top_k, sparse_threshold and return_tokens apply to embed_sparse, not {task!r}")
+        options = {"sparse_top_k": self.sparse_top_k, "sparse_threshold": self.sparse_threshold}
+        given = [n for n, v in {**options, "return_tokens": self.return_tokens or None}.items() if v is not None]
+        if not sparse and given:  # named first, so that a server's error names the field
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(f"{', '.join(given)} {verb} to embed_sparse, not {task!r}")
         if sparse:
             off = [n for n in ("use_activation", "normalize", "activation") if getattr(self, n) is False]
             if off:  # named as the caller spelled it

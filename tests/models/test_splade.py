@@ -101,7 +101,7 @@ def test_pruning_and_tokens(splade_llm, cranfield_texts):
     ]:
         with pytest.raises(ValueError, match=message):
             splade_llm.embed_sparse(text, bad, use_tqdm=False)
-    with pytest.raises(ValueError, match="apply to embed_sparse, not 'token_classify'"):
+    with pytest.raises(ValueError, match="sparse_top_k applies to embed_sparse, not 'token_classify'"):
         splade_llm.token_classify(text, PoolingParams(sparse_top_k=3), use_tqdm=False)
 
 

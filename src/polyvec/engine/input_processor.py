@@ -18,7 +18,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec, prune_sparse
 from ..multimodal.image import is_image_object
-from ..pooling_params import PoolingParams, token_pooling_type
+from ..pooling_params import PoolingParams, TaskError, token_pooling_type
 from ..tokenizer import PolyTokenizer, PromptTooLongError, TruncationSide
 from .late_interaction import LateInteractionRecipe
 from .long_input import split_windows
@@ -367,9 +367,9 @@ class InputProcessor:
 
     def _process_multi(self, prompts, params, tasks: list[str], request_ids, add_special, truncation, side):
         if not tasks or len(set(tasks)) != len(tasks):
-            raise ValueError(f"tasks must be a non-empty list without repeats, got {tasks!r}")
+            raise TaskError(f"tasks must be a non-empty list without repeats, got {tasks!r}")
         if self.causal:
-            raise ValueError("several tasks from one pass apply to encoder models (causal ones prefill in chunks)")
+            raise TaskError("several tasks from one pass apply to encoder models (causal ones prefill in chunks)")
 
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         for p in per_prompt:

@@ -87,9 +87,9 @@ CASES = [
     Bad("/pooling", {"input": [True], "task": "embed"}, 400, "'input' item 0 is a boolean, not a token id", "input"),
     Bad("/classify", {"input": [[False]]}, 400, "'input' item 0 position 0 is a boolean", "input"),
     # unicode: lone surrogates (escaped, or raw bytes decoded with surrogatepass), bad bytes, control characters
-    Bad("/v1/embeddings", {"input": "\ud800"}, 400, "'input' item 0 is not valid UTF-8 text (lone surrogate)", "input"),
+    Bad("/v1/embeddings", {"input": "\ud800"}, 400, "'input' is not valid UTF-8 text (lone surrogate)", "input"),
     Bad("/v1/embeddings", {"input": ["ok", "a\udfffb"]}, 400, "'input' item 1 is not valid UTF-8 text", "input"),
-    Bad("/v1/embeddings", b'{"input": "\xed\xa0\x80"}', 400, "'input' item 0 is not valid UTF-8 text", "input"),
+    Bad("/v1/embeddings", b'{"input": "\xed\xa0\x80"}', 400, "'input' is not valid UTF-8 text", "input"),
     Bad("/pooling", {"input": ["\udc00"], "task": "embed"}, 400, "'input' item 0 is not valid UTF-8 text", "input"),
     Bad("/v1/embeddings", {"input": "x", "\ud800": 1}, 400, "has a key that is not valid UTF-8 text"),
     Bad("/v1/embeddings", {"input": "x", "model": "\ud800"}, 404, "the model '\ud800' does not exist", "model"),
@@ -160,7 +160,7 @@ CASES = [
     Bad("/score", {"text_1": [], "text_2": "y"}, 400, "'text_1' must not be empty", "text_1"),
     Bad("/score", {"text_1": 5, "text_2": "y"}, 400, "'text_1' must be a string or a list of strings", "text_1"),
     Bad("/score", {"text_1": "x", "text_2": ["a", 5]}, 400, "'text_2' item 1 is a number, not a string", "text_2"),
-    Bad("/score", {"text_1": "\ud800", "text_2": "y"}, 400, "'text_1' item 0 is not valid UTF-8 text", "text_1"),
+    Bad("/score", {"text_1": "\ud800", "text_2": "y"}, 400, "'text_1' is not valid UTF-8 text", "text_1"),
     Bad("/v1/score", {"queries": "x", "documents": ["\ud800"]}, 400, "'documents' item 0 is not valid UTF-8"),
     Bad("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 400, "text_1 has 2 items and text_2 has 3"),
     Bad("/score", {"text_1": "x", "text_2": "y", "use_activation": "yes please"}, 400, "field 'use_activation'"),
@@ -321,6 +321,19 @@ CASES = [
         "return_tokens",
     ),  # fmt: skip
     Bad("/v1/embeddings", {"input": "hi", "dimensions": 100}, 400, "dimensions", "dimensions"),
+    # the option the body gave, and the body's task, named (param was sparse_top_k, or null)
+    Bad(
+        "/pooling", {"input": "a", "return_tokens": True}, 400, "return_tokens applies to embed_sparse", "return_tokens"
+    ),  # fmt: skip
+    Bad(
+        "/pooling",
+        {"input": "a", "sparse_threshold": 0.5},
+        400,
+        "sparse_threshold applies to embed_sparse",
+        "sparse_threshold",
+    ),  # fmt: skip
+    Bad("/pooling", {"input": "a", "task": ["embed", "embed"]}, 400, "without repeats", "task"),
+    Bad("/pooling", {"input": "a", "task": "classify"}, 400, "Unsupported task: task='classify'", "task"),
     Bad(
         "/score",
         {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]},

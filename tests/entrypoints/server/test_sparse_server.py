@@ -32,7 +32,8 @@ def test_pooling_embed_sparse(splade):
     r = server.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse", "encoding_format": "base64"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
     r = server.post("/pooling", {"input": TEXTS[0], "task": "token_classify", "sparse_top_k": 3})
-    assert r.status_code == 400 and "apply to embed_sparse" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "sparse_top_k applies to embed_sparse" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "sparse_top_k"
 
 
 def test_tei_embed_sparse(splade, server):

@@ -92,7 +92,7 @@ def _check_utf8(value: Any, field: str, kind: str) -> None:
                 try:
                     t.encode("utf-8")
                 except UnicodeEncodeError:
-                    item = "" if kind == "text" else f" item {i}"
+                    item = "" if kind == "text" or isinstance(value, str) else f" item {i}"
                     _refuse(f"'{field}'{item} is not valid UTF-8 text (lone surrogate)", field)
 
 

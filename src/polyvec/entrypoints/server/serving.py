@@ -25,7 +25,7 @@ from ...chat import ChatError, find_template, load_template, render, text_messag
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
-from ...pooling_params import PoolingParams
+from ...pooling_params import PoolingParams, TaskError
 from . import protocol as P
 from .async_engine import AsyncEngine
 from .encoding import VectorJSONResponse, encode_bytes, encode_json
@@ -297,12 +297,15 @@ async def run_pooling(
     *,
     field: str = "input",
     locate: Locate | None = None,
+    task_param: str | None = None,
     **kwargs: Any,
 ) -> list:
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
-    input is a 400 that names the field and item."""
+    input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any)."""
     start = time.perf_counter()
-    requests = await process_prompts(state, prompts, params, task, field=field, locate=locate, **kwargs)
+    requests = await process_prompts(
+        state, prompts, params, task, field=field, locate=locate, task_param=task_param, **kwargs
+    )
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)
@@ -317,6 +320,7 @@ async def process_prompts(
     *,
     field: str = "input",
     locate: Locate | None = None,
+    task_param: str | None = None,
     **kwargs: Any,
 ) -> list:
     """Tokenize and check a request's prompts (the engine's Requests); a 400 naming the field and item."""
@@ -333,6 +337,8 @@ async def process_prompts(
         if exc.num_tokens is not None and exc.max_len is not None:
             error.too_long = (exc.num_tokens, exc.max_len)
         raise error from None
+    except TaskError as exc:  # a task the body chose names its field; one the route chose, none
+        raise APIError(400, str(exc), task_param) from None
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc), _param_of(str(exc))) from None
 

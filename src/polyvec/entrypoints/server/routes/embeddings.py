@@ -68,6 +68,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
         locate=locate,
+        task_param="task" if req.task is not None else None,
     )
     if multi or task == "embed_sparse":
         tokenizer = state.engine.tokenizer
