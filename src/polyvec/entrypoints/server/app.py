@@ -11,6 +11,7 @@ OpenAPI document); the endpoints live in `routes/`, what they share in `serving.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import logging
 import time
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -113,8 +115,13 @@ class ServerMiddleware:
             await send(message)
 
         counted = False
+        out: Send = send_recording
         try:
             self._check_access(scope)
+            if scope["method"] == "HEAD":  # a GET route's headers (FastAPI routes GET alone; RFC 9110 wants HEAD)
+                scope, out = {**scope, "method": "GET"}, _headers_only(send_recording)
+            if scope["method"] not in ("POST", "PUT", "PATCH"):  # no body to read or to limit
+                return await self.app(scope, receive, out)
             counted = scope["method"] == "POST"
             if counted:
                 self.in_progress += 1
@@ -122,16 +129,18 @@ class ServerMiddleware:
             if body is None:  # the client left mid-body: nobody to answer
                 return
             scope[_BODY_SIZE] = len(body)
-            await self.app(scope, _replay(body, receive), send_recording)
+            if len(body) >= _COUNT_ITEMS_FROM:
+                await self._check_items(body)
+            await self.app(scope, _replay(body, receive), out)
         except APIError as exc:
             if response["started"]:
                 raise
-            await error_response(exc.status, exc.message, exc.param, exc.headers)(scope, receive, send_recording)
+            await error_response(exc.status, exc.message, exc.param, exc.headers)(scope, receive, out)
         except Exception as exc:
             logger.exception("unexpected error on %s %s", scope["method"], scope["path"])
             if response["started"]:  # half a response cannot be replaced; the connection has to go
                 raise
-            await error_response(500, f"internal error: {exc.__class__.__name__}")(scope, receive, send_recording)
+            await error_response(500, f"internal error: {exc.__class__.__name__}")(scope, receive, out)
         finally:
             if counted:
                 self.in_progress -= 1
@@ -155,7 +164,8 @@ class ServerMiddleware:
                 )
         limit = self.config.max_request_bytes
         declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
+        body = scope["method"] in ("POST", "PUT", "PATCH")
+        if body and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"request body is larger than the limit of {limit} bytes")
         most = self.config.max_concurrent_requests
         if scope["method"] == "POST" and 0 < most <= self.in_progress:
@@ -164,7 +174,8 @@ class ServerMiddleware:
                 f"the server is at its limit of {most} requests in progress; retry later",
                 headers={"Retry-After": "1"},
             )
-        if scope["method"] == "POST" and not headers.get(b"content-type", b"").startswith(b"application/json"):
+        media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if scope["method"] == "POST" and media != b"application/json" and not media.endswith(b"+json"):
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
                 (b"content-type", b"application/json")
             ]
@@ -199,6 +210,51 @@ class ServerMiddleware:
         if size > limit:
             raise too_large
         return b"".join(chunks)
+
+    async def _check_items(self, body: bytes) -> None:
+        """A large body's item lists against --max-inputs-per-request, in a thread, before FastAPI parses and
+        validates it on the event loop (3 million one-token items held /health for 4-5 s)."""
+        limit = self.config.max_inputs_per_request
+        found = await asyncio.get_running_loop().run_in_executor(None, _too_many_items, body, limit)
+        if found is not None:
+            name, n = found
+            raise APIError(400, f"'{name}' has {n} items; the limit is {limit} per request", name)
+
+
+_COUNT_ITEMS_FROM = 256 * 1024
+"""Bodies of this size or more have their item lists counted first (smaller ones validate in milliseconds)."""
+
+_ITEM_FIELDS = ("input", "inputs", "texts", "documents", "text_1", "text_2", "data_1", "data_2", "queries", "items",
+                "images", "ids")  # fmt: skip
+
+
+def _too_many_items(body: bytes, limit: int) -> tuple[str, int] | None:
+    """(field, length) of a top-level list of prompts longer than `limit`; a flat list of ints is one prompt of
+    token ids. None for anything else, invalid JSON included (FastAPI says what is wrong with it)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    for name in _ITEM_FIELDS:
+        items = value.get(name)
+        if isinstance(items, list) and len(items) > limit and not all(type(x) is int for x in items):
+            return name, len(items)
+    return None
+
+
+def _headers_only(send: Send) -> Send:
+    """A response's start, and an empty body (HEAD)."""
+
+    async def send_head(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            if message.get("more_body", False):
+                return
+            message = {"type": "http.response.body", "body": b""}
+        await send(message)
+
+    return send_head
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -248,6 +304,9 @@ async def _on_api_error(request: Request, exc: Exception) -> Response:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = app.state.server.async_engine
     engine.start()
+    # The model, modules and caches live as long as the server: out of the collector's reach, a large body's
+    # objects are collected without scanning them (a 190,000-item body's parse: 0.18 s of GC before, 0.03 s after)
+    gc.freeze()
     yield
     engine.stop()
 
