@@ -34,6 +34,14 @@ def test_tokens_per_request(strict_server):
     error = _error(s.post("/rerank", {"query": WORDS_60, "documents": [WORDS_60] * 161}, headers=AUTH))
     assert "10044 tokens" in error["message"] and "--max-tokens-per-request" in error["message"]
     assert s.post("/v1/embeddings", {"input": "still fine"}, headers=AUTH).status_code == 200
+    # /tokenize documents this 413 too (it counted any number of tokens): vLLM's body, and TEI's (its 422)
+    long = " ".join([WORDS_60] * 170)
+    error = _error(s.post("/tokenize", {"prompt": long}, headers=AUTH))
+    assert "the limit is 10000 tokens per request (--max-tokens-per-request)" in error["message"]
+    assert error["param"] == "prompt"
+    r = s.post("/tokenize", {"inputs": [long]}, headers=AUTH)
+    assert r.status_code == 422 and "--max-tokens-per-request" in r.json()["error"]
+    assert s.post("/tokenize", {"prompt": WORDS_60}, headers=AUTH).json()["count"] == 62
 
 
 def test_windows_per_input(strict_server):

@@ -145,8 +145,10 @@ def test_truncation_and_direction(prompted, minilm_llm):
     # truncate null: the server's truncation=error; TEI's words
     given = len(minilm_llm.engine.tokenizer.encode_prompts(["passage: " + LONG], 1 << 62, False)[0].input_ids)
     msg = tei_error(post({"inputs": LONG}), 422, "Validation")
-    assert msg == f"Input validation error: `inputs` must have less than 32 tokens. Given: {given}"
+    assert msg == f"Input validation error: `inputs` must have less than 32 tokens. Given: {given} ('inputs' item 0)"
     assert tei_error(post({"inputs": LONG, "truncate": False}), 422, "Validation") == msg
+    msg = tei_error(post({"inputs": ["short", LONG]}), 422, "Validation")  # which item, beside TEI's words
+    assert msg.endswith(f"Given: {given} ('inputs' item 1)")
     right = torch.tensor(post({"inputs": LONG, "truncate": True}).json())
     want = embed_ref(minilm_llm, ["passage: " + LONG], truncate_prompt_tokens=32)
     assert torch.allclose(right, want, atol=1e-5)

@@ -20,8 +20,8 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
-        self.too_long: tuple[int, int] | None = None
-        """An over-long input's (tokens, most allowed), for routes that word it their own way (TEI's)."""
+        self.too_long: tuple[int, int, str] | None = None
+        """An over-long input's (tokens, most allowed, which item), for routes that word it their own way (TEI's)."""
 
 
 _ERROR_TYPES = {

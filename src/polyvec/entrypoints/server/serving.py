@@ -335,7 +335,7 @@ async def process_prompts(
             where, param = f"'{field}' item {exc.index}", field
         error = APIError(400, where + exc.detail, param)
         if exc.num_tokens is not None and exc.max_len is not None:
-            error.too_long = (exc.num_tokens, exc.max_len)
+            error.too_long = (exc.num_tokens, exc.max_len, where)
         raise error from None
     except TaskError as exc:  # a task the body chose names its field; one the route chose, none
         raise APIError(400, str(exc), task_param) from None

@@ -84,8 +84,8 @@ def _from_api_error(exc: APIError) -> TEIError:
     """polyvec's refusal (serving helpers, engine) in TEI's terms: an over-long input in TEI's words, anything else
     (a token id outside the vocabulary, too many tokens per request, ...) a validation error."""
     if exc.too_long is not None:
-        given, most = exc.too_long
-        return invalid(f"`inputs` must have less than {most} tokens. Given: {given}")
+        given, most, where = exc.too_long  # TEI's words, and which item (TEI names none)
+        return invalid(f"`inputs` must have less than {most} tokens. Given: {given} ({where})")
     return invalid(exc.message)
 
 
@@ -527,13 +527,17 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
 # ---------------------------------------------------------------------------------------------- tokenizer
 
 
-def _tokens_json(tokenizer: PolyTokenizer, texts: list[str], add_special_tokens: bool) -> bytes:
+def _tokens_json(tokenizer: PolyTokenizer, texts: list[str], add_special_tokens: bool, most: int = 0) -> bytes:
     """TEI's tokens of each text as JSON: id, text, special, and the byte offsets of the text (null for special
-    tokens, whose text is the token itself)."""
+    tokens, whose text is the token itself); `most` > 0: the most tokens of all texts together."""
     encoded = [t.lower() for t in texts] if tokenizer.do_lower_case else texts
     parts = []
     # `tokenizers` releases the GIL in encode_batch, not in encode; its offsets count characters
     batch = tokenizer._base.encode_batch(encoded, add_special_tokens=add_special_tokens)
+    total = sum(len(enc.ids) for enc in batch)
+    if 0 < most < total:
+        message = f"the inputs have {total} tokens; the limit is {most} per request (--max-tokens-per-request)"
+        raise APIError(413, message, "inputs")
     for text, lowered, enc in zip(texts, encoded, batch):
         source = text if len(text) == len(lowered) else lowered  # offsets of lowered text, on the original's letters
         byte_at = None if source.isascii() else list(itertools.accumulate((len(c.encode()) for c in source), initial=0))
@@ -562,7 +566,11 @@ async def tokenize(req: T.TEITokenizeRequest, state: ServerState) -> Response:
         prompt = _prompt_text(state, req.prompt_name)
         prefix = _default_prompt(state) if prompt is None else prompt
         body = await state.async_engine.call(
-            _tokens_json, state.engine.tokenizer, [prefix + t for t in texts], req.add_special_tokens
+            _tokens_json,
+            state.engine.tokenizer,
+            [prefix + t for t in texts],
+            req.add_special_tokens,
+            state.config.max_tokens_per_request,
         )
         return Response(body, media_type="application/json")
 

@@ -45,14 +45,17 @@ def render_json(content: dict[str, Any]) -> bytes:
 
 
 def _tokenize(
-    tokenizer: PolyTokenizer, req: P.TokenizeRequest, text: str, add_special: bool, max_model_len: int
+    tokenizer: PolyTokenizer, req: P.TokenizeRequest, text: str, add_special: bool, max_model_len: int, most: int
 ) -> bytes:
     # Through the batch encoder: `tokenizers` releases the GIL in encode_batch, not in encode (tokenize()).
     (enc,) = tokenizer.encode_prompts([text], 1 << 62, truncate=False, add_special_tokens=add_special)
-    return _ids_json(tokenizer, req, enc.input_ids, max_model_len)
+    return _ids_json(tokenizer, req, enc.input_ids, max_model_len, most)
 
 
-def _ids_json(tokenizer: PolyTokenizer, req: P.TokenizeRequest, ids: list[int], max_model_len: int) -> bytes:
+def _ids_json(tokenizer: PolyTokenizer, req: P.TokenizeRequest, ids: list[int], max_model_len: int, most: int) -> bytes:
+    if 0 < most < len(ids):  # the limit of every request's tokens, as its documented 413 says
+        message = f"the prompt has {len(ids)} tokens; the limit is {most} tokens per request (--max-tokens-per-request)"
+        raise APIError(413, message, "messages" if req.messages is not None else "prompt")
     return render_json(
         {
             "count": len(ids),
@@ -89,14 +92,22 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
             state, images, None, "token_embed", locate=locate, add_special_tokens=add_special
         )
         ids = list(request.prompt_token_ids)
-        body = _ids_json(state.engine.tokenizer, req, ids, state.model_config.max_model_len)
+        body = _ids_json(
+            state.engine.tokenizer, req, ids, state.model_config.max_model_len, state.config.max_tokens_per_request
+        )
         return Response(body, media_type="application/json")
     if req.messages is not None:
         text, add_special = render_messages(state, req), chat_special_tokens(req)
     else:
         text, add_special = cast(str, req.prompt), req.add_special_tokens
     body = await state.async_engine.call(
-        _tokenize, state.engine.tokenizer, req, text, add_special, state.model_config.max_model_len
+        _tokenize,
+        state.engine.tokenizer,
+        req,
+        text,
+        add_special,
+        state.model_config.max_model_len,
+        state.config.max_tokens_per_request,
     )
     return Response(body, media_type="application/json")
 
