@@ -46,6 +46,13 @@ class ScorePlan:
     pairs: list[tuple[int, int]]
     n1: int
 
+    def origin(self, k: int) -> list[tuple[int, int]]:
+        """The (side, item) behind prompt k: both of a cross-encoder's pair, else the one item."""
+        if self.task == "classify":
+            i, j = self.pairs[k]
+            return [(0, i), (1, j)]
+        return [(0, k)] if k < self.n1 else [(1, k - self.n1)]
+
     def scores(self, outputs: list) -> list[float]:
         if self.task == "classify":
             return [float(o.outputs.data[0]) for o in outputs]

@@ -91,8 +91,13 @@ def test_score_pairings_equal_cosine(minilm_llm, st_minilm):
     assert len(one_one) == 1 and abs(one_one[0].outputs.score - ref[1].item()) < 1e-5
     n_n = [o.outputs.score for o in minilm_llm.score([QUERY, QUERY, QUERY], DOCS, use_tqdm=False)]
     assert torch.allclose(torch.tensor(n_n), ref, atol=1e-5)
-    with pytest.raises(ValueError, match="text_1 has 2 items and text_2 has 3"):
+    with pytest.raises(ValueError, match="data_1 has 2 items and data_2 has 3"):  # the arguments' names
         minilm_llm.score([QUERY, QUERY], DOCS, use_tqdm=False)
+    # a bad item named as the caller passed it (it was 'prompt 2', its place in the joined list)
+    with pytest.raises(ValueError, match=r"^data_2 item 1: token id 999999 is out of vocabulary"):
+        minilm_llm.score(QUERY, ["fine", [999999]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^data_1 item 1: token id"):
+        minilm_llm.score([QUERY, [999999]], ["a", "b"], use_tqdm=False)
 
 
 def test_per_prompt_params_and_activation_off(minilm_llm):

@@ -20,6 +20,7 @@ from .. import late_chunking
 from ..config import LongInput, PoolerConfig, Quantization, Truncation
 from ..engine.engine import Engine, Prompt
 from ..engine.factory import create_engine
+from ..engine.input_processor import PromptError
 from ..late_chunking import LateChunkingParams
 from ..loader import DEFAULT_MODEL
 from ..multimodal.image import is_image_object
@@ -419,8 +420,14 @@ class LLM:
             self.supported_tasks,
             self.is_cross_encoder,
             late_interaction=self.engine.is_late_interaction,
+            names=("data_1", "data_2"),
         )
-        outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
+        try:
+            outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
+        except PromptError as exc:  # the caller's item, not its place in the joined prompt list
+            found = plan.origin(exc.index)
+            where = " and ".join(f"data_{s + 1} item {i}" for s, i in found)
+            raise ValueError(("the pair of " if len(found) == 2 else "") + where + exc.detail) from None
         results = []
         for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
             results.append(
