@@ -156,7 +156,9 @@ CASES = [
     Bad("/classify", {"input": "x"}, 400, "it supports: embed, token_embed"),
     Bad("/classify", {}, 400, "field 'input' is required", "input"),
     # /score and /rerank
-    Bad("/score", {"text_1": "x"}, 400, "text_1 and text_2 are required"),
+    Bad("/score", {"text_1": "x"}, 400, "text_1 and text_2 are required", "text_2"),
+    Bad("/score", {"documents": ["x"]}, 400, "queries/documents, queries/items", "queries"),
+    Bad("/score", {"queries": "a", "documents": ["c"], "items": ["d"]}, 400, "queries/documents and items", "items"),
     Bad("/score", {"text_1": [], "text_2": "y"}, 400, "'text_1' must not be empty", "text_1"),
     Bad("/score", {"text_1": 5, "text_2": "y"}, 400, "'text_1' must be a string or a list of strings", "text_1"),
     Bad("/score", {"text_1": "x", "text_2": ["a", 5]}, 400, "'text_2' item 1 is a number, not a string", "text_2"),
@@ -297,14 +299,14 @@ CASES = [
         {"text_1": "hi", "text_2": "x", "queries": "a", "documents": ["b"]},
         400,
         "give one pair of sides: text_1/text_2 and queries, documents were both given",
-        "text_1",
+        "queries",
     ),  # fmt: skip
     Bad(
         "/score",
         {"text_1": "hi", "text_2": "x", "data_1": "zzz"},
         400,
         "text_1/text_2 and data_1 were both given",
-        "text_1",
+        "data_1",
     ),  # fmt: skip
     Bad(
         "/pooling",

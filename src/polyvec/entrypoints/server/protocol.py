@@ -310,6 +310,14 @@ class ClassificationRequest(PoolingBase, ChatFields):
 ScoreInput = Annotated[str | Texts, _inputs("text_or_texts")]
 
 
+class SidesError(ValueError):
+    """A score body's sides missing or given twice; `param` is the field to name."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class ScoreRequest(PoolingBase):
     """vLLM `POST /score`: score text_1 against text_2 (1:1, 1:N, N:N).
 
@@ -338,13 +346,16 @@ class ScoreRequest(PoolingBase):
         """The two sides as (field name, value), from the first pair of field names the body gives."""
         pairs = [("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items")]
         given = [(a, b) for a, b in pairs if getattr(self, a) is not None and getattr(self, b) is not None]
-        if not given:
-            raise ValueError("text_1 and text_2 are required (or data_1/data_2, queries/documents)")
+        if not given:  # named: the missing half of a pair the body began, else the first pair
+            half = next((b if getattr(self, a) is not None else a for a, b in pairs
+                         if (getattr(self, a) is None) != (getattr(self, b) is None)), "text_1")  # fmt: skip
+            message = "text_1 and text_2 are required (or data_1/data_2, queries/documents, queries/items)"
+            raise SidesError(message, half)
         a, b = given[0]
         extra = [f for f in ("text_1", "text_2", "data_1", "data_2", "queries", "documents", "items")
                  if f not in (a, b) and getattr(self, f) is not None]  # fmt: skip
         if extra:  # a second pair of sides, or half of one: which to score would be a guess
-            raise ValueError(f"give one pair of sides: {a}/{b} and {', '.join(extra)} were both given")
+            raise SidesError(f"give one pair of sides: {a}/{b} and {', '.join(extra)} were both given", extra[0])
         return (a, getattr(self, a)), (b, getattr(self, b))
 
 

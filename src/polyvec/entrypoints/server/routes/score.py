@@ -83,8 +83,8 @@ async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
     check_processor_kwargs(state, req)
     try:
         side_1, side_2 = req.sides()
-    except ValueError as exc:
-        raise APIError(400, str(exc), "text_1") from None
+    except P.SidesError as exc:
+        raise APIError(400, str(exc), exc.param) from None
     scores, tokens = await score_pairs(state, raw, side_1, side_2, req)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
     return VectorJSONResponse(P.envelope("score", model, data, tokens))
