@@ -813,7 +813,7 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
         ignored = vllm_compat.check(vars(args))
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
         pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
-        if args.task not in (None, "auto"):
+        if getattr(args, "task", None) not in (None, "auto"):  # serve's vLLM flags; other commands have none
             task, args.convert = vllm_compat.task_options(args.task, (pooler or {}).get("task"), args.convert)
             pooler = {**(pooler or {}), "task": task}
             logging.getLogger("polyvec").warning(
