@@ -5,6 +5,7 @@ duplicates nothing; `polyvec embed --ray` end to end."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -197,12 +198,20 @@ def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_
         (["t.txt", "--threads-per-actor", "2"], "2 threads per actor is more than a node's 1 CPUs"),
         (["t.txt", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
         (["missing.jsonl"], "cannot read missing.jsonl: no such file or folder"),
+        # a traceback, or a wait for ever, before
+        (["t.txt", "--gpus-per-actor", "1"], "1 GPU(s) per actor asked of a cluster with 0 GPU(s)"),
+        (["t.txt", "--ray", "bogus_address"], "--ray bogus_address: not an address"),
+        (["t.txt", "--ray", "127.0.0.1:1"], "--ray 127.0.0.1:1: no Ray answers there"),
     ]:
         args[0] = str(tmp_path / args[0]) if args[0] != "missing.jsonl" else args[0]
         r = subprocess.run([*base, *args, "--output", str(tmp_path / "bad")], capture_output=True, text=True,
                            timeout=180)  # fmt: skip
         assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr.splitlines()[-1]
+    (tmp_path / "file").write_text("")
+    r = subprocess.run([*base, str(tmp_path / "t.txt"), "--output", str(tmp_path / "file" / "o")], capture_output=True,
+                       text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 2 and f"cannot write {tmp_path / 'file' / 'o'}" in r.stderr.splitlines()[-1], r.stderr
 
 
 def test_pool_plan_leaves_room_for_reading_and_writing(cluster):
@@ -214,6 +223,19 @@ def test_pool_plan_leaves_room_for_reading_and_writing(cluster):
     assert plan_pool(4, None) == (4, 1, 0.25)  # two on each node, within what the node can give
     with pytest.raises(ValueError, match="2 threads per actor is more than a node's 1 CPUs"):
         plan_pool(None, 2)
+
+
+def test_encode_dataset_checks_its_arguments_when_called(cluster):
+    """A typo in a keyword or an unknown `rows` is refused at the call (rows='plane' ran as 'keep'; an LLM
+    keyword typo failed every actor once the job ran)."""
+    from polyvec.integrations.ray import LLM_ARGS, encode_dataset
+
+    ds = ray.data.from_items([{"text": "a"}])
+    with pytest.raises(ValueError, match="rows must be one of keep, plain, jsonl, not 'plane'"):
+        encode_dataset(ds, "m", rows="plane")
+    with pytest.raises(TypeError, match="unexpected arguments .*: batchsize"):
+        encode_dataset(ds, "m", batchsize=2)
+    assert LLM_ARGS == set(inspect.signature(LLM.__init__).parameters) - {"self", "model", "kwargs"}
 
 
 @pytest.mark.parametrize("first_stage", ["muvera", "dense", "sparse"])

@@ -205,6 +205,16 @@ def test_build_reads_serve_run_arguments(minilm_path):
         build({"model": "m", "replica": "2"})
     d = build({"model": "m", "threads_per_replica": "1", "api_key": "k", "revision": "123"})._bound_deployment
     assert d.init_args[1]["revision"] == "123" and d.init_args[2]["api_key"] == "k"
+    # Serve sends X-Request-Id itself: the app must not repeat it, whoever builds the deployment
+    d = build({"model": "m", "threads_per_replica": "1", "request_id_headers": "true"})._bound_deployment
+    assert d.init_args[2]["request_id_headers"] is False
+    for bad, message in [  # the value given named (max_replicas=0 said 'min_replicas (1) is above ...')
+        ({"max_replicas": 0}, "max_replicas must be positive, not 0"),
+        ({"threads_per_replica": 0}, "threads_per_replica must be positive, not 0"),  # was the default
+        ({"max_replicas": 2, "target_ongoing_requests": 0}, "target_ongoing_requests must be positive, not 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            deployment("m", **bad)
 
 
 def start_cli(model: Path, log: Path, *flags: str, **env_vars: str) -> tuple[subprocess.Popen, str]:
@@ -382,6 +392,19 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
     r = subprocess.run([*good, "--max-model-len", "100000"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "the replicas did not start: ValueError: max_model_len=100000 is out of range" in r.stderr.splitlines()[-1]
+    # one line, exit 2, at once: a port in use, an address that is none or where no Ray answers (a traceback, or
+    # minutes of retries, before)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        for flags, message in [
+            (["--port", busy], f"cannot serve on 127.0.0.1:{busy}: Address already in use"),
+            (["--ray", "bogus_address"], "--ray bogus_address: not an address"),
+            (["--ray", f"127.0.0.1:{free_port()}"], "no Ray answers there (Connection refused)"),
+        ]:
+            r = subprocess.run([*good, *flags], env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and message in r.stderr.splitlines()[-1], r.stderr[-2000:]
 
 
 def test_ingress_env(monkeypatch):
@@ -412,3 +435,25 @@ def test_check_health_follows_the_engine_loop(minilm_llm):
     assert not engine.alive
     with pytest.raises(RuntimeError, match="engine loop"):
         PolyvecReplica.check_health(replica)
+
+
+def test_cli_sigterm_while_ray_starts_exits_0(minilm_path):
+    """SIGTERM while ray.init is still starting a Ray of its own: exit 0, as later in start-up (it was 15 or a
+    SIGABRT from Ray's own handler, before polyvec's were installed)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--replicas", "1", "--threads", "1",
+           "--port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("raylet" in " ".join(c.cmdline()) for c in _children(proc)):
+        time.sleep(0.05)  # Ray's processes are starting: ray.init has not returned
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+
+
+def _children(proc: subprocess.Popen) -> list:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []

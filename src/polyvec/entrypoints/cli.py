@@ -87,6 +87,14 @@ def non_negative(cast: Callable[[str], Any]) -> Callable[[str], Any]:
     return check
 
 
+def positive_float(value: str) -> float:
+    """An argparse type: a number > 0."""
+    number = non_negative(float)(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be more than 0, got 0")
+    return number
+
+
 def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
     """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same; another
     field with `text_column`), of a Parquet file or folder (ids from `_id` or `id`, else the row number; texts
@@ -302,9 +310,11 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             raise CommandError(f"no texts in {path}")
     # Every model flag reaches the engines, as without --ray (checked here, before Ray starts); threads are per actor.
     model_kwargs = {**model_options(args), "num_threads": None, "max_num_batched_tokens": args.max_num_batched_tokens}
+    if args.ray != "local":
+        check_ray_address(args.ray)
     try:
         ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
-    except ConnectionError as exc:
+    except (ConnectionError, ValueError) as exc:
         raise CommandError(f"--ray {args.ray}: cannot connect to a Ray cluster ({exc})") from None
     if args.quiet:
         ray.data.DataContext.get_current().enable_progress_bars = False
@@ -343,6 +353,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         rows = _parquet_rows(args.output)
     except ValueError as exc:  # the pool's plan (before any job)
         raise CommandError(str(exc)) from None
+    except OSError as exc:  # the output folder, on the driver
+        raise CommandError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     except Exception as exc:  # an engine's error, wrapped by Ray in pages of tracebacks: its one line
         cause = ray_error_cause(exc)
         if cause is None:
@@ -733,14 +745,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "--log-level", "info", "debug, info, warning or error", cast=str.lower, choices=LOG_LEVELS)
     g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
     _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=int)
-    _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=int)
-    _flag(g, "--max-replicas", help="autoscale on requests in progress, up to this many replicas", cast=int)
+    _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=positive_int)
+    _flag(g, "--max-replicas", help="autoscale on requests in progress, up to this many replicas", cast=positive_int)
     _flag(
         g,
         "--target-ongoing-requests",
         32.0,
         "autoscaling: requests in progress per replica to aim for",
-        cast=float,
+        cast=positive_float,
     )
     _flag(g, "--gpus-per-replica", 0.0, "GPUs each replica reserves (0: a CPU engine)", cast=float)
     _flag(
@@ -1008,26 +1020,38 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             "--ingress chooses the front of a Ray of its own; a cluster keeps the one it was started with "
             "(RAY_SERVE_ENABLE_HA_PROXY=1 ray start ... for HAProxy)"
         )
-    ray.init(
-        address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
-        logging_level=logging.WARNING,
-        include_dashboard=False,
-    )
+    check_port(args.host, args.port)
+    if not local:
+        check_ray_address(args.ray)
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
         if stop.is_set():  # a second signal: stop now, without waiting for requests in flight
             raise KeyboardInterrupt
         stop.set()
-        if not serving:  # still starting (a download, replicas loading): leave serve.run
+        if not serving:  # still starting (Ray, a download, replicas loading): leave serve.run
             raise KeyboardInterrupt
 
     serving = False
-    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs handlers of its own
-        signal.signal(sig, on_signal)
     log = logging.getLogger("polyvec.serve")
     deployed = False
     try:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a signal while Ray starts: stop, exit 0 (it was 15 or 6)
+            signal.signal(sig, on_signal)
+        try:
+            ray.init(
+                address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
+                logging_level=logging.WARNING,
+                include_dashboard=False,
+            )
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise CommandError(f"--ray {args.ray}: cannot start or reach Ray ({exc})") from None
+        except SystemExit as exc:  # Ray's own SIGTERM handler, installed during ray.init: a stop like ours
+            if exc.code != signal.SIGTERM:
+                raise
+            raise KeyboardInterrupt from None
+        for sig in (signal.SIGTERM, signal.SIGINT):  # again after ray.init, which installs handlers of its own
+            signal.signal(sig, on_signal)
         try:
             app = deployment(
                 args.model,
@@ -1039,8 +1063,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
                 num_gpus=args.gpus_per_replica,
                 log_level=args.log_level,
                 engine_options={**model_options(args), **serve_engine_options(args)},
-                # Ray Serve sends X-Request-Id with every response itself: a second one from the app would repeat it
-                server_options={**server_options(args), "request_id_headers": False},
+                server_options=server_options(args),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
@@ -1062,12 +1085,39 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("stopped without draining")
     finally:
-        if local:
-            serve.shutdown()
-        elif deployed:  # Serve on a shared cluster runs other applications too: only ours goes
-            serve.delete("polyvec", _blocking=False)
-        ray.shutdown()
+        if ray.is_initialized():
+            if local:
+                serve.shutdown()
+            elif deployed:  # Serve on a shared cluster runs other applications too: only ours goes
+                serve.delete("polyvec", _blocking=False)
+        ray.shutdown()  # also what a signal during ray.init left started
     return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """The port is free (Serve's proxy would fail on it deep inside Ray, in a page of traceback)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CommandError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def check_ray_address(address: str) -> None:
+    """A HOST:PORT `--ray` address answers before ray.init tries it (it retried a dead one for minutes)."""
+    import socket
+
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise CommandError(f"--ray {address}: not an address (HOST:PORT, auto, local or ray://HOST:PORT)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise CommandError(f"--ray {address}: no Ray answers there ({exc.strerror or exc})") from None
 
 
 def replica_error(serve: Any) -> str | None:

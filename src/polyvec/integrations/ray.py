@@ -91,6 +91,28 @@ class PolyvecEncoder:
         return batch
 
 
+ROWS = ("keep", "plain", "jsonl")
+
+
+LLM_ARGS = frozenset(
+    "allowed_media_domains convert device download_dir dtype enable_prefix_caching hf_overrides kernels "
+    "kv_cache_memory_bytes limit_mm_per_prompt long_input max_image_pixels max_model_len max_num_batched_tokens "
+    "max_num_seqs mm_processor_kwargs num_threads pooler_config quantization revision tokenizer truncation "
+    "window_overlap".split()
+)
+"""LLM()'s own keywords, written out: the driver checks them without importing torch (a test keeps them equal)."""
+
+
+def _check_llm_kwargs(kwargs: dict[str, Any]) -> None:
+    """TypeError for a keyword LLM() does not take (a typo failed each actor once the job ran)."""
+    from ..entrypoints import vllm_compat
+
+    known = LLM_ARGS | {*vllm_compat.IGNORED, *vllm_compat.PARALLEL, "runner", "task", "enforce_eager"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"encode_dataset got unexpected arguments (neither its own nor LLM's): {', '.join(unknown)}")
+
+
 def _ids(batch: Any) -> list[str]:
     """A batch's ids as strings, from `_id` (BEIR) or `id`."""
     name = next((c for c in ("_id", "id") if c in batch.column_names), None)
@@ -129,6 +151,8 @@ def plan_pool(actors: int | None, threads: int | None, num_gpus: float = 0) -> t
     cpus = min([int(n["Resources"].get("CPU", 0)) for n in nodes] or [os.cpu_count() or 1])
     if num_gpus:
         gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+        if gpus < num_gpus:  # Ray would wait for them for ever
+            raise ValueError(f"{num_gpus:g} GPU(s) per actor asked of a cluster with {gpus:g} GPU(s)")
         actors = actors or max(1, int(gpus // num_gpus))
     else:
         actors = actors or max(1, len(nodes))
@@ -175,6 +199,9 @@ def encode_dataset(
         raise ValueError(f"actors and threads_per_actor must be positive: {actors}, {threads_per_actor}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive: {batch_size}")
+    if rows not in ROWS:
+        raise ValueError(f"rows must be one of {', '.join(ROWS)}, not {rows!r}")
+    _check_llm_kwargs(llm_kwargs)  # here, not in each actor once the job runs
     actors, threads, reserve = plan_pool(actors, threads_per_actor, num_gpus)
     return ds.map_batches(
         PolyvecEncoder,

@@ -74,17 +74,23 @@ def deployment(
     `server_options` `ServerConfig`'s. Each replica reserves `threads_per_replica` CPUs (default: all of this
     node's CPUs divided among the replicas, at least one) and uses as many threads."""
     engine_options = dict(engine_options or {})
-    server_options = dict(server_options or {})
+    # Serve sends X-Request-Id with every response itself: a second one from the app would repeat it
+    server_options = {**(server_options or {}), "request_id_headers": False}
     server_options.setdefault("served_model_names", [model])
     config = ServerConfig(**server_options)
-    if min(replicas, 1 if min_replicas is None else min_replicas, max_replicas or 1) < 1:
-        raise ValueError("replicas, min_replicas and max_replicas must be positive")
+    for name, value in (("replicas", replicas), ("min_replicas", min_replicas), ("max_replicas", max_replicas)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive, not {value}")
+    if not target_ongoing_requests > 0:
+        raise ValueError(f"target_ongoing_requests must be positive, not {target_ongoing_requests}")
+    if threads_per_replica is not None and threads_per_replica < 1:
+        raise ValueError(f"threads_per_replica must be positive, not {threads_per_replica}")
     autoscaled = min_replicas is not None or max_replicas is not None
     low = min_replicas if min_replicas is not None else 1
     high = max_replicas if max_replicas is not None else max(low, replicas)
     if autoscaled and low > high:
         raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
-    threads = threads_per_replica or engine_options.get("num_threads")
+    threads = threads_per_replica if threads_per_replica is not None else engine_options.get("num_threads")
     if threads is None and not num_gpus:
         threads = default_threads(high if autoscaled else replicas)
     if threads is not None:
