@@ -4,6 +4,7 @@ replica under load; `polyvec serve --replicas` drains on SIGTERM and exits 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -336,10 +337,22 @@ def test_cli_haproxy_front_survives_a_killed_replica(minilm_path, tmp_path):
     log = tmp_path / "serve.log"
     stats_port = free_port()
     proc, url = start_cli(
-        minilm_path, log, "--replicas", "2", "--ingress", "haproxy", RAY_SERVE_HAPROXY_STATS_PORT=str(stats_port)
-    )
+        minilm_path, log, "--replicas", "2", "--ingress", "haproxy", "--request-body-timeout", "3",
+        RAY_SERVE_HAPROXY_STATS_PORT=str(stats_port),
+    )  # fmt: skip
     try:
         assert front(proc, url) == "haproxy"
+        # a body that stops: HAProxy's 408 is the single server's JSON error (it was an HTML page)
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as sock:
+            sock.sendall(b'POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"in')
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"content-type: application/json" in head.lower(), answer
+        error = json.loads(body)["error"]
+        assert error == {"message": "the request body did not arrive within 3 seconds", "type": "RequestTimeout",
+                         "param": None, "code": 408}  # fmt: skip
         deadline = time.monotonic() + 120
         while len(before := replica_pids(proc)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -413,7 +426,7 @@ def test_ingress_env(monkeypatch):
     assert haproxy["RAY_SERVE_HAPROXY_RETRY_ON"].endswith("\n    option http-buffer-request")
     # HAProxy holds each body whole before a replica sees it: --request-body-timeout is its 408, as on one server
     timed = ingress_env("haproxy", 2.5)["RAY_SERVE_HAPROXY_RETRY_ON"]
-    assert timed.endswith("\n    option http-buffer-request\n    timeout http-request 2500ms")
+    assert "\n    option http-buffer-request\n    timeout http-request 2500ms\n    http-error status 408" in timed
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
     assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
     assert haproxy["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"

@@ -1162,9 +1162,18 @@ def ingress_env(ingress: str, body_timeout: float = 0) -> dict[str, str]:
         # HAProxy replays only a request it held whole when it sent it, so it must wait for the body; Ray's
         # template has no place for other options, and this one rides on the retry-on line it fills in.
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response\n    option http-buffer-request"
-        + (f"\n    timeout http-request {max(1, round(body_timeout * 1000))}ms" if body_timeout > 0 else ""),
+        + (f"\n    timeout http-request {max(1, round(body_timeout * 1000))}ms" if body_timeout > 0 else "")
+        + (f"\n    {_haproxy_408(body_timeout)}" if body_timeout > 0 else ""),
     }
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **loop, **{k: os.environ.get(k, v) for k, v in tuned.items()}}
+
+
+def _haproxy_408(body_timeout: float) -> str:
+    """HAProxy's 408 as the single server words it: the error body in JSON (HAProxy's own is an HTML page)."""
+    message = f"the request body did not arrive within {body_timeout:g} seconds"
+    error = {"error": {"message": message, "type": "RequestTimeout", "param": None, "code": 408}}
+    text = json.dumps(error, separators=(",", ":")).replace("\\", "\\\\").replace('"', '\\"')
+    return f'http-error status 408 content-type application/json string "{text}"'
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
