@@ -214,6 +214,21 @@ CASES = [
     ),
     Bad("/v2/embed", {"inputs": [{"content": []}]}, 400, "field 'inputs' item 0.content", "inputs"),
     Bad("/v2/embed", {"inputs": [{"content": [{"type": "audio"}]}]}, 400, "'inputs' item 0.content item 0", "inputs"),
+    # the union's tag is not a field ("item 0.content item 0.text.text is required" before)
+    Bad(
+        "/v2/embed",
+        {"inputs": [{"content": [{"type": "text"}]}]},
+        400,
+        "field 'inputs' item 0.content item 0.text is required",
+        "inputs",
+    ),  # fmt: skip
+    Bad(
+        "/v2/embed",
+        {"inputs": [{"content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "field 'inputs' item 0.content item 0.image_url.url is required",
+        "inputs",
+    ),  # fmt: skip
     Bad("/v2/embed", {"inputs": [{"content": [{"type": "text", "text": "\ud800"}]}]}, 400, "is not valid UTF-8"),
     Bad("/v2/embed", {"texts": ["x"], "input_type": "image"}, 400, "images are not supported yet", "input_type"),
     Bad("/v2/embed", {"texts": ["x"], "input_type": "poetry"}, 400, "input_type='poetry' is not valid"),

@@ -115,6 +115,9 @@ def _describe_loc(loc: list[Any]) -> str:
     return f"'{'.'.join(names)}'" + "".join(items)
 
 
+_TAGS = frozenset({"text", "image_url"})
+"""The tags of the discriminated unions of the bodies (a Cohere content part's `type`)."""
+
 _JSON_TYPES = {"dict_type": "an object", "model_attributes_type": "an object", "model_type": "an object"}
 
 
@@ -130,12 +133,15 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return ctx["message"], ctx["param"]
     if kind == "json_invalid":
         return f"the request body is not valid JSON ({ctx.get('error', 'parse error')})", None
-    # Union members add their type names to the location; keep the field path only.
+    # Union members add their type names to the location, a discriminated union its tag after the item's index
+    # ("content", 0, "text", "text"); keep the field path only.
+    raw = list(first.get("loc", ()))
     loc = [
         x
-        for x in first.get("loc", ())
+        for k, x in enumerate(raw)
         if x != "body"
         and not (isinstance(x, str) and x.startswith(("str", "list[", "literal[", "function-", "constrained-")))
+        and not (x in _TAGS and k > 0 and isinstance(raw[k - 1], int) and k + 1 < len(raw))
     ]
     if kind == "string_unicode":  # pydantic cannot take a lone surrogate in an object key
         where = f"field {_describe_loc(loc)}" if loc else "the request body"
