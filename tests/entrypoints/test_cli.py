@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from polyvec import LLM
 from polyvec.columns import token_rows
+from polyvec.entrypoints.cli import build_parser
 from tests.conftest import REPO
 
 DOCS = [("d1", "Flutter", "wing flutter at transonic speeds"), ("d2", "", "heat transfer in a boundary layer")]
@@ -95,6 +98,7 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
         ([str(texts), "--pooling-task", "embed+embed"], "tasks must be a non-empty list without repeats"),
         ([str(texts), "--output", str(tmp_path / "no" / "x.npy")], "cannot write --output"),
         ([str(texts), "--pooler-config", '{"dimensions": 100}'], "dimensions=100 is not allowed"),
+        ([str(texts), "--output", str(tmp_path / "v.csv")], "give FILE.npy (vectors) or FILE.parquet"),  # .npy in it
     ]:
         assert main(["embed", *argv, *model]) == 2, argv
         assert message in capsys.readouterr().err
@@ -109,6 +113,9 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
         (["serve", "m", "--max-concurrent-requests", "-1"], "--max-concurrent-requests: must be 0 or more"),
         (["serve", "m", "--request-body-timeout", "nan"], "--request-body-timeout: must be 0 or more"),
         (["serve", "m", "--max-model-len", "1.5K"], "decimals go with k, m, g or t (decimal) only"),
+        (["embed", "x", "--device", "bogus"], "argument --device: 'bogus' is not auto, cpu, cuda or cuda:N"),
+        (["serve", "m", "--replicas", "0"], "argument --replicas: must be at least 1, got 0"),
+        (["serve", "m", "--target-ongoing-requests", "0"], "--target-ongoing-requests: must be more than 0"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             main(argv)
@@ -117,6 +124,34 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
     with pytest.raises(SystemExit) as exit_:
         main(["embed", "--help"])
     assert exit_.value.code == 2 and "POLYVEC_PORT='abc' is not a valid value for --port" in capsys.readouterr().err
+    monkeypatch.delenv("POLYVEC_PORT")
+    monkeypatch.setenv("POLYVEC_LOG_LEVEL", "verbose")  # argparse checks choices on a command line only
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    assert exit_.value.code == 2 and "POLYVEC_LOG_LEVEL='verbose' is not one of --log-level's values" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.delenv("POLYVEC_LOG_LEVEL")
+    # a list flag from its variable: the words of the value (it was one string, checked letter by letter: any
+    # host with one of its letters passed the allow list)
+    monkeypatch.setenv("POLYVEC_ALLOWED_MEDIA_DOMAINS", "example.com img.example.org")
+    assert build_parser().parse_args(["serve"]).allowed_media_domains == ["example.com", "img.example.org"]
+    monkeypatch.delenv("POLYVEC_ALLOWED_MEDIA_DOMAINS")
+    llm = LLM(str(minilm_path), allowed_media_domains="example.com")  # one host as a string, in Python
+    assert llm.engine.engine_config.allowed_media_domains == ("example.com",)
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(minilm_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        r = subprocess.run([sys.executable, "-m", "polyvec", "serve", str(minilm_path), "--port", port],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr  # it loaded the model, then uvicorn logged the bind error, exit 3
+    assert r.stderr.strip().splitlines() == [
+        f"polyvec: error: cannot serve on 127.0.0.1:{port}: Address already in use"
+    ]
 
 
 def test_embed_prints_the_vectors_width_and_a_true_cosine(tmp_path, minilm_path, capsys):

@@ -50,6 +50,8 @@ def create_engine(
         raise ValueError(f"hf_overrides must be a dict of config fields, got {type(hf_overrides).__name__}")
     if pooler_config is not None and pooler_config.enable_chunked_processing and long_input == "truncate":
         long_input = "window"  # vLLM's chunked processing of long inputs is polyvec's windows
+    # one host given as a string is that host (iterated, it was its letters: a check any host passed)
+    hosts = [allowed_media_domains] if isinstance(allowed_media_domains, str) else allowed_media_domains or ()
     checked = EngineConfig(
         max_num_batched_tokens=max_num_batched_tokens or 1,
         max_num_seqs=max_num_seqs,
@@ -65,7 +67,7 @@ def create_engine(
         max_images_per_prompt=_images_per_prompt(limit_mm_per_prompt),
         max_image_pixels=max_image_pixels,
         max_request_image_pixels=max_request_image_pixels,
-        allowed_media_domains=tuple(d.lower().strip(".") for d in allowed_media_domains or ()),
+        allowed_media_domains=tuple(d.lower().strip(".") for d in hosts),
     )
     platform = get_platform(checked.resolve_device(), checked.kernels)
     model_config = load_model_config(

@@ -8,7 +8,7 @@
                                      rank a BEIR-style folder exactly; print nDCG@10, R@100, MRR@10
     polyvec eval-retrieval --data DIR --mode hybrid --hybrid dense[:M] sparse:M [multivector[:M]] [bm25]
                            [--fusion rrf|weighted] [--weights W ...]   fuse exact rankings (RRF or bge-m3's sum)
-    polyvec index FILE --index DIR|URL [--model M] [--first-stage muvera|dense|none]
+    polyvec index FILE --index DIR|URL [--model M] [--first-stage muvera|dense|sparse|none]
                                      encode documents' token vectors into Qdrant (embedded, or a server URL)
     polyvec search --index DIR|URL [QUERY ...] [--queries FILE] [-k 10]   MaxSim over the first stage's candidates
 
@@ -85,6 +85,13 @@ def non_negative(cast: Callable[[str], Any]) -> Callable[[str], Any]:
         return number
 
     return check
+
+
+def device_name(value: str) -> str:
+    """An argparse type: auto, cpu, cuda or cuda:N (torch's own error for others was a traceback)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not auto, cpu, cuda or cuda:N")
+    return value
 
 
 def positive_float(value: str) -> float:
@@ -395,6 +402,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     parquet = bool(args.output) and args.output.endswith(".parquet")
     if args.output and not parquet and task != "embed":
         raise CommandError(f"--pooling-task {args.pooling_task} is written as Parquet: give --output FILE.parquet")
+    if args.output and not parquet and not args.output.endswith(".npy"):  # it wrote .npy bytes under any name
+        raise CommandError(f"--output {args.output}: give FILE.npy (vectors) or FILE.parquet (ids, texts, vectors)")
     if parquet:
         try:
             import pyarrow  # noqa: F401
@@ -549,11 +558,17 @@ def _flag(
     var = env_name(flag)
     value = os.environ.get(var)
     if value is not None:
+        many = kw.get("nargs") in ("+", "*") and cast is not _split  # a list flag: the words of the value
         try:
-            default = cast(value)
+            default = [cast(v) for v in value.split()] if many else cast(value)
         except (ValueError, TypeError, argparse.ArgumentTypeError):  # the parser is not built yet: say it here
             print(f"polyvec: error: {var}={value!r} is not a valid value for {flag}", file=sys.stderr)
             raise SystemExit(2) from None
+        choices = kw.get("choices")  # argparse checks what a command line gives, not a default
+        if choices is not None and any(v not in choices for v in (default if many else [default])):
+            allowed = ", ".join(map(str, choices))
+            print(f"polyvec: error: {var}={value!r} is not one of {flag}'s values: {allowed}", file=sys.stderr)
+            raise SystemExit(2)
     shown = f"default: {default}; " if default is not None else ""
     if cast not in (str, _split):
         kw["type"] = cast
@@ -632,7 +647,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         "so only base64 data: URLs are read",
         nargs="+",
     )
-    _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N")
+    _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N", cast=device_name)
     _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=int)
 
 
@@ -640,7 +655,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p, positional=True)
     _flag(p, "--host", "127.0.0.1", "address to listen on")
     _flag(p, "--port", 8000, "port to listen on", cast=port_number)
-    _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
+    _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health and /ping)")
     _flag(
         p,
         "--served-model-name",
@@ -742,9 +757,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="do not compile kernels for every batch size while idle after start; they then compile when a "
         f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
     )
-    _flag(p, "--log-level", "info", "debug, info, warning or error", cast=str.lower, choices=LOG_LEVELS)
+    _flag(p, "--log-level", "info", "debug, info, warning, error or critical", cast=str.lower, choices=LOG_LEVELS)
     g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
-    _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=int)
+    _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=positive_int)
     _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=positive_int)
     _flag(g, "--max-replicas", help="autoscale on requests in progress, up to this many replicas", cast=positive_int)
     _flag(
@@ -941,6 +956,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server.app import ServerConfig, build_app
 
     log = logging.getLogger("polyvec.serve")
+    check_port(args.host, args.port)  # before the model loads: uvicorn's bind error came after, in log lines
     engine = load_engine(args, **serve_engine_options(args))
     mc = engine.model_config
     tasks = engine.supported_tasks
@@ -1099,6 +1115,7 @@ def check_port(host: str, port: int) -> None:
     import socket
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
         try:
             sock.bind((host, port))
         except OSError as exc:
