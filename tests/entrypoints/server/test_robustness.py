@@ -125,27 +125,30 @@ def test_overload_gets_429_with_retry_after(tight_server):
     assert r.status_code == 200
 
 
-def test_tokenize_runs_off_the_event_loop(tight_server):
-    """A maximum-size /tokenize (about a second of tokenizing) leaves /health answering within 100 ms."""
-    prompt = "turbulent boundary layer over a flat plate " * (990_000 // 44)
-    result = {}
-
-    def tokenize():
-        result["r"] = httpx.post(tight_server.url + "/tokenize", json={"prompt": prompt}, timeout=120)
-
-    worker = threading.Thread(target=tokenize)
+def _post_while_probing(server, path: str, **request) -> tuple[httpx.Response, list[float]]:
+    """POST `request` to `path` from a thread while this one times GET /health, until the POST is answered:
+    (its response, the probes' latencies)."""
+    result: dict[str, httpx.Response] = {}
+    worker = threading.Thread(target=lambda: result.update(r=httpx.post(server.url + path, timeout=120, **request)))
     latencies = []
-    with httpx.Client(base_url=tight_server.url, timeout=30) as probe:
+    with httpx.Client(base_url=server.url, timeout=30) as probe:
         probe.get("/health")  # connect before measuring
         worker.start()
         while worker.is_alive():
             start = time.perf_counter()
             assert probe.get("/health").status_code == 200
             latencies.append(time.perf_counter() - start)
-            time.sleep(0.01)
+            time.sleep(0.005)
     worker.join()
-    body = result["r"].json()
-    assert result["r"].status_code == 200 and body["count"] == len(body["tokens"]) > 100_000
+    return result["r"], latencies
+
+
+def test_tokenize_runs_off_the_event_loop(tight_server):
+    """A maximum-size /tokenize (about a second of tokenizing) leaves /health answering within 100 ms."""
+    prompt = "turbulent boundary layer over a flat plate " * (990_000 // 44)
+    r, latencies = _post_while_probing(tight_server, "/tokenize", json={"prompt": prompt})
+    body = r.json()
+    assert r.status_code == 200 and body["count"] == len(body["tokens"]) > 100_000
     assert len(latencies) >= 5, "the probes did not overlap the tokenization"
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
 
@@ -154,24 +157,8 @@ def test_many_tiny_items_are_counted_off_the_event_loop(tight_server):
     """A body of 190,000 one-token items (under 1 MB): refused by the item limit, counted before FastAPI validates
     it on the event loop (3 million such items held /health for 4-5 s), and /health answers within 100 ms."""
     for path, name in (("/v1/embeddings", "input"), ("/embed", "inputs")):
-        result: dict[str, httpx.Response] = {}
         data = json.dumps({name: [[1]] * 190_000}, separators=(",", ":")).encode()
-
-        def send(path=path, data=data, result=result):
-            result["r"] = httpx.post(tight_server.url + path, content=data, timeout=120)
-
-        worker = threading.Thread(target=send)
-        latencies = []
-        with httpx.Client(base_url=tight_server.url, timeout=30) as probe:
-            probe.get("/health")
-            worker.start()
-            while worker.is_alive():
-                start = time.perf_counter()
-                assert probe.get("/health").status_code == 200
-                latencies.append(time.perf_counter() - start)
-                time.sleep(0.005)
-        worker.join()
-        r = result["r"]
+        r, latencies = _post_while_probing(tight_server, path, content=data)
         assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
         assert f"'{name}' has 190000 items; the limit is 4096 per request" in r.json()["error"]["message"]
         assert max(latencies) < 0.1, sorted(latencies)[-5:]
