@@ -326,6 +326,9 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
     if args.quiet:
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
+    # An engine's error: Ray Data logs it twice with its stack before the job raises it; polyvec says it in a line
+    for name in ("ray.data.exceptions", "ray.data._internal.execution.streaming_executor_state"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     io = 0.25  # reading and writing are light: they fit beside the engines' reservations
     # Ray 2.60's newer file reader lists Parquet files in a task of a whole CPU, which a node of 1 CPU cannot give
     # beside an engine: the job waited for ever. The older reader's tasks take the `num_cpus` they are given.
