@@ -87,6 +87,11 @@ class PoolingParams:
     def clone(self) -> PoolingParams:
         return dataclasses.replace(self)
 
+    def sparse_options(self) -> list[str]:
+        """The embed_sparse options given, by name (each applies to that task only)."""
+        values = {"sparse_top_k": self.sparse_top_k, "sparse_threshold": self.sparse_threshold}
+        return [n for n, v in {**values, "return_tokens": self.return_tokens or None}.items() if v is not None]
+
     def verify(self, task: str | None, model_config: ModelConfig, supported_tasks: tuple[str, ...]) -> PoolingParams:
         """Check against the task and model; return a copy with `task` and `use_activation` resolved."""
         task = task or self.task
@@ -127,8 +132,7 @@ class PoolingParams:
                 raise ValueError("token_encoding and late_chunking_params cannot be combined")
 
         sparse = task == "embed_sparse"
-        options = {"sparse_top_k": self.sparse_top_k, "sparse_threshold": self.sparse_threshold}
-        given = [n for n, v in {**options, "return_tokens": self.return_tokens or None}.items() if v is not None]
+        given = self.sparse_options()
         if not sparse and given:  # named first, so that a server's error names the field
             verb = "applies" if len(given) == 1 else "apply"
             raise ValueError(f"{', '.join(given)} {verb} to embed_sparse, not {task!r}")

@@ -11,6 +11,7 @@ encoded in query mode and text_2 in document mode, each text once, so a query's 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,11 @@ class ScorePlan:
             i, j = self.pairs[k]
             return [(0, i), (1, j)]
         return [(0, k)] if k < self.n1 else [(1, k - self.n1)]
+
+    def describe(self, k: int, item: Callable[[int, int], str]) -> str:
+        """Prompt k in the caller's words, `item(side, index)` naming one item: it, or both of a pair."""
+        found = self.origin(k)
+        return ("the pair of " if len(found) == 2 else "") + " and ".join(item(s, i) for s, i in found)
 
     def scores(self, outputs: list) -> list[float]:
         if self.task == "classify":

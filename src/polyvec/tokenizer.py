@@ -197,10 +197,9 @@ class PolyTokenizer:
         if not isinstance(text, str) or not isinstance(pair, str | None):
             raise TypeError(f"a text (and a text pair) to encode, got {type(text).__name__} and {type(pair).__name__}")
         limit = max_length if max_length is not None else self.model_max_length
-        cut = bool(truncation) and limit is not None
+        cut = limit if truncation else None  # without a limit, transformers does not cut either
         item: str | tuple[str, str] = text if pair is None else (text, pair)
-        max_len = limit if cut and limit is not None else 1 << 62
-        (enc,) = self.encode_prompts([item], max_len, cut, add_special_tokens)
+        (enc,) = self.encode_prompts([item], 1 << 62 if cut is None else cut, cut is not None, add_special_tokens)
         return enc
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
@@ -214,7 +213,7 @@ class PolyTokenizer:
         return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
 
     def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        return [self.decode(list(ids), skip_special_tokens=skip_special_tokens) for ids in sequences]
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     def get_vocab(self) -> dict[str, int]:
         return self._base.get_vocab(with_added_tokens=True)

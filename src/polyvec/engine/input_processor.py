@@ -375,11 +375,7 @@ class InputProcessor:
         for p in per_prompt:
             if p is None:
                 continue
-            sparse = [
-                n
-                for n in ("sparse_top_k", "sparse_threshold", "return_tokens")
-                if getattr(p, n) is not None and getattr(p, n) is not False
-            ]
+            sparse = p.sparse_options()
             if sparse and "embed_sparse" not in tasks:  # as for one task: an option that would do nothing
                 raise ValueError(f"{sparse[0]} applies to embed_sparse, which is not among {tasks}")
             shaped = [n for n in ("pool_factor", "muvera", "token_encoding") if getattr(p, n)]

@@ -317,8 +317,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             raise CommandError(f"no texts in {path}")
     # Every model flag reaches the engines, as without --ray (checked here, before Ray starts); threads are per actor.
     model_kwargs = {**model_options(args), "num_threads": None, "max_num_batched_tokens": args.max_num_batched_tokens}
-    if args.ray != "local":
-        check_ray_address(args.ray)
+    check_ray_address(args.ray)
     try:
         ray.init(address=None if args.ray == "local" else args.ray, logging_level=logging.WARNING)
     except (ConnectionError, ValueError) as exc:
@@ -1054,9 +1053,13 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     serving = False
     log = logging.getLogger("polyvec.serve")
     deployed = False
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):  # a signal while Ray starts: stop, exit 0 (it was 15 or 6)
+
+    def catch_signals() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+
+    try:
+        catch_signals()  # a signal while Ray starts: stop, exit 0 (it was 15 or 6)
         try:
             ray.init(
                 address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
@@ -1069,8 +1072,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             if exc.code != signal.SIGTERM:
                 raise
             raise KeyboardInterrupt from None
-        for sig in (signal.SIGTERM, signal.SIGINT):  # again after ray.init, which installs handlers of its own
-            signal.signal(sig, on_signal)
+        catch_signals()  # again after ray.init, which installs handlers of its own
         try:
             app = deployment(
                 args.model,

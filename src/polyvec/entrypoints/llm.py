@@ -425,9 +425,8 @@ class LLM:
         try:
             outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
         except PromptError as exc:  # the caller's item, not its place in the joined prompt list
-            found = plan.origin(exc.index)
-            where = " and ".join(f"data_{s + 1} item {i}" for s, i in found)
-            raise ValueError(("the pair of " if len(found) == 2 else "") + where + exc.detail) from None
+            where = plan.describe(exc.index, lambda s, i: f"data_{s + 1} item {i}")
+            raise ValueError(where + exc.detail) from None
         results = []
         for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
             results.append(

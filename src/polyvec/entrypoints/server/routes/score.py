@@ -49,9 +49,8 @@ async def score_pairs(
 
     def locate(k: int) -> tuple[str, str]:
         """The body item(s) behind prompt k: both sides are one prompt list to the engine (or one pair each)."""
-        found = plan.origin(k)
-        where = " and ".join(item((side_1, side_2)[s], i) for s, i in found)
-        return ("the pair of " if len(found) == 2 else "") + where, (name_1, name_2)[found[-1][0]]
+        where = plan.describe(k, lambda s, i: item((side_1, side_2)[s], i))
+        return where, (name_1, name_2)[plan.origin(k)[-1][0]]
 
     # A score body's use_activation is the cross-encoder's sigmoid; embedding scores keep the model's default.
     params = pooling_params(req, use_activation=req.use_activation if plan.task == "classify" else None)
