@@ -375,7 +375,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
 
 
 def _parquet_rows(path: str) -> int:
-    """Rows written under `path`, from the Parquet footers (a Ray job to count them took ~0.5 s)."""
+    """Rows written under `path`, from the Parquet footers (not a Ray job of its own)."""
     import pyarrow.dataset as pads
 
     return pads.dataset(path, format="parquet").count_rows()
@@ -849,7 +849,7 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
                 "--task %s is vLLM's deprecated form of --pooler-config.task %s", args.task, task
             )
         pooler_config = None
-        if pooler is not None:  # config imports torch: `embed --ray`'s driver would load it for nothing (~1.4 s)
+        if pooler is not None:  # config imports torch: `embed --ray`'s driver would load it for nothing
             from ..config import PoolerConfig
 
             pooler_config = PoolerConfig.from_dict(pooler)
