@@ -56,21 +56,21 @@ CASES = [
         "/v1/embeddings",
         {"input": ["ok", "\u200b"], "add_special_tokens": False},
         400,
-        "input 1 has no tokens after tokenization",
+        "'input' item 1 has no tokens after tokenization",
         "input",
     ),
     Bad(
         "/v1/embeddings",
         {"input": "\u0003", "add_special_tokens": False, "encoding_format": "base64"},
         400,
-        "input 0 has no tokens after tokenization",
+        "'input' item 0 has no tokens after tokenization",
         "input",
     ),
     Bad(
         "/pooling",
         {"input": ["\u200b"], "add_special_tokens": False, "task": "token_embed"},
         400,
-        "input 0 has no tokens after tokenization",
+        "'input' item 0 has no tokens after tokenization",
         "input",
     ),
     # token ids: booleans, negatives, fractions, out of the vocabulary
@@ -145,7 +145,7 @@ CASES = [
     Bad("/v1/embeddings", {"input": "x", "normalize": True, "use_activation": False}, 400, "conflicts"),
     Bad("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist", "model"),
     Bad("/v1/embeddings", {"input": "x", "a" * 500: 1}, 400, "unknown field 'aaaa"),
-    Bad("/v1/embeddings", {"input": ["x", "word " * 100]}, 400, "prompt 1 has 102 tokens", "input", strict=True),
+    Bad("/v1/embeddings", {"input": ["x", "word " * 100]}, 400, "'input' item 1 has 102 tokens", "input", strict=True),
     Bad("/v1/embeddings", {"input": LONG * 2}, 413, "larger than the limit of 200000 bytes", strict=True),
     # /pooling and /classify
     Bad("/pooling", {"input": "x", "task": "summarize"}, 400, "field 'task'", "task"),
@@ -409,6 +409,38 @@ def test_bad_input(request, case: Bad):
     assert good.status_code == 200 and len(good.json()["data"][0]["embedding"]) == 384
 
 
+# Bodies whose parse differs between JSON decoders: a UTF-8 BOM, NaN, a number past float range, and broken ones.
+PARSE_EDGES = [
+    b'\xef\xbb\xbf{"%s": "a good request"}',
+    b'{"%s": "a good request", "dimensions": NaN}',
+    b'{"%s": "a good request", "dimensions": 1e400}',
+    b'{"%s": "a good request", "dimensions": -Infinity}',
+    b'{"%s": "a good',
+    b'{"%s": "\xff"}',
+    b"",
+    NESTED,
+]
+
+
+@pytest.mark.parametrize("body", PARSE_EDGES, ids=range(len(PARSE_EDGES)))
+@pytest.mark.parametrize(
+    ("route", "field", "same_as"), [("/invocations", "input", "/v1/embeddings"), ("/", "inputs", "/embed")]
+)
+def test_routes_that_pick_their_shape_parse_as_the_others(server, body: bytes, route: str, field: str, same_as: str):
+    """/invocations and TEI's / read the body themselves; they answer every body as the route they stand for."""
+    content = body.replace(b"%s", field.encode())
+    headers = {"content-type": "application/json"}
+    mine, theirs = (
+        httpx.post(server.url + path, content=content, headers=headers, timeout=60) for path in (route, same_as)
+    )
+    assert mine.status_code == theirs.status_code, (mine.text, theirs.text)
+    if mine.status_code == 200:
+        assert mine.json() == theirs.json() or route == "/invocations"  # /invocations' ids and times differ
+        assert mine.json()["data"][0]["embedding"] if route == "/invocations" else mine.json()[0]
+    else:
+        assert mine.json() == theirs.json()
+
+
 def test_empty_and_blank_strings_are_inputs(server, minilm_llm):
     """As in sentence-transformers and vLLM: an empty string embeds its special tokens; one blank item does not
     fail the batch."""
@@ -449,7 +481,7 @@ def test_truncation_error_mode_and_body_limit(strict_server):
     s, auth = strict_server, {"Authorization": "Bearer sekret"}
     r = s.post("/v1/embeddings", {"input": ["short", "word " * 100]}, headers=auth)
     assert r.status_code == 400
-    assert "prompt 1 has 102 tokens, more than the maximum input length of 64" in r.json()["error"]["message"]
+    assert "'input' item 1 has 102 tokens, more than the maximum input length of 64" in r.json()["error"]["message"]
     cut = s.post("/v1/embeddings", {"input": "word " * 100, "truncate_prompt_tokens": 32}, headers=auth)
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 32
     big = s.post("/v1/embeddings", {"input": LONG * 2}, headers=auth)

@@ -86,7 +86,7 @@ _MIXED = {
 }
 BAD = [
     ("/pooling", {"input": ["ok", "data:image/png;base64,aGVsbG8="], "task": "token_embed"}, "input",
-     "prompt 1: image 0: not a readable image"),
+     "'input' item 1: image 0: not a readable image"),
     ("/v2/embed", {"images": ["http://example.com/a.png"]}, "images",
      "image 0: remote image URLs are fetched only from --allowed-media-domains (allowed: 127.0.0.1); 'example.com'"),
     ("/v2/embed", {"images": ["ftp://127.0.0.1/a.png"]}, "images", "'images' item 0: images must be base64 data: URLs"),
@@ -126,7 +126,7 @@ def test_image_options_are_honoured_or_refused_never_ignored(served):
         ("/score", {"text_1": "q", "text_2": [doc], "mm_processor_kwargs": {"max_pixels": 3136}},
          "mm_processor_kwargs", "a request cannot change the image processor's settings"),
         ("/v1/embeddings", {"input": ["fine", doc], "truncate_prompt_tokens": 5}, "input",
-         "prompt 1 has 23 tokens with its images, more than the truncation limit of 5"),
+         "'input' item 1 has 23 tokens with its images, more than the truncation limit of 5"),
         ("/v2/embed", {"images": [doc], "input_type": "image", "max_tokens": 5, "truncate": "END"}, "images",
          "'images' item 0 has 23 tokens with its images, more than the truncation limit of 5"),
     ]  # fmt: skip
@@ -165,7 +165,11 @@ def test_text_models_refuse_images_in_every_form(server):
     """A data:image URL is an image, never base64 text to embed; an image part in messages is named as one."""
     png = "data:image/png;base64,aGVsbG8="
     for path, body, message in [
-        ("/v1/embeddings", {"input": ["text", png]}, "prompt 1 is an image (a data:image URL); this model reads text"),
+        (
+            "/v1/embeddings",
+            {"input": ["text", png]},
+            "'input' item 1 is an image (a data:image URL); this model reads text",
+        ),
         ("/rerank", {"query": "q", "documents": ["x", png]}, "'documents' item 1 is an image"),
         ("/v1/embeddings", _image_messages(png), "messages item 0 content part 0 is an image; this model reads text"),
     ]:
@@ -201,7 +205,10 @@ def test_request_image_pixel_budget(served):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "input"
-    assert "prompt 2: image 0: the request's images reach 30600 pixels, more than the limit of 25000" in err["message"]
+    assert (
+        "'input' item 2: image 0: the request's images reach 30600 pixels, more than the limit of 25000"
+        in err["message"]
+    )
     assert s.post("/pooling", {"input": [_url(im) for im in images], "task": "token_embed"}).status_code == 200
 
 

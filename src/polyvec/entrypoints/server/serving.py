@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...chat import ChatError, find_template, load_template, render, text_messages
 from ...config import ModelConfig
@@ -87,6 +89,22 @@ class ServerState:
                     tokens[key] = value
             self._special_tokens = tokens
         return self._special_tokens
+
+
+async def json_body(raw: Request) -> Any:
+    """The body of a route that picks its request shape itself, parsed as FastAPI parses every other route's (the
+    standard library's decoder: a UTF-8 BOM, NaN and 1e400 read as they do there), its failures raised as FastAPI
+    raises them, so that the same error handlers word them."""
+    body = await raw.body()
+    if not body:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        error = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([{**error, "ctx": {"error": exc.msg}}], body=exc.doc) from exc
+    except Exception as exc:  # undecodable bytes, nesting too deep, too many digits
+        raise StarletteHTTPException(400, "There was an error parsing the body") from exc
 
 
 async def server_state(request: Request) -> ServerState:
@@ -327,12 +345,7 @@ async def process_prompts(
     try:
         return await state.async_engine.process(prompts, params, task, **kwargs)
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
-        if locate is not None:
-            where, param = locate(exc.index)
-        elif field == "input":  # the engine's own words already name the items of `input`
-            where, param = f"{exc.subject} {exc.index}", field
-        else:
-            where, param = f"'{field}' item {exc.index}", field
+        where, param = locate(exc.index) if locate is not None else (f"'{field}' item {exc.index}", field)
         error = APIError(400, where + exc.detail, param)
         if exc.num_tokens is not None and exc.max_len is not None:
             error.too_long = (exc.num_tokens, exc.max_len, where)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import protocol as P
 from ..errors import POST_ERRORS, APIError, error_responses
-from ..serving import State
+from ..serving import State, json_body
 from . import embeddings, score
 
 router = APIRouter()
@@ -49,10 +48,7 @@ def _handlers(state: Any) -> list[tuple[type[BaseModel], Any]]:
     },
 )
 async def invocations(raw: Request, state: State) -> Response:
-    try:
-        body = orjson.loads(await raw.body())
-    except orjson.JSONDecodeError as exc:
-        raise APIError(400, f"JSON decode error: {exc}") from None
+    body = await json_body(raw)
     handlers = _handlers(state)
     closest: ValidationError | None = None
     for model, handler in handlers:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import orjson
 import torch
 import torch.nn.functional as F
 from fastapi import APIRouter, Request
@@ -42,7 +41,7 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import APIError, ErrorResponse, error_responses, shorten, validation_message
-from ..serving import ServerState, State, run_pooling
+from ..serving import ServerState, State, json_body, run_pooling
 
 # ---------------------------------------------------------------------------------------------- errors
 
@@ -679,10 +678,7 @@ async def model_route(raw: Request, state: State) -> Response:
     else:
         raise TEIError("Backend", "Backend error: this model has no route of TEI's")
     model, handler = kind
-    try:
-        body = orjson.loads(await raw.body())
-    except orjson.JSONDecodeError as exc:  # 400 as on /embed and the other TEI routes (not 422)
-        raise TEIError("Validation", f"the request body is not valid JSON: {exc}", 400) from None
+    body = await json_body(raw)  # its failures worded as /embed's (TEIRoute)
     try:
         req = model.model_validate(body)
     except ValidationError as exc:
