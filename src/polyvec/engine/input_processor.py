@@ -149,10 +149,12 @@ class InputProcessor:
                     max_len = self.model_config.pooler_config.max_embed_len
             if self.colbert is not None and self.colbert.inserts_marker:  # its length, less the marker after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type)) - 1
-            # An explicit truncate_prompt_tokens asks for truncation even when the engine rejects long input;
-            # a ColBERT recipe always truncates to its query/document length, as its reference does.
+            # An explicit truncate_prompt_tokens or long_input="truncate" asks for truncation even when the engine
+            # rejects long input; a ColBERT recipe always truncates to its query/document length, as its reference
+            # does.
             recipe = self.colbert is not None and self.colbert.inserts_marker
-            truncate = not error_mode or p.truncate_prompt_tokens is not None or recipe
+            asked = p.truncate_prompt_tokens is not None or p.long_input == "truncate"
+            truncate = not error_mode or asked or recipe
             if windowed[i] and max_len != 1 << 62 and p.truncate_prompt_tokens is None:
                 truncate = False
             add_special = add_special_tokens
@@ -397,12 +399,18 @@ class InputProcessor:
             truncation=truncation,
             truncation_side=side,
         )
-        for r, p in zip(requests, per_prompt):
+        for i, (r, p) in enumerate(zip(requests, per_prompt)):
             r.by_task = True
             if r.static_output is not None:
-                raise ValueError("several tasks from one pass need the model; an inference-free SPLADE query has none")
+                raise PromptError(
+                    i, " is an inference-free SPLADE query: several tasks from one pass need the model, it has none"
+                )
             if r.windows:
-                raise ValueError("several tasks from one pass need inputs within max_model_len (no long_input windows)")
+                raise PromptError(
+                    i,
+                    f" has {r.num_tokens} tokens, more than max_model_len: several tasks from one pass need inputs "
+                    "within it (no long_input windows)",
+                )
             for task in tasks[1:]:
                 r.extra.append((task, self._spec(self.verify_params(for_task(p, task), task))))
         return requests

@@ -122,7 +122,13 @@ def test_truncate_none_rejects_long_input(co, server):
     with pytest.raises(cohere.core.ApiError) as exc:
         co.embed(model="minilm", texts=["fine", long], input_type="search_document", truncate="NONE")
     assert exc.value.status_code == 400
-    assert "'texts' item 1 has 302 tokens" in exc.value.body["error"]["message"]
+    message = exc.value.body["error"]["message"]  # with what Cohere's body offers, not /v1/embeddings' fields
+    assert (
+        "'texts' item 1 has 302 tokens, more than the maximum input length of 256 tokens; shorten it, or send "
+        "truncate END or START to cut it"
+        in message
+        and "truncate_prompt_tokens" not in message
+    ), message
     twenty = "word " * 20
     with pytest.raises(cohere.core.ApiError) as exc:
         co.embed(model="minilm", texts=["fine", twenty], input_type="search_document", truncate="NONE", max_tokens=8)
@@ -180,3 +186,18 @@ def test_v1_floats_and_by_type(co_v1, server, minilm_llm):
     assert body["meta"]["api_version"] == {"version": "1"} and body["meta"]["billed_units"]["input_tokens"] > 0
     body = server.post("/v1/embed", {"texts": TEXTS[:2], "embedding_types": ["int8"]}).json()
     assert body["response_type"] == "embeddings_by_type" and list(body["embeddings"]) == ["int8"]
+
+
+def test_rerank_with_both_clients(co, co_v1, minilm_llm):
+    """Cohere's clients rerank as with Cohere: v2 with texts, v1 with texts or its `{"text": ...}` documents."""
+    query, docs = "a dog in the park", ["the cat sat on a mat", "the dog ran to the park", "a bird sang"]
+    want = [o.outputs.score for o in minilm_llm.score(query, docs, use_tqdm=False)]
+    order = sorted(range(3), key=lambda i: -want[i])
+    for response in (
+        co.rerank(model="minilm", query=query, documents=docs, top_n=2),
+        co_v1.rerank(query=query, documents=docs, top_n=2),
+        co_v1.rerank(query=query, documents=[{"text": d} for d in docs], top_n=2, return_documents=True),
+    ):
+        assert [r.index for r in response.results] == order[:2]
+        assert all(abs(r.relevance_score - want[r.index]) < 1e-5 for r in response.results)
+    assert response.results[0].document is not None and response.results[0].document.text == docs[order[0]]

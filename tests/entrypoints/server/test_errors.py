@@ -369,6 +369,25 @@ CASES = [
     # SageMaker: the error of the request shape the body means (it said only "Cannot find suitable handler")
     Bad("/invocations", {"input": [True, False]}, 400, "'input' item 0 is a boolean, not a token id", "input"),
     Bad("/invocations", {"query": "q", "documents": "not a list"}, 400, "documents", "documents"),
+    Bad("/invocations", {"input": "x", "task": "bogus"}, 400, "invalid value for field 'task'", "task"),
+    Bad(
+        "/detokenize", {"tokens": [101, 7592, 30522]}, 400, "'tokens' item 2 is 30522, outside the vocabulary", "tokens"
+    ),
+    Bad(
+        "/v2/embed",
+        {"texts": ["x"], "input_type": "search_query", "output_dimension": 256},
+        400,
+        "output_dimension=256 is not allowed",
+        "output_dimension",
+    ),
+    Bad(
+        "/pooling",
+        {"input": ["x", "word " * 100], "task": ["embed", "token_embed"], "long_input": "window"},
+        400,
+        "'input' item 1 has 102 tokens, more than max_model_len: several tasks from one pass",
+        "input",
+        strict=True,
+    ),
     # API keys
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": ""}, strict=True),
     Bad("/v1/embeddings", OK, 401, "missing or invalid API key", headers={"Authorization": "Bearer x"}, strict=True),
@@ -484,6 +503,11 @@ def test_truncation_error_mode_and_body_limit(strict_server):
     assert "'input' item 1 has 102 tokens, more than the maximum input length of 64" in r.json()["error"]["message"]
     cut = s.post("/v1/embeddings", {"input": "word " * 100, "truncate_prompt_tokens": 32}, headers=auth)
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 32
+    # a request's own long_input="truncate" cuts as its truncate_prompt_tokens does (as its "window" splits)
+    asked = s.post("/v1/embeddings", {"input": ["short", "word " * 100], "long_input": "truncate"}, headers=auth)
+    assert asked.status_code == 200 and asked.json()["usage"]["prompt_tokens"] == 3 + 64, asked.text
+    same = s.post("/v1/embeddings", {"input": "word " * 100, "truncate_prompt_tokens": 64}, headers=auth).json()
+    assert asked.json()["data"][1]["embedding"] == same["data"][0]["embedding"]
     big = s.post("/v1/embeddings", {"input": LONG * 2}, headers=auth)
     assert big.status_code == 413 and "larger than the limit of 200000 bytes" in big.json()["error"]["message"]
     assert s.post("/v1/embeddings", {"input": "still fine"}, headers=auth).status_code == 200

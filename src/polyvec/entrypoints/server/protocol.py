@@ -241,9 +241,9 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     are accepted. The response says which mode was used. Models with instruction prompts
     (config_sentence_transformers.json, e.g. Qwen3-Embedding) prepend the prompt of that name to text."""
     long_input: Literal["truncate", "window"] | None = None
-    """Encoder input longer than the model's maximum: "truncate" it, or split it into "window"s (embed: the
-    token-weighted mean of the windows, then normalized; token_embed: one vector per input token). Default:
-    the server's --long-input."""
+    """Encoder input longer than the model's maximum: "truncate" it (even on a server that refuses long input,
+    --truncation error), or split it into "window"s (embed: the token-weighted mean of the windows, then
+    normalized; token_embed: one vector per input token). Default: the server's --long-input."""
     window_overlap: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     """long_input="window": tokens shared by consecutive windows (default: the server's --window-overlap)."""
     pool_factor: Annotated[int, Field(ge=1), INTEGRAL] | None = None
@@ -359,13 +359,21 @@ class ScoreRequest(PoolingBase):
         return (a, getattr(self, a)), (b, getattr(self, b))
 
 
+def _document_texts(value: Any) -> Any:
+    """Cohere v1's document objects (`{"text": ...}`, as its client sends them) as their text, the field Cohere
+    ranks by when no rank_fields are given."""
+    if isinstance(value, list):
+        return [x["text"] if isinstance(x, dict) and isinstance(x.get("text"), str) else x for x in value]
+    return value
+
+
 class RerankRequest(PoolingBase):
     """Jina / Cohere rerank: `POST /rerank`, `/v1/rerank`, `/v2/rerank`."""
 
     query: Annotated[str, _inputs("text")]
     """The query text."""
-    documents: Annotated[Texts, _inputs("texts")]
-    """Documents to order by relevance to the query."""
+    documents: Annotated[Texts, BeforeValidator(_document_texts), _inputs("texts")]
+    """Documents to order by relevance to the query: texts, or Cohere v1's `{"text": ...}` objects."""
     top_n: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Return only the best top_n documents (0: all)."""
     return_documents: bool = True

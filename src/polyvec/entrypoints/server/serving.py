@@ -316,13 +316,24 @@ async def run_pooling(
     field: str = "input",
     locate: Locate | None = None,
     task_param: str | None = None,
+    names: dict[str, str] | None = None,
+    too_long_hint: str | None = None,
     **kwargs: Any,
 ) -> list:
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
     input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any)."""
     start = time.perf_counter()
     requests = await process_prompts(
-        state, prompts, params, task, field=field, locate=locate, task_param=task_param, **kwargs
+        state,
+        prompts,
+        params,
+        task,
+        field=field,
+        locate=locate,
+        task_param=task_param,
+        names=names,
+        too_long_hint=too_long_hint,
+        **kwargs,
     )
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
@@ -339,21 +350,33 @@ async def process_prompts(
     field: str = "input",
     locate: Locate | None = None,
     task_param: str | None = None,
+    names: dict[str, str] | None = None,
+    too_long_hint: str | None = None,
     **kwargs: Any,
 ) -> list:
-    """Tokenize and check a request's prompts (the engine's Requests); a 400 naming the field and item."""
+    """Tokenize and check a request's prompts (the engine's Requests); a 400 naming the field and item (`names`:
+    the body's names of PoolingParams fields it spells differently, e.g. Cohere's output_dimension;
+    `too_long_hint`: what the route's own body offers against an over-long input, in place of the engine's list)."""
     try:
         return await state.async_engine.process(prompts, params, task, **kwargs)
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
         where, param = locate(exc.index) if locate is not None else (f"'{field}' item {exc.index}", field)
-        error = APIError(400, where + exc.detail, param)
+        detail = exc.detail
+        if exc.num_tokens is not None and too_long_hint is not None:
+            detail = (
+                f" has {exc.num_tokens} tokens, more than the maximum input length of {exc.max_len} tokens; {too_long_hint}"
+            )
+        error = APIError(400, where + detail, param)
         if exc.num_tokens is not None and exc.max_len is not None:
             error.too_long = (exc.num_tokens, exc.max_len, where)
         raise error from None
     except TaskError as exc:  # a task the body chose names its field; one the route chose, none
         raise APIError(400, str(exc), task_param) from None
     except (ValueError, TypeError) as exc:
-        raise APIError(400, str(exc), _param_of(str(exc))) from None
+        message, about = str(exc), _param_of(str(exc))
+        if about is not None and names and about in names:  # the check's words, with the body's name
+            message, about = names[about] + message[len(about) :], names[about]
+        raise APIError(400, message, about) from None
 
 
 def encoded_response(

@@ -64,6 +64,8 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
         "token_embed" if multi else "embed",
         field=field,
         truncation="error" if req.truncate == "NONE" else "auto",
+        names={"dimensions": "output_dimension"},
+        too_long_hint="shorten it, or send truncate END or START to cut it",
         **side,
     )
     if req.truncate == "NONE" and max_tokens is not None:  # checked after the run, as vLLM does

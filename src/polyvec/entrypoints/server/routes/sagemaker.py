@@ -55,8 +55,10 @@ async def invocations(raw: Request, state: State) -> Response:
         try:
             req = model.model_validate(body)
         except ValidationError as exc:
-            # the shape whose defining field the body has: its own error names the field and item
-            if closest is None and isinstance(body, dict) and _defining_field(model) in body:
+            # the shape whose defining field the body has: its own error names the field and item (a field only
+            # one shape has, as /pooling's task, over the `input` several share)
+            defining = _defining_field(model)
+            if isinstance(body, dict) and defining in body and (closest is None or defining != "input"):
                 closest = exc
             continue
         return await handler(req, raw, state)
@@ -68,7 +70,7 @@ async def invocations(raw: Request, state: State) -> Response:
 
 def _defining_field(model: type[BaseModel]) -> str:
     """The body field that says which request shape a body means."""
-    return {P.RerankRequest: "query", P.ScoreRequest: "text_1"}.get(model, "input")
+    return {P.RerankRequest: "query", P.ScoreRequest: "text_1", P.PoolingRequest: "task"}.get(model, "input")
 
 
 async def _ping() -> Response:

@@ -71,8 +71,13 @@ def invalid(message: str) -> TEIError:
     return TEIError("Validation", f"Input validation error: {message}")
 
 
-def _empty_input(name: str = "inputs") -> TEIError:
-    return TEIError("Empty", f"Input validation error: `{name}` cannot be empty")
+def _empty_input(name: str = "inputs", where: str | None = None) -> TEIError:
+    """TEI's words for an empty input; `where` names the item of a batch (TEI names none)."""
+    return TEIError("Empty", f"Input validation error: `{name}` cannot be empty" + (f" ({where})" if where else ""))
+
+
+def _first_empty(prompts: list) -> int | None:
+    return next((i for i, p in enumerate(prompts) if not p), None)
 
 
 def _not_embedding() -> TEIError:
@@ -235,6 +240,9 @@ def _embed_inputs(state: ServerState, inputs: str | list) -> list:
     else:
         prompts = list(inputs)
         _check_batch(state, len(prompts), "inputs")
+        empty = _first_empty(prompts)
+        if empty is not None:
+            raise _empty_input(where=f"'inputs' item {empty}")
     if not all(prompts):
         raise _empty_input()
     return prompts
@@ -421,13 +429,23 @@ async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) ->
         raise TEIError("Empty", "`inputs.sentences` cannot be empty")
     _check_batch(state, len(sentences) + 1, "inputs.sentences")
     prompts = [source, *sentences]
-    if not all(prompts):
-        raise _empty_input()
+    empty = _first_empty(prompts)
+    if empty is not None:
+        raise _empty_input("inputs.source_sentence") if empty == 0 else _empty_input(*_sentence(empty)[::-1])
     options = req.parameters or T.TEISimilarityParameters()
-    outputs = await _run(state, raw, prompts, PoolingParams(), "embed", options, prompt_name=options.prompt_name)
+    outputs = await _run(
+        state, raw, prompts, PoolingParams(), "embed", options, prompt_name=options.prompt_name, locate=_sentence
+    )
     vectors = torch.stack([o.outputs.data for o in outputs]).float()
     scores = F.cosine_similarity(vectors[:1], vectors[1:], dim=-1)
     return VectorJSONResponse(float_array(scores), headers=_headers(state, start, outputs, _chars(prompts)))
+
+
+def _sentence(i: int) -> tuple[str, str]:
+    """Prompt i of /similarity (the source sentence first) as its body names it."""
+    if i == 0:
+        return "'inputs.source_sentence'", "inputs.source_sentence"
+    return f"'inputs.sentences' item {i - 1}", "inputs.sentences"
 
 
 # ---------------------------------------------------------------------------------------------- classification
@@ -586,9 +604,11 @@ async def decode(req: T.TEIDecodeRequest, state: State) -> Response:
         raise _empty_input("input_ids")
     tokenizer = state.engine.tokenizer
     vocab = tokenizer.vocab_size
-    bad = [t for ids_ in lists for t in ids_ if t >= vocab]
-    if bad:
-        raise invalid(f"token ids {bad[:5]} are outside the vocabulary (size {vocab})")
+    bad = next(((i, j, t) for i, ids_ in enumerate(lists) for j, t in enumerate(ids_) if t >= vocab), None)
+    if bad is not None:
+        i, j, t = bad
+        where = f"`ids` item {i} position {j}" if batch else f"`ids` item {j}"
+        raise invalid(f"{where} is {t}, outside the vocabulary (size {vocab})")
     # `tokenizers` releases the GIL in decode_batch, not in decode
     texts = await state.async_engine.call(
         tokenizer._base.decode_batch, lists, skip_special_tokens=req.skip_special_tokens

@@ -68,9 +68,9 @@ def _ids_json(tokenizer: PolyTokenizer, req: P.TokenizeRequest, ids: list[int], 
 
 def _detokenize(tokenizer: PolyTokenizer, tokens: list[int]) -> bytes:
     vocab = tokenizer.vocab_size
-    bad = [t for t in tokens if t >= vocab]
-    if bad:
-        raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary (size {vocab})", "tokens")
+    bad = next(((j, t) for j, t in enumerate(tokens) if t >= vocab), None)
+    if bad is not None:
+        raise APIError(400, f"'tokens' item {bad[0]} is {bad[1]}, outside the vocabulary (size {vocab})", "tokens")
     # `tokenizers` releases the GIL in decode_batch, not in decode (which PolyTokenizer.decode calls).
     (text,) = tokenizer._base.decode_batch([tokens], skip_special_tokens=False)
     return render_json({"prompt": text})
