@@ -8,6 +8,7 @@ possible places records where it came from in `ModelConfig.sources`, so startup 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -281,6 +282,18 @@ class ModelConfig:
         return self.colbert.dim if self.colbert is not None and self.colbert.dim else self.hidden_size
 
 
+_INTEGER_FIELDS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "prefix_cache_tokens",
+    "kv_cache_memory_bytes",
+    "num_threads",
+    "max_images_per_prompt",
+    "max_image_pixels",
+    "max_request_image_pixels",
+)
+
+
 @dataclass
 class EngineConfig:
     """How requests are batched and where the model runs."""
@@ -325,6 +338,10 @@ class EngineConfig:
     """Hosts (and their subdomains) whose http(s) image URLs are fetched; none by default."""
 
     def __post_init__(self) -> None:
+        for name in _INTEGER_FIELDS:  # "4" or 4.0 would fail later, in a comparison that names nothing
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.long_input not in ("truncate", "window"):
             raise ValueError(f"long_input must be 'truncate' or 'window', got {self.long_input!r}")
         overlap = self.window_overlap

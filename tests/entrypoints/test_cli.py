@@ -74,6 +74,14 @@ def test_embed_reads_parquet_and_a_text_column(tmp_path, minilm_path, minilm_llm
     assert r.returncode == 2 and "line 2 has no text in field 'body'" in r.stderr
     r = embed_cli(str(source), "--model", str(minilm_path))
     assert r.returncode == 2 and "no column 'text' (give --text-column); it has: _id, body" in r.stderr
+    numbers = tmp_path / "numbers.jsonl"  # a BEIR row whose text or title is not a string (a traceback before)
+    numbers.write_text('{"_id": "a", "text": "lift"}\n{"_id": "b", "text": 5}\n')
+    r = embed_cli(str(numbers), "--model", str(minilm_path))
+    assert r.returncode == 2 and "line 2 has a number in field 'text', not a string" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    numbers.write_text('{"_id": "a", "title": ["x"], "text": "lift"}\n')
+    r = embed_cli(str(numbers), "--model", str(minilm_path))
+    assert r.returncode == 2 and "line 1 has an array in field 'title', not a string" in r.stderr
 
 
 def test_embed_refuses_a_file_that_is_not_text(tmp_path, minilm_path):

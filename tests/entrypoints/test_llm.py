@@ -308,3 +308,21 @@ def test_engine_settings_of_the_wrong_type_are_refused(minilm_path):
     with pytest.raises(ValueError, match="sparse_threshold must be a non-negative number, got nan"):
         PoolingParams(sparse_threshold=float("nan")).verify("embed_sparse", LLM(str(minilm_path)).model_config,
                                                             ("embed_sparse",))  # fmt: skip
+
+
+def test_vllm_keywords_lora_request_and_integer_settings(minilm_llm):
+    """vLLM code passes lora_request=None to every pooling call: accepted; an adapter is refused by name. A
+    setting of the wrong type is refused by name (a str max_num_seqs failed in a comparison naming nothing)."""
+    import pytest
+
+    from polyvec.config import EngineConfig
+
+    want = minilm_llm.embed(["wing flutter"], use_tqdm=False)[0].outputs.embedding
+    assert minilm_llm.embed(["wing flutter"], lora_request=None, use_tqdm=False)[0].outputs.embedding == want
+    assert minilm_llm.score("a", ["b"], lora_request=None, use_tqdm=False)[0].outputs.score > -1
+    for call in (minilm_llm.embed, minilm_llm.encode, minilm_llm.token_embed):
+        with pytest.raises(ValueError, match="lora_request is not supported"):
+            call(["x"], lora_request=object(), use_tqdm=False)
+    for name, value in (("max_num_seqs", "4"), ("max_num_batched_tokens", 512.0), ("num_threads", True)):
+        with pytest.raises(ValueError, match=f"{name} must be an integer, got {value!r}"):
+            EngineConfig(**{name: value})

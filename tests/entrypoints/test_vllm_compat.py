@@ -94,6 +94,31 @@ def test_multimodal_flags_of_a_vllm_command_line():
         vllm_options(parse("--limit-mm-per-prompt", "2"))
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu-memory-utilization", "abc"], "argument --gpu-memory-utilization: invalid float value: 'abc'"),
+        (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
+        (["--gpu-memory-utilization", "5"], "gpu_memory_utilization must be in (0, 1], got 5.0"),
+    ],
+)
+def test_malformed_values_of_flags_with_no_effect_are_refused(capsys, argv, message):
+    """vLLM parses these flags and refuses a malformed value; polyvec ignores them, but not their errors."""
+    try:
+        vllm_options(parse(*argv))
+    except SystemExit as exc:  # argparse: the one line on stderr, exit 2
+        assert exc.code == 2 and message in capsys.readouterr().err
+    except (CommandError, ValueError) as exc:
+        assert message in str(exc)
+    else:
+        raise AssertionError(f"{argv} was accepted")
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 5.0"):
+        check({"gpu_memory_utilization": 5.0})
+    with pytest.raises(ValueError, match="seed must be an integer, got '3'"):
+        check({"seed": "3"})
+    assert check({"gpu_memory_utilization": 0.3, "seed": 0}) == ["gpu_memory_utilization", "seed"]
+
+
 def test_check_returns_only_given_flags():
     assert check({"seed": None, "trust_remote_code": False, "tensor_parallel_size": 1}) == []
     assert check({"seed": 3, "trust_remote_code": True}) == ["trust_remote_code", "seed"]

@@ -826,7 +826,8 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     for name, takes_value in {**vllm_compat.IGNORED, **vllm_compat.IGNORED_SERVER}.items():
         flag = f"--{name.replace('_', '-')}"
         if takes_value:
-            g.add_argument(flag, dest=name, help="accepted from vLLM; no effect here")
+            kind = vllm_compat.VALUE_TYPES.get(name, str)
+            g.add_argument(flag, dest=name, type=kind, help="accepted from vLLM; no effect here")
         else:
             g.add_argument(
                 flag, dest=name, action="store_true", default=None, help="accepted from vLLM; no effect here"

@@ -7,6 +7,7 @@ names, arguments and output fields, so switching is an import change.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import warnings
@@ -41,6 +42,22 @@ from . import vllm_compat
 logger = logging.getLogger(__name__)
 
 PromptsType = Prompt | Sequence[Prompt]
+
+
+def _vllm_lora(method: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's per-call `lora_request` keyword: None, as vLLM code passes it, is accepted; an adapter is refused
+    (a checkpoint that ships a LoRA adapter has it merged when it loads)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, lora_request: Any = None, **kwargs: Any) -> Any:
+        if lora_request is not None:
+            raise ValueError(
+                "lora_request is not supported: polyvec merges a checkpoint's LoRA adapter into the model when it "
+                "loads, not per call"
+            )
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class LLM:
@@ -302,6 +319,7 @@ class LLM:
 
     # ------------------------------------------------------------------------------------------ tasks
 
+    @_vllm_lora
     def encode(
         self,
         prompts: PromptsType,
@@ -332,6 +350,7 @@ class LLM:
         _check_return_tokens(pooling_params)
         return self._run(prompts, pooling_params, pooling_task, truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
+    @_vllm_lora
     def embed(
         self,
         prompts: PromptsType,
@@ -345,6 +364,7 @@ class LLM:
         outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
+    @_vllm_lora
     def embed_sparse(
         self,
         prompts: PromptsType,
@@ -365,6 +385,7 @@ class LLM:
                 out.outputs.tokens = [tokenizer.id_to_token(i) or "" for i in out.outputs.indices]
         return typed
 
+    @_vllm_lora
     def token_embed(
         self,
         prompts: PromptsType,
@@ -376,6 +397,7 @@ class LLM:
     ) -> list[PoolingRequestOutput]:
         return self._run(prompts, pooling_params, "token_embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
 
+    @_vllm_lora
     def token_classify(
         self,
         prompts: PromptsType,
@@ -389,6 +411,7 @@ class LLM:
             prompts, pooling_params, "token_classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs
         )
 
+    @_vllm_lora
     def classify(
         self,
         prompts: PromptsType,
@@ -402,6 +425,7 @@ class LLM:
         outs = self._run(prompts, pooling_params, "classify", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         return [as_task_output(o) for o in outs]  # type: ignore[misc]
 
+    @_vllm_lora
     def score(
         self,
         data_1: str | Sequence[str],

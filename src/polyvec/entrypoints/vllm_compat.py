@@ -35,6 +35,17 @@ IGNORED: dict[str, bool] = {
     "max_log_len": True,
 }
 
+# The value types vLLM parses those with: a malformed value is refused there, so here too.
+VALUE_TYPES: dict[str, type] = {
+    "gpu_memory_utilization": float,
+    "swap_space": float,
+    "cpu_offload_gb": float,
+    "seed": int,
+    "block_size": int,
+    "max_seq_len_to_capture": int,
+    "max_log_len": int,
+}
+
 # Server-only flags with no effect here.
 IGNORED_SERVER: dict[str, bool] = {
     "disable_uvicorn_access_log": False,
@@ -72,7 +83,15 @@ def check(values: Mapping[str, Any]) -> list[str]:
     for name in ("ssl_keyfile", "ssl_certfile"):
         if values.get(name):
             raise ValueError(f"{name} is not supported: polyvec serves plain HTTP; terminate TLS in a proxy")
-    given = [n for n in {**IGNORED, **IGNORED_SERVER} if values.get(n) not in (None, False)]
+    for name, kind in VALUE_TYPES.items():
+        value = values.get(name)
+        numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if value is not None and (isinstance(value, bool) or not numeric):
+            raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    memory = values.get("gpu_memory_utilization")
+    if memory is not None and not 0 < memory <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {memory!r}")
+    given = [n for n in {**IGNORED, **IGNORED_SERVER} if values.get(n) is not None and values.get(n) is not False]
     return given
 
 
