@@ -446,15 +446,18 @@ class Offline:
     def _expect(self, what: str) -> str:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.strip() == what or (what == "{" and line.startswith("{")):
+            if line.startswith(what):
                 return line
         sys.exit(f"the offline run failed (exit {self.proc.wait()})")
 
-    def run(self) -> dict:
+    def run(self, server_pid: int) -> tuple[dict, float]:
+        """One timed run, and the CPU seconds the idle server used meanwhile."""
         assert self.proc.stdin is not None
+        idle = cpu_s(server_pid)
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return json.loads(self._expect("{"))
+        out = json.loads(self._expect("{"))
+        return out, cpu_s(server_pid) - idle
 
     def stop(self) -> None:
         if self.proc.stdin is not None:
@@ -486,16 +489,12 @@ async def overhead(args: argparse.Namespace, server: Server, texts: list[str]) -
     rounds: list[tuple[dict, dict, float]] = []
     try:
         for k in range(args.rounds):
-            idle0 = cpu_s(server.pid)
             if k % 2:
-                off = offline.run()
-                idle = cpu_s(server.pid) - idle0
+                off, idle = offline.run(server.pid)
                 srv = await measure_server()
             else:
                 srv = await measure_server()
-                idle0 = cpu_s(server.pid)
-                off = offline.run()
-                idle = cpu_s(server.pid) - idle0
+                off, idle = offline.run(server.pid)
             rounds.append((srv, off, idle))
     finally:
         offline.stop()

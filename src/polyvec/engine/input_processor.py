@@ -506,17 +506,20 @@ class PromptError(ValueError):
         self.num_tokens: int | None = None
         """For an over-long prompt: its tokens, and the most it may have (`max_len`)."""
         self.max_len: int | None = None
+        self.advice = ""
+        """The end of `detail` that says what to do (a server route offers its own body's options instead)."""
 
 
 def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
-    error = PromptError(
-        index,
-        f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens "
-        f"(this model's maximum context length, max_model_len, or truncate_prompt_tokens when set); shorten it, "
-        f"pass truncate_prompt_tokens, run with truncation='auto', or (encoder models) split it with "
-        f"long_input='window'",
+    advice = (
+        " (this model's maximum context length, max_model_len, or truncate_prompt_tokens when set); shorten it, "
+        "pass truncate_prompt_tokens, run with truncation='auto', or (encoder models) split it with "
+        "long_input='window'"
     )
-    error.num_tokens, error.max_len = num_tokens, max_len
+    error = PromptError(
+        index, f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens{advice}"
+    )
+    error.num_tokens, error.max_len, error.advice = num_tokens, max_len, advice
     return error
 
 

@@ -19,14 +19,10 @@ def row_text(row: Any, text_column: str = "text") -> str:
         for name in ("title", "text"):
             value = row.get(name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"has {_json_type(value)} in field {name!r}, not a string")
+                from ..entrypoints.server.errors import json_type  # the server's words for JSON types (on error only)
+
+                raise ValueError(f"has {json_type(value)} in field {name!r}, not a string")
         return document_text(row)
     if not isinstance(row.get(text_column), str):
         raise ValueError(f"has no text in field {text_column!r}")
     return row[text_column]
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    return "a number" if isinstance(value, (int, float)) else "an array" if isinstance(value, list) else "an object"

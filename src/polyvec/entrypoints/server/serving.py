@@ -362,9 +362,8 @@ async def process_prompts(
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
         where, param = locate(exc.index) if locate is not None else (f"'{field}' item {exc.index}", field)
         detail = exc.detail
-        if exc.num_tokens is not None and too_long_hint is not None:
-            most = f"more than the maximum input length of {exc.max_len} tokens"
-            detail = f" has {exc.num_tokens} tokens, {most}; {too_long_hint}"
+        if exc.advice and too_long_hint is not None:
+            detail = f"{detail.removesuffix(exc.advice)}; {too_long_hint}"
         error = APIError(400, where + detail, param)
         if exc.num_tokens is not None and exc.max_len is not None:
             error.too_long = (exc.num_tokens, exc.max_len, where)
