@@ -34,10 +34,27 @@ def test_unsupported_task_lists_supported(cfg):
 def test_unknown_task(cfg):
     with pytest.raises(
         ValueError,
-        match=r"task='encode' is not a pooling task; allowed: embed, token_embed, "
+        match=r"task='generate' is not a pooling task; allowed: embed, token_embed, "
         r"classify, token_classify",
     ):
+        verify(PoolingParams(), "generate", cfg)
+
+
+def test_removed_tasks_in_vllms_words(cfg):
+    with pytest.raises(ValueError, match="^`encode` task was removed; use `token_embed` or `token_classify` instead.$"):
         verify(PoolingParams(), "encode", cfg)
+    with pytest.raises(ValueError, match="^`score` task was removed; use `classify` instead.$"):
+        verify(PoolingParams(task="score"), None, cfg)
+
+
+def test_vllms_internal_fields_are_accepted(cfg, minilm_llm):
+    """Code that builds PoolingParams as vLLM 0.34's own code does (all its fields) runs unchanged."""
+    p = PoolingParams(dimensions=None, use_activation=True, task="embed", requires_token_ids=True,
+                      skip_reading_prefix_cache=True, late_interaction_params=None, extra_kwargs={"a": 1},
+                      output_kind=None)  # fmt: skip
+    assert verify(p, "embed", cfg).requires_token_ids is True
+    got = minilm_llm.embed("flutter", pooling_params=p, use_tqdm=False)[0].outputs.embedding
+    assert got == minilm_llm.embed("flutter", use_tqdm=False)[0].outputs.embedding
 
 
 def test_missing_task(cfg):

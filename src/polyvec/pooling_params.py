@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 from .late_chunking import LateChunkingParams
@@ -21,6 +22,13 @@ INPUT_TYPES = {
     "search_document": "document",
     "classification": None,
     "clustering": None,
+}
+
+
+# vLLM's words for the tasks it removed (vllm/tasks.py)
+REMOVED_TASKS = {
+    "score": "`score` task was removed; use `classify` instead.",
+    "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead.",
 }
 
 
@@ -84,6 +92,18 @@ class PoolingParams:
     """token_embed, offline: mean-pool the token vectors per span of `chunk_size` tokens (vLLM's late
     chunking); the output is one vector per chunk, and `PoolingRequestOutput.late_chunking` gives the spans."""
 
+    # vLLM's internal fields, accepted so that code building PoolingParams as vLLM's own does runs unchanged.
+    requires_token_ids: bool = False
+    """No effect: every output carries its `prompt_token_ids`."""
+    skip_reading_prefix_cache: bool | None = None
+    """No effect: a prompt read from the prefix cache gives the same outputs as one computed whole."""
+    late_interaction_params: Any = None
+    """No effect: `LLM.score` and the score routes set up late interaction themselves."""
+    extra_kwargs: dict[str, Any] | None = None
+    """No effect: options for vLLM's plugins."""
+    output_kind: Any = None
+    """No effect: pooling outputs are always final."""
+
     def clone(self) -> PoolingParams:
         return dataclasses.replace(self)
 
@@ -99,6 +119,8 @@ class PoolingParams:
             raise TaskError(f"task must be given; this model supports: {', '.join(supported_tasks)}")
         if self.task is not None and self.task != task:
             raise TaskError(f"task={self.task!r} in PoolingParams conflicts with the requested task {task!r}")
+        if task in REMOVED_TASKS:
+            raise TaskError(REMOVED_TASKS[task])
         if task not in POOLING_TASKS:
             raise TaskError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
         if task not in supported_tasks:

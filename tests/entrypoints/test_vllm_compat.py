@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from polyvec import LLM, PoolerConfig
-from polyvec.entrypoints.cli import CommandError, build_parser, vllm_options
-from polyvec.entrypoints.vllm_compat import check, expand_dotted
+from polyvec.entrypoints.cli import CommandError, build_parser, main, vllm_options
+from polyvec.entrypoints.vllm_compat import check, expand_dotted, vllm_argv
 from tests.conftest import MINILM
 from tests.helpers import cosine_rows
 
@@ -117,6 +117,28 @@ def test_malformed_values_of_flags_with_no_effect_are_refused(capsys, argv, mess
     with pytest.raises(ValueError, match="seed must be an integer, got '3'"):
         check({"seed": "3"})
     assert check({"gpu_memory_utilization": 0.3, "seed": 0}) == ["gpu_memory_utilization", "seed"]
+
+
+def test_vllm_spellings_of_a_command_line(capsys):
+    """vLLM's parser reads `--max_model_len` as `--max-model-len`, `-O3` as `--optimization-level 3` and
+    `serve --model M` as `serve M`; no flag is read as a longer one it prefixes (`--model` is not `--model-impl`)."""
+    argv, moved = vllm_argv(["serve", "--max_model_len", "128", "--model", MINILM, "-O3", "--hf_overrides.a_b=1"])
+    assert moved and argv == ["serve", MINILM, "--max-model-len", "128", "--optimization-level", "3",
+                              "--hf-overrides.a_b=1"]  # fmt: skip
+    args = build_parser().parse_args(expand_dotted(argv))
+    assert args.model == MINILM and args.max_model_len == 128 and json.loads(args.hf_overrides) == {"a_b": 1}
+    assert "optimization_level" in check(vars(args))  # named in the no-effect warning
+    for spelling in (["-O", "2"], ["-O=2"], ["--optimization_level", "2"]):
+        assert build_parser().parse_args(vllm_argv(["serve", MINILM, *spelling])[0]).optimization_level == "2"
+    assert vllm_argv(["serve", "--model=m"]) == (["serve", "m"], True)
+    assert vllm_argv(["embed", "f.jsonl", "--model", "m"]) == (["embed", "f.jsonl", "--model", "m"], False)
+    for argv in (["serve", MINILM, "--model-imp", "x"], ["serve", MINILM, "--max-model", "5"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert "unrecognized arguments" in capsys.readouterr().err
+    code = main(["serve", "--model", "/nonexistent/model", "--port", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--model is vLLM's deprecated form" in err and "'/nonexistent/model' is not a folder" in err
 
 
 def test_check_returns_only_given_flags():

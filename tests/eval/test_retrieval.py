@@ -69,6 +69,53 @@ def test_load_beir_reads_the_test_slices():
     assert len(vas.docs) == 100 and len(vas.queries) == 16 and sum(map(len, vas.qrels.values())) == 25
 
 
+def _edited_vaswani(tmp_path, name: str, edit) -> str:
+    """A copy of the vaswani slice with one file's lines changed by `edit`."""
+    import shutil
+
+    folder = tmp_path / "v"
+    shutil.copytree(DATA / "vaswani", folder)
+    path = folder / name
+    path.write_text("".join(line + "\n" for line in edit(path.read_text().splitlines())))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "message"),
+    [
+        ("corpus.jsonl", lambda ls: ls[:3] + ['{"text": "no id"}'] + ls[3:], "corpus.jsonl line 4 has no '_id'"),
+        ("corpus.jsonl", lambda ls: ls[:1] + ["{broken"], "corpus.jsonl line 2 is not valid JSON"),
+        ("corpus.jsonl", lambda ls: ls[:1] + ['{"_id": "x", "text": 5}'], "corpus.jsonl line 2 has a int in 'text'"),
+        ("corpus.jsonl", lambda ls: [], "no documents in corpus.jsonl"),
+        ("qrels.tsv", lambda ls: ls[:2] + ["1\t2"], "qrels.tsv line 3 has 2 columns, not 3"),
+        ("qrels.tsv", lambda ls: ls[:2] + ["1\t2\thigh"], "qrels.tsv line 3: the score 'high' is not an integer"),
+        ("qrels.tsv", lambda ls: [], "no judged queries"),
+        ("queries.jsonl", lambda ls: ['{"_id": "1", "text": 5}'] + ls, "queries.jsonl line 1 has a int in 'text'"),
+    ],
+)
+def test_cli_names_what_is_wrong_in_a_collection(tmp_path, capsys, name, edit, message):
+    from polyvec.entrypoints.cli import main
+
+    folder = _edited_vaswani(tmp_path, name, edit)
+    assert main(["eval-retrieval", "--data", folder, "--mode", "bm25", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_blank_lines_and_ids_named_id_are_read(tmp_path):
+    folder = _edited_vaswani(tmp_path, "corpus.jsonl", lambda ls: [ls[0].replace('"_id"', '"id"'), "", *ls[1:], ""])
+    assert load_beir(folder).doc_ids == load_beir(DATA / "vaswani").doc_ids
+
+
+def test_depth_is_a_positive_count(capsys):
+    from polyvec.entrypoints.cli import build_parser
+
+    for value in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["eval-retrieval", "--data", "d", "--mode", "hybrid", "--depth", value])
+        assert "--depth" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["cranfield", "vaswani"])
 def test_cli_on_a_small_collection(name):
     data = load_beir(DATA / name)

@@ -267,3 +267,87 @@ def test_cli_sparse_first_stage(minilm_path, splade_path, corpus, tmp_path):
     assert len(hits) == 3 and all(h["id"] in ids for h in hits)
     r = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True)  # MiniLM has no sparse output
     assert r.returncode == 2 and "needs sparse_model" in r.stderr
+
+
+def test_add_checks_texts_and_ids(minilm_llm, tmp_path):
+    with Index.create(tmp_path / "ids", minilm_llm, first_stage="none") as index:
+        assert index.add("one text, one document") == 1 and len(index) == 1  # not one per character
+        assert index.add(["a second"], [7]) == 1  # an integer id is its decimal string
+        hits = index.search("a second", k=2)[0]
+        assert {h.id for h in hits} == {"0", "7"}
+        with pytest.raises(ValueError, match="^1 ids for 2 documents$"):
+            index.add(["x", "y"], ["x"])
+        with pytest.raises(ValueError, match="^3 ids for 2 documents$"):
+            index.add(["x", "y"], ["x", "y", "z"])
+        with pytest.raises(ValueError, match="fewer ids than documents: document 1 has no id"):
+            index.add(iter(["x", "y"]), iter(["x"]))
+        with pytest.raises(ValueError, match="more ids than documents"):
+            index.add(iter(["x"]), iter(["x2", "y2"]))
+        with pytest.raises(ValueError, match=r"id 0 is float 1\.5, not a string"):
+            index.add(["x"], [1.5])
+        index.add(["explicit"], ["5"])
+        count = len(index)
+        with pytest.raises(ValueError, match="'5' is a document's id already: give ids"):
+            index.add(["would replace it"] * 3)  # positions 4, 5, 6 from the index's size
+        assert len(index) == count and index.search("explicit", k=1)[0][0].id == "5"
+
+
+def _main(capsys, *argv: str) -> tuple[int, str]:
+    from polyvec.entrypoints.cli import main
+
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"_id": "a", "text": "x"}', '{"_id": "a", "text": "y"}'], "line 2 repeats the id 'a' of line 1"),
+        (['{"_id": "1", "text": "x"}', '{"text": "y"}'], "line 2 has no '_id' or 'id', and line 1 has one"),
+        (['{"text": "y"}', "", '{"id": 4, "text": "x"}'], "line 1 has no '_id' or 'id', and line 3 has one"),
+        (['{"_id": null, "text": "x"}'], "line 1 has null in field '_id', not a string"),
+        (['{"_id": "a", "text": "x"}', "not json"], "line 2 is not valid JSON (Expecting value, column 1)"),
+    ],
+)
+def test_cli_index_refuses_ambiguous_corpus_ids(capsys, tmp_path, minilm_path, lines, message):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    code, err = _main(capsys, "index", str(corpus), "--index", str(tmp_path / "i"), "--model", str(minilm_path))
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_cli_index_and_search_refusals(capsys, tmp_path, minilm_path, splade_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "a", "text": "flutter of wings"}\n{"_id": "b", "text": "heat transfer"}\n')
+    idx = str(tmp_path / "i")
+    code, err = _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--first-stage",
+                      "none", "--muvera", '{"k_sim": 3}')  # fmt: skip
+    assert code == 2 and "--muvera goes with --first-stage muvera" in err
+    code, err = _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--quiet",
+                      "--first-stage", "none", "--dtype", "float32")  # fmt: skip
+    assert code == 0, err
+    queries = tmp_path / "q.txt"
+    queries.write_text("flutter\n\nheat\n")
+    code, err = _main(capsys, "search", "--index", idx, "wings", "--queries", str(queries))
+    assert code == 2 and "give queries as arguments or with --queries FILE, not both" in err
+    code, err = _main(capsys, "search", "--index", idx, "wings", "--output", str(tmp_path / "no" / "such" / "f"))
+    assert code == 2 and "cannot write" in err and "No such file or directory" in err
+    code, err = _main(capsys, "search", "--index", idx, "wings", "--model", str(splade_path))
+    assert code == 2 and f"--model {splade_path} does not fit the index" in err and err.count("\n") == 1, err
+
+
+def test_cli_search_skips_blank_query_lines(capsys, tmp_path, minilm_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "a", "text": "flutter of wings"}\n{"_id": "b", "text": "heat transfer"}\n')
+    idx = str(tmp_path / "i")
+    assert _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--quiet",
+                 "--first-stage", "none")[0] == 0  # fmt: skip
+    capsys.readouterr()
+    queries = tmp_path / "q.txt"
+    queries.write_text("flutter\n\nheat\n")
+    from polyvec.entrypoints.cli import main
+
+    assert main(["search", "--index", idx, "--queries", str(queries), "-k", "1", "--format", "trec"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["0", "2"]  # line numbers as ids; the blank line is no query
+    assert [line.split()[2] for line in lines] == ["a", "b"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("PIL", reason="Pillow is the vision extra (tests/models.txt installs it with the test extra)")
-from PIL import Image  # noqa: E402
+from PIL import Image, ImageOps  # noqa: E402
 
 from polyvec.multimodal.image import ImageError, load_image, qwen2_vl_patches, smart_resize  # noqa: E402
 
@@ -99,6 +99,37 @@ def test_bad_images_name_the_item(source, message):
     assert err.value.index == 3 and str(err.value).startswith("image 3: ")
 
 
+def test_exif_orientation_and_formats_as_vllm_reads_them(tmp_path):
+    """vLLM 0.34 reads image bytes with Pillow's still-image formats only (EPS would run Ghostscript on the
+    client's PostScript) and turns them as their EXIF orientation says; a PIL image is taken as it is."""
+    image = _image(90, 30)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90° clockwise to display
+    buf = io.BytesIO()
+    image.save(buf, "PNG", exif=exif.tobytes())
+    upright = load_image(buf.getvalue())
+    assert upright.size == (30, 90)
+    assert np.array_equal(np.asarray(upright), np.asarray(ImageOps.exif_transpose(Image.open(buf))))
+    assert load_image(Image.open(buf)).size == (90, 30)  # an object: the caller's pixels
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 60 45\n0 0 moveto 60 45 lineto stroke\nshowpage\n%%EOF\n"
+    with pytest.raises(ImageError, match="image 2: not a readable image \\(none of the accepted image formats\\)"):
+        load_image(eps, index=2)
+    assert load_image(memoryview(_png(image))).size == (90, 30)
+    assert load_image("DATA:image/png;base64," + base64.b64encode(_png(image)).decode()).size == (90, 30)
+
+
+def test_a_pil_image_that_fails_to_decode_names_its_index(tmp_path):
+    path = tmp_path / "cut.png"
+    path.write_bytes(_png(_image(64, 64))[:300])
+    with pytest.raises(ImageError, match="^image 4: not a readable image \\(OSError: image file is truncated\\)"):
+        load_image(Image.open(path), index=4)
+    path.write_bytes(_png(_image(8, 8)))
+    with Image.open(path) as closed:
+        pass
+    with pytest.raises(ImageError, match="^image 1: not a readable image"):
+        load_image(closed, index=1)
+
+
 def test_pixel_limits():
     big = _png(_image(300, 200))
     with pytest.raises(ImageError, match="60000 pixels|300x200 pixels, more than the limit of 1000"):
@@ -166,7 +197,7 @@ def test_modes_beyond_8_bits_are_refused_not_clipped():
             load_image(_png(image) if image.mode == "I;16" else image, index=4)
     for mode in ("P", "CMYK", "LA"):  # converted faithfully
         assert load_image(_image(8, 8).convert(mode)).mode == "RGB"
-    with pytest.raises(ImageError, match=r"no image format Pillow knows\)$"):  # no object repr in the message
+    with pytest.raises(ImageError, match=r"none of the accepted image formats\)$"):  # no object repr in the message
         load_image(b"\x89PNx not an image")
 
 

@@ -225,8 +225,8 @@ class InputProcessor:
                     raise PromptError(
                         i,
                         f" has {num_input} tokens with its images, more than the truncation limit of {most} "
-                        "(truncate_prompt_tokens / max_tokens); images are not truncated: raise the limit or send "
-                        "smaller images",
+                        "(truncate_prompt_tokens; on /score and rerank max_tokens_per_query / max_tokens_per_doc; "
+                        "Cohere's max_tokens); images are not truncated: raise the limit or send smaller images",
                     )
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..eval import row_text
+from ..eval import json_line, row_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -111,18 +111,37 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
         return _read_parquet(path, limit, text_column)
     ids, texts = [], []
     jsonl = path.endswith(".jsonl")
+    with_id: int | None = None  # the line of the first row with an id, and of the first without
+    without: int | None = None
+    seen: dict[str, int] = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f):
             line = line.rstrip("\r\n")
             if jsonl:
                 if not line.strip():
                     continue
-                row = json.loads(line)
+                row = json_line(line, f"line {n + 1}")
                 try:
                     texts.append(row_text(row, text_column))
                 except ValueError as exc:
                     raise ValueError(f"line {n + 1} {exc}") from None
-                ids.append(str(row.get("_id", row.get("id", n))))
+                key = next((k for k in ("_id", "id") if k in row), None)
+                if key is None:
+                    without = n + 1 if without is None else without
+                    ids.append(str(n))
+                else:
+                    value = row[key]
+                    if isinstance(value, bool) or not isinstance(value, (str, int)):
+                        from .server.errors import json_type  # the server's words for JSON types (on error only)
+
+                        raise ValueError(f"line {n + 1} has {json_type(value)} in field {key!r}, not a string")
+                    with_id = n + 1 if with_id is None else with_id
+                    ids.append(str(value))
+                if with_id is not None and without is not None:  # row numbers could repeat a row's own id
+                    raise ValueError(f"line {without} has no '_id' or 'id', and line {with_id} has one: give all one")
+                first = seen.setdefault(ids[-1], n + 1)
+                if first != n + 1:
+                    raise ValueError(f"line {n + 1} repeats the id {ids[-1]!r} of line {first}")
             else:
                 ids.append(str(n))
                 texts.append(line)
@@ -146,12 +165,17 @@ def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise ValueError(f"row {bad} of column {text_column!r} is not a text: {texts[bad]!r}")
-    ids = (
-        [str(x) for x in table.column(columns[0]).to_pylist()]
-        if len(columns) == 2
-        else list(map(str, range(len(texts))))
-    )
-    return ids, texts
+    if len(columns) == 1:
+        return list(map(str, range(len(texts)))), texts
+    values = table.column(columns[0]).to_pylist()
+    seen: dict[str, int] = {}
+    for i, value in enumerate(values):
+        if value is None:
+            raise ValueError(f"row {i} has no {columns[0]!r}")
+        first = seen.setdefault(str(value), i)
+        if first != i:
+            raise ValueError(f"row {i} repeats the {columns[0]!r} {str(value)!r} of row {first}")
+    return list(seen), texts
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -167,6 +191,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         muvera = json.loads(args.muvera) if args.muvera else None
     except ValueError as exc:
         raise CommandError(f"--muvera is not a JSON object: {exc}") from None
+    if muvera is not None and args.first_stage != "muvera":  # not dropped silently
+        raise CommandError("--muvera goes with --first-stage muvera")
     llm = load_llm(args)
     sparse = None
     if args.sparse_model:
@@ -223,13 +249,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     from .. import LLM
     from ..index import Index
 
+    if args.query and args.queries:  # ids would repeat: both number their queries from 0
+        raise CommandError("give queries as arguments or with --queries FILE, not both")
     queries = [(str(i), q) for i, q in enumerate(args.query)]
     if args.queries:
         try:
             qids, texts = read_corpus(args.queries)
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {args.queries}: {exc}") from None
-        queries += list(zip(qids, texts))
+        queries = [(qid, text) for qid, text in zip(qids, texts) if text.strip()]  # blank lines: no query
     if not queries:
         raise CommandError("give queries as arguments or with --queries FILE")
     try:
@@ -245,18 +273,28 @@ def cmd_search(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # a bad --dtype, a model that cannot be read
         raise CommandError(f"cannot load the model: {exc}") from None
     index = Index(index.backend, llm, sparse_llm)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     try:
         with index:
             for start in range(0, len(queries), 64):
                 chunk = queries[start : start + 64]
-                found = index.search(
-                    [q for _, q in chunk],
-                    k=args.k,
-                    prefetch=args.prefetch,
-                    rescore=args.rescore,
-                    oversampling=args.oversampling,
-                )
+                try:
+                    found = index.search(
+                        [q for _, q in chunk],
+                        k=args.k,
+                        prefetch=args.prefetch,
+                        rescore=args.rescore,
+                        oversampling=args.oversampling,
+                    )
+                except ValueError as exc:  # a --model whose vectors or tasks are not the index's
+                    if args.model is None:
+                        raise
+                    raise CommandError(
+                        f"--model {args.model} does not fit the index (written with {index.config.model}): {exc}"
+                    ) from None
                 for (qid, text), hits in zip(chunk, found):
                     if args.format == "trec":
                         for rank, h in enumerate(hits, 1):
@@ -1204,7 +1242,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
     try:
         data = load_beir(args.data)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise CommandError(f"cannot read the collection in {args.data}: {exc}") from None
     quiet, labels = args.quiet, []
     if args.mode != "hybrid":
@@ -1276,8 +1314,9 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev off: vLLM's `--model X` would otherwise be read as `--model-impl X` (a flag with no effect)
     parser = argparse.ArgumentParser(
-        prog="polyvec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="polyvec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1384,7 +1423,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--rrf-k", type=positive_int, default=60, help="--fusion rrf: the k of 1/(k + rank) (default: 60)")
     ev.add_argument(
-        "--depth", type=int, default=None, help="--mode hybrid: documents each system contributes (default: --top-k)"
+        "--depth",
+        type=positive_int,
+        default=None,
+        help="--mode hybrid: documents each system contributes (default: --top-k)",
     )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval_retrieval)
@@ -1441,6 +1483,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--format", choices=["json", "trec"], default="json", help="output format (default: json)")
     se.add_argument("--output", default=None, help="write results to this file instead of stdout")
     se.set_defaults(func=cmd_search)
+    for command in sub.choices.values():
+        command.allow_abbrev = False
     return parser
 
 
@@ -1449,10 +1493,13 @@ def _index_location_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .vllm_compat import expand_dotted
+    from .vllm_compat import expand_dotted, vllm_argv
 
+    argv, moved = vllm_argv(sys.argv[1:] if argv is None else list(argv))
+    if moved:
+        print("polyvec: warning: --model is vLLM's deprecated form; give it as `polyvec serve MODEL`", file=sys.stderr)
     try:
-        argv = expand_dotted(sys.argv[1:] if argv is None else list(argv))
+        argv = expand_dotted(argv)
     except ValueError as exc:
         print(f"polyvec: error: {exc}", file=sys.stderr)
         return 2

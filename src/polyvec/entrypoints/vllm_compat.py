@@ -33,6 +33,7 @@ IGNORED: dict[str, bool] = {
     "no_enable_chunked_prefill": False,
     "disable_custom_all_reduce": False,
     "max_log_len": True,
+    "optimization_level": True,  # -O<n>: torch.compile and CUDA-graph levels
 }
 
 # The value types vLLM parses those with: a malformed value is refused there, so here too.
@@ -133,6 +134,34 @@ def json_arg(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | 
     if not isinstance(parsed, dict):
         raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {value!r}")
     return parsed
+
+
+def vllm_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """A command line as vLLM's parser reads it: `--max_model_len` is `--max-model-len` (the name up to a `.` or
+    `=`), `-O3` / `-O 3` / `-O=3` are `--optimization-level 3`, and `serve --model M` is `serve M`. Returns the
+    arguments and whether `--model` was moved (vLLM warns that the form is deprecated)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            name, dot, rest = key[2:].partition(".")
+            out.append(f"--{name.replace('_', '-')}{dot}{rest}{eq}{value}")
+        elif arg.startswith("-O") and arg != "-O":
+            out += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
+        elif arg == "-O" and i + 1 < len(argv) and argv[i + 1] in ("0", "1", "2", "3"):
+            out.append("--optimization-level")
+        else:
+            out.append(arg)
+    at = next((i for i, a in enumerate(out) if a == "--model" or a.startswith("--model=")), None)
+    if out[:1] != ["serve"] or at is None:
+        return out, False
+    if out[at] == "--model":
+        if at + 1 >= len(out):
+            return out, False  # argparse says the value is missing
+        model, end = out[at + 1], at + 2
+    else:
+        model, end = out[at].removeprefix("--model="), at + 1
+    return ["serve", model, *out[1:at], *out[end:]], True
 
 
 DOTTED = ("hf-overrides", "pooler-config", "limit-mm-per-prompt", "mm-processor-kwargs")

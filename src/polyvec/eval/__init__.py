@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
 def document_text(row: dict[str, Any]) -> str:
     """A BEIR corpus row as one text: title and text joined, as sentence-transformers' BEIR scripts do."""
     return " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
+
+
+def json_line(line: str, where: str) -> Any:
+    """One JSONL line parsed; ValueError saying `where` it is ("line 4") when it is not JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON ({exc.msg}, column {exc.colno})") from None
 
 
 def row_text(row: Any, text_column: str = "text") -> str:

@@ -31,15 +31,16 @@ document counts as 0.
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..scoring import iter_maxsim
-from . import document_text
+from . import document_text, json_line
 
 
 @dataclass
@@ -51,27 +52,56 @@ class BeirData:
     qrels: dict[str, dict[str, int]]
 
 
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, id, row) of a BEIR JSONL file, blank lines skipped; ValueError naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json_line(line, f"{path.name} line {n}")
+            if not isinstance(row, dict):
+                raise ValueError(f"{path.name} line {n} is not a JSON object")
+            key = next((k for k in ("_id", "id") if k in row), None)
+            if key is None or isinstance(row[key], bool) or not isinstance(row[key], (str, int)):
+                raise ValueError(f"{path.name} line {n} has no '_id' (a string)")
+            for name in ("title", "text"):
+                if row.get(name) is not None and not isinstance(row[name], str):
+                    raise ValueError(f"{path.name} line {n} has a {type(row[name]).__name__} in {name!r}, not a string")
+            yield n, str(row[key]), row
+
+
 def load_beir(folder: str | Path) -> BeirData:
+    """A BEIR folder: corpus.jsonl, queries.jsonl (judged queries kept) and qrels.tsv (query, document, integer
+    score, then any columns; a header line allowed). OSError for a missing file, ValueError naming the file and
+    line otherwise."""
     folder = Path(folder)
     doc_ids, docs, query_ids, queries = [], [], [], []
-    with open(folder / "corpus.jsonl", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            doc_ids.append(str(row["_id"]))
-            docs.append(document_text(row) or ".")
+    for _, doc_id, row in _jsonl_rows(folder / "corpus.jsonl"):
+        doc_ids.append(doc_id)
+        docs.append(document_text(row) or ".")
+    if not docs:
+        raise ValueError("no documents in corpus.jsonl")
     qrels: dict[str, dict[str, int]] = {}
     with open(folder / "qrels.tsv", encoding="utf-8") as f:
         for i, line in enumerate(f):
-            parts = line.rstrip("\n").split("\t")
+            if not line.strip():
+                continue
+            parts = line.rstrip("\r\n").split("\t")
+            if len(parts) < 3:
+                raise ValueError(f"qrels.tsv line {i + 1} has {len(parts)} columns, not 3 (query, document, score)")
             if i == 0 and not parts[-1].lstrip("-").isdigit() and not parts[2].lstrip("-").isdigit():
                 continue  # header
+            if not parts[2].strip().lstrip("-").isdigit():
+                raise ValueError(f"qrels.tsv line {i + 1}: the score {parts[2]!r} is not an integer")
             qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    with open(folder / "queries.jsonl", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if str(row["_id"]) in qrels:  # evaluate judged queries only, as BEIR does
-                query_ids.append(str(row["_id"]))
-                queries.append(row["text"])
+    for n, query_id, row in _jsonl_rows(folder / "queries.jsonl"):
+        if query_id in qrels:  # evaluate judged queries only, as BEIR does
+            if not isinstance(row.get("text"), str):
+                raise ValueError(f"queries.jsonl line {n} has no 'text'")
+            query_ids.append(query_id)
+            queries.append(row["text"])
+    if not query_ids:
+        raise ValueError("no judged queries: no query of queries.jsonl is in qrels.tsv")
     return BeirData(doc_ids, docs, query_ids, queries, qrels)
 
 

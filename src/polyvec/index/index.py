@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from ..multimodal.image import is_image_object
 from ..muvera import MuveraParams, muvera_for
 from ..outputs import SparseEmbeddingOutput
 from ..pooling_params import PoolingParams
@@ -35,6 +36,15 @@ if TYPE_CHECKING:
 
 def _is_server(location: str) -> bool:
     return location == ":memory:" or location.startswith(("http://", "https://"))
+
+
+def _doc_id(value: Any, position: int) -> str:
+    """A document's id as stored: a string, or an integer's decimal string."""
+    if value is None:
+        raise ValueError(f"fewer ids than documents: document {position} has no id")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"id {position} is {type(value).__name__} {value!r}, not a string")
+    return str(value)
 
 
 class Index:
@@ -185,9 +195,15 @@ class Index:
             sparse = [_sparse(o.outputs.data) for o in sparse_outs]
         return Encoded(tokens, dense, sparse)
 
-    def add(self, texts: Iterable[Any], ids: Iterable[str] | None = None, batch_size: int = 512) -> int:
-        """Encode documents (texts, or any prompt the model takes) and store them; ids default to their
-        positions counted from the index's size. Returns how many were added."""
+    def add(self, texts: Iterable[Any], ids: Iterable[str | int] | None = None, batch_size: int = 512) -> int:
+        """Encode documents (texts, or any prompt the model takes; one text alone is one document) and store them
+        under `ids` (strings, or integers as their decimal strings; an id already there is replaced). Without ids,
+        their positions counted from the index's size, refused where one is an id given before. Returns how many
+        were added; ValueError when there are more or fewer ids than documents."""
+        if isinstance(texts, (str, dict)) or is_image_object(texts):
+            texts = [texts]
+        if isinstance(texts, Sequence) and isinstance(ids, Sequence) and len(texts) != len(ids):
+            raise ValueError(f"{len(ids)} ids for {len(texts)} documents")  # before any is written
         start = self.backend.count() if ids is None else 0
         id_iter = iter(ids) if ids is not None else None
         batch: list[Any] = []
@@ -197,7 +213,16 @@ class Index:
             nonlocal added
             if not batch:
                 return
-            names = [next(id_iter) if id_iter is not None else str(start + added + i) for i in range(len(batch))]
+            if id_iter is None:
+                names = [str(start + added + i) for i in range(len(batch))]
+                taken = self.backend.existing(names)
+                if taken:  # a document added with that id before: not replaced without being named
+                    raise ValueError(
+                        f"ids default to positions from the index's size, and {taken[0]!r} is a document's id "
+                        "already: give ids"
+                    )
+            else:
+                names = [_doc_id(next(id_iter, None), added + i) for i in range(len(batch))]
             enc = self._encode(batch, "document")
             self.add_vectors(names, enc.tokens, enc.dense, enc.sparse)
             added += len(batch)
@@ -208,6 +233,8 @@ class Index:
             if len(batch) >= batch_size:
                 flush()
         flush()
+        if id_iter is not None and next(id_iter, None) is not None:
+            raise ValueError(f"more ids than documents: {added} documents were added, and ids are left over")
         return added
 
     def add_vectors(

@@ -49,6 +49,8 @@ class Backend(Protocol):
 
     def count(self) -> int: ...
 
+    def existing(self, ids: Sequence[str]) -> list[str]: ...
+
     def optimize(self) -> None: ...
 
     def disk_bytes(self) -> int | None: ...
@@ -169,6 +171,11 @@ class EdgeBackend:
 
     def count(self) -> int:
         return int(self.shard.info().points_count)
+
+    def existing(self, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` already stored."""
+        found = self.shard.retrieve([point_id(i) for i in ids], ["id"], False)
+        return [str((p.payload or {})["id"]) for p in found]
 
     def optimize(self) -> None:
         self.shard.optimize()  # merges segments and builds the HNSW graphs
@@ -316,6 +323,10 @@ class ClientBackend:
 
     def count(self) -> int:
         return int(self.client.count(self.collection, exact=True).count)
+
+    def existing(self, ids: Sequence[str]) -> list[str]:
+        found = self.client.retrieve(self.collection, [str(point_id(i)) for i in ids], with_payload=["id"])
+        return [str((p.payload or {})["id"]) for p in found]
 
     def optimize(self) -> None:
         pass  # a server optimizes in the background

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import math
 import time
@@ -35,6 +36,13 @@ MAX_IMAGE_PIXELS = 50_000_000  # decoded size above which an image is refused (P
 FETCH_MAX_BYTES = 64 * 1024 * 1024  # an allowed remote image larger than this is refused, not read on
 FETCH_TIMEOUT = 10.0  # seconds to connect and between reads of a remote image
 FETCH_DEADLINE = 30.0  # seconds for the whole download: a host that trickles bytes is cut off
+# Pillow formats decoded here (vLLM's list): still images Pillow decodes in-process. Left out: EPS (Pillow runs
+# Ghostscript on the PostScript), WMF, and the stub formats that need external handlers (BUFR, GRIB, HDF5, MPEG).
+IMAGE_FORMATS = (
+    "AVIF", "BLP", "BMP", "CUR", "DCX", "DDS", "DIB", "FITS", "FLI", "FTEX", "GBR", "GIF", "ICNS", "ICO", "IM", "IMT",
+    "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
+    "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB",
+)  # fmt: skip
 HIGH_BIT_MODES = ("I", "F")  # 32-bit int, float and the 16-bit "I;16*" modes: Pillow's RGB conversion clips them
 
 
@@ -82,7 +90,7 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
 
 def is_image_object(value: Any) -> bool:
     """A PIL image or an encoded image's bytes (checked without importing Pillow): one prompt, never a list."""
-    return isinstance(value, (bytes, bytearray)) or type(value).__module__.startswith("PIL.")
+    return isinstance(value, (bytes, bytearray, memoryview)) or type(value).__module__.startswith("PIL.")
 
 
 def is_remote(source: Any) -> bool:
@@ -136,10 +144,18 @@ def load_image(
     host; ImageError if it is not one. `before_decode(width, height)` may refuse the image (by raising) once its
     header is read, before its pixels are decoded."""
     Image = _pil()
+    import PIL.ImageOps
+
     if isinstance(source, Image.Image):
         image = source
         if before_decode is not None:
             before_decode(image.width, image.height)
+        try:
+            image.load()  # a lazily opened file is decoded here: a truncated or closed one fails with its index
+        except Exception as e:
+            raise ImageError(
+                index, f"not a readable image ({type(e).__name__}: {str(e) or 'its file is closed'})"
+            ) from None
     else:
         if isinstance(source, str):
             if is_remote(source):
@@ -154,6 +170,8 @@ def load_image(
                     source = base64.b64decode(payload, validate=True)
                 except (binascii.Error, ValueError):
                     raise ImageError(index, "the data: URL's base64 payload does not decode") from None
+        if isinstance(source, memoryview):
+            source = source.tobytes()
         if not isinstance(source, (bytes, bytearray)):
             raise ImageError(index, f"expected a PIL image, bytes or a data: URL, got {type(source).__name__}")
         if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
@@ -164,18 +182,20 @@ def load_image(
                 # the limit is the check below, on the header before any pixel is decoded; Pillow's error at
                 # twice its own limit stays as the bomb guard for what is far beyond
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(source))
+                image = Image.open(io.BytesIO(source), formats=IMAGE_FORMATS)
                 if image.width * image.height > max_pixels:
                     raise ImageError(index, f"{image.width}x{image.height} pixels, more than the limit of {max_pixels}")
                 if before_decode is not None:
                     before_decode(image.width, image.height)
+                with contextlib.suppress(Exception):  # as vLLM: a broken orientation tag leaves the image as it is
+                    image = PIL.ImageOps.exif_transpose(image)  # pixels as the page is displayed (phone photos, scans)
                 image.load()  # decode now: a truncated file fails here, not later
         except ImageError:
             raise
         except Image.DecompressionBombError:
             raise ImageError(index, "a decompression bomb (its decoded size is far beyond the pixel limit)") from None
         except Image.UnidentifiedImageError:
-            raise ImageError(index, "not a readable image (no image format Pillow knows)") from None
+            raise ImageError(index, "not a readable image (none of the accepted image formats)") from None
         except Exception as e:  # OSError for truncated data, ...
             raise ImageError(index, f"not a readable image ({type(e).__name__}: {e})") from None
     if image.width * image.height > max_pixels:

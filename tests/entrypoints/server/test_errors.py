@@ -149,6 +149,8 @@ CASES = [
     Bad("/v1/embeddings", {"input": LONG * 2}, 413, "larger than the limit of 200000 bytes", strict=True),
     # /pooling and /classify
     Bad("/pooling", {"input": "x", "task": "summarize"}, 400, "field 'task'", "task"),
+    Bad("/pooling", {"input": "x", "task": "encode"}, 400, "`encode` task was removed; use `token_embed`", "task"),
+    Bad("/pooling", {"input": "x", "task": "score"}, 400, "`score` task was removed; use `classify` instead.", "task"),
     Bad("/pooling", {"input": "x", "task": "classify"}, 400, "it supports: embed, token_embed"),
     Bad("/pooling", {"input": "x", "task": "embed", "activation": True}, 400, "activation is only valid"),
     Bad("/pooling", {"input": "x", "task": "embed", "softmax": True}, 400, "unknown field 'softmax'"),

@@ -81,6 +81,33 @@ def test_score_and_rerank_text_against_images(served):
     assert [by_index[i] for i in range(2)] == pytest.approx(want, rel=1e-5)
 
 
+def test_score_items_in_vllms_content_form(served):
+    """vLLM 0.34's documented bodies for visual scoring: items `{"content": [part]}` on either side."""
+    s, llm, images = served
+    want = [o.outputs.score for o in llm.score("what is flutter?", images, use_tqdm=False)]
+
+    def page(im):
+        return {"content": [{"type": "image_url", "image_url": {"url": _url(im)}}]}
+
+    query = {"content": [{"type": "text", "text": "what is flutter?"}]}
+    for body in ({"data_1": query, "data_2": [page(im) for im in images]},
+                 {"queries": "what is flutter?", "documents": [page(images[0]), _url(images[1])]}):  # fmt: skip
+        r = s.post("/score", body)
+        assert r.status_code == 200, r.text
+        assert [d["score"] for d in r.json()["data"]] == pytest.approx(want, rel=1e-5)
+    ranked = s.post("/rerank", {"query": query, "documents": [page(im) for im in images]}).json()
+    by_index = {r["index"]: r["relevance_score"] for r in ranked["results"]}
+    assert [by_index[i] for i in range(2)] == pytest.approx(want, rel=1e-5)
+    remote = {"content": [{"type": "image_url", "image_url": {"url": "http://example.com/p.png"}}]}
+    for path, body, param in [
+        ("/score", {"text_1": "q", "text_2": [_url(images[0]), _MIXED]}, "text_2"),
+        ("/rerank", {"query": "q", "documents": [remote]}, "documents"),
+    ]:
+        r = s.post(path, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "takes one part, text or an image_url with a base64 data: URL" in r.json()["error"]["message"]
+
+
 _MIXED = {
     "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}]
 }
@@ -129,6 +156,9 @@ def test_image_options_are_honoured_or_refused_never_ignored(served):
          "'input' item 1 has 23 tokens with its images, more than the truncation limit of 5"),
         ("/v2/embed", {"images": [doc], "input_type": "image", "max_tokens": 5, "truncate": "END"}, "images",
          "'images' item 0 has 23 tokens with its images, more than the truncation limit of 5"),
+        ("/score", {"text_1": "q", "text_2": [doc], "max_tokens_per_doc": 5}, "text_2",
+         "more than the truncation limit of 5 (truncate_prompt_tokens; on /score and rerank max_tokens_per_query "
+         "/ max_tokens_per_doc"),
     ]  # fmt: skip
     for path, body, param, message in cases:
         r = s.post(path, body)

@@ -5,6 +5,7 @@ per-side token caps on /score and /rerank, and vLLM's metric names."""
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
@@ -63,6 +64,23 @@ def test_request_ids_come_from_x_request_id(vllm_server):
     assert r.json()["id"] == "score-r1"
     r = post(vllm_server, "/classify", {"input": TEXT}, {"X-Request-Id": "e1"})
     assert r.status_code == 400 and r.headers["x-request-id"] == "e1"  # errors carry it too
+
+
+def test_request_ids_from_the_body(vllm_server):
+    """vLLM: the body's request_id names the response when no X-Request-Id header does."""
+    for path, body, prefix in [
+        ("/v1/embeddings", {"input": TEXT}, "embd"),
+        ("/v1/embeddings", {"input": TEXT, "encoding_format": "base64"}, "embd"),
+        ("/pooling", {"input": TEXT, "task": "token_embed"}, "pooling"),
+        ("/score", {"text_1": TEXT, "text_2": DOCS}, "score"),
+        ("/rerank", {"query": TEXT, "documents": DOCS}, "score"),
+    ]:
+        r = post(vllm_server, path, {**body, "request_id": "body-7"})
+        assert r.status_code == 200 and r.json()["id"] == f"{prefix}-body-7", (path, r.text)
+        r = post(vllm_server, path, {**body, "request_id": "body-7"}, {"X-Request-Id": "head-1"})
+        assert r.json()["id"] == f"{prefix}-head-1", path  # the header first, as in vLLM
+    r = post(vllm_server, "/v1/embeddings", {"input": TEXT, "request_id": "b", "encoding_format": "bytes"})
+    assert json.loads(r.headers["metadata"])["id"] == "embd-b"
 
 
 def test_ping_answers_like_health_without_the_key(vllm_server):
@@ -189,6 +207,31 @@ def test_chat_style_embeddings(vllm_server, minilm_llm):
         r = post(vllm_server, "/v1/embeddings", body)
         assert r.status_code == status and words in r.json()["error"]["message"], (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_batched_conversations(vllm_server):
+    """vLLM 0.34 takes a list of conversations in `messages`, and one or several conversations in `input`: one
+    output per conversation, each what the conversation alone gives."""
+    a = [{"role": "user", "content": TEXT}]
+    b = [{"role": "system", "content": "aerodynamics"}, {"role": "user", "content": "laminar flow"}]
+    alone = [post(vllm_server, "/v1/embeddings", {"messages": m}).json()["data"][0]["embedding"] for m in (a, b)]
+    for body in ({"messages": [a, b]}, {"input": [a, b]}):
+        r = post(vllm_server, "/v1/embeddings", body)
+        assert r.status_code == 200, (body, r.text)
+        assert [d["embedding"] for d in r.json()["data"]] == alone
+    r = post(vllm_server, "/v1/embeddings", {"input": b})
+    assert r.status_code == 200 and r.json()["data"][0]["embedding"] == alone[1]
+    for body, words in [
+        ({"messages": [a, []]}, "'messages' item 1"),
+        ({"messages": [a, [{"role": "user", "content": 5}]]}, "'messages' item 1 item 0.content"),
+        ({"messages": [a, [{"content": "x"}]]}, "'messages' item 1 item 0.role"),
+        ({"messages": [a, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]]},
+         "'messages' conversation 1: messages item 0 content part 0 is an image"),
+        ({"messages": [{"role": "user", "content": "x"}, [{"role": "user", "content": "y"}]]}, "'messages' item 1"),
+    ]:  # fmt: skip
+        r = post(vllm_server, "/v1/embeddings", body)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (body, r.text)
+        assert r.json()["error"]["param"] == "messages", (body, r.text)
 
 
 def test_chat_without_a_template_is_a_clear_400(server):

@@ -117,6 +117,8 @@ def _describe_loc(loc: list[Any]) -> str:
 
 _TAGS = frozenset({"text", "image_url"})
 """The tags of the discriminated unions of the bodies (a Cohere content part's `type`)."""
+_SHAPES = frozenset({"conversation", "conversations"})
+"""The tags of `messages`' two shapes (one conversation, a list of them), dropped wherever they are."""
 
 _JSON_TYPES = {"dict_type": "an object", "model_attributes_type": "an object", "model_type": "an object"}
 
@@ -142,6 +144,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         if x != "body"
         and not (isinstance(x, str) and x.startswith(("str", "list[", "literal[", "function-", "constrained-")))
         and not (x in _TAGS and k > 0 and isinstance(raw[k - 1], int) and k + 1 < len(raw))
+        and x not in _SHAPES
     ]
     if kind == "string_unicode":  # pydantic cannot take a lone surrogate in an object key
         where = f"field {_describe_loc(loc)}" if loc else "the request body"

@@ -17,8 +17,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictInt,
+    Tag,
     ValidationError,
     ValidationInfo,
     WrapValidator,
@@ -103,8 +105,9 @@ def _inputs(kind: str) -> WrapValidator:
         field = info.field_name or "input"
         try:
             out = handler(value)
-        except ValidationError:
-            _diagnose(value, field, kind)
+        except ValidationError as exc:
+            if exc.errors()[0]["type"] != INPUT_ERROR:  # a field's own validator has said what is wrong
+                _diagnose(value, field, kind)
             raise
         if kind != "ids":
             _check_utf8(out, field, kind)
@@ -135,9 +138,10 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("polyvec_request_id", default=No
 """The client's X-Request-Id, set by the server middleware for the request being handled."""
 
 
-def random_id(prefix: str) -> str:
-    """A response id as vLLM makes it: the prefix and the client's X-Request-Id, else a random one."""
-    return f"{prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}"
+def random_id(prefix: str, request_id: str | None = None) -> str:
+    """A response id as vLLM makes it: the prefix and the client's X-Request-Id, else the body's `request_id`,
+    else a random one."""
+    return f"{prefix}-{REQUEST_ID.get() or request_id or uuid.uuid4().hex}"
 
 
 class StrictModel(BaseModel):
@@ -152,7 +156,7 @@ class VLLMCompatFields(StrictModel):
     priority: Annotated[int, INTEGRAL] = 0
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
-    """Accepted for vLLM compatibility; as in vLLM, the response id comes from the X-Request-Id header."""
+    """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
     cache_salt: str | None = None
     """Accepted for vLLM compatibility; ignored."""
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -225,11 +229,37 @@ class ChatFields(StrictModel):
         return self
 
 
+def _is_conversation(value: Any) -> bool:
+    """vLLM's test: a non-empty list of objects with a string `role`."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                          for m in value)  # fmt: skip
+
+
+def _conversations_shape(value: Any) -> str:
+    batch = isinstance(value, list) and bool(value) and all(isinstance(c, list) for c in value)
+    return "conversations" if batch else "conversation"
+
+
+Conversation = Annotated[list[ChatMessage], Field(min_length=1)]
+Conversations = Annotated[
+    Annotated[Conversation, Tag("conversation")]
+    | Annotated[Annotated[list[Conversation], Field(min_length=1)], Tag("conversations")],
+    Discriminator(_conversations_shape),
+]
+"""One conversation, or a list of them."""
+
+
 class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
-    """OpenAI `POST /v1/embeddings`, and vLLM's chat-style form (`messages`)."""
+    """OpenAI `POST /v1/embeddings`, and vLLM's chat-style forms: `messages` holding one conversation or a list
+    of them, or those in `input`."""
 
     input: PoolingInput | None = None
-    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    """A string, a list of strings, a list of token ids, or a list of token-id lists; or, as vLLM takes them, a
+    conversation or a list of conversations (then read as `messages`)."""
+    messages: Conversations | None = None  # type: ignore[assignment]  # ChatFields' one conversation, or several
+    """A conversation to embed as one input, or a list of conversations (one output each), rendered by the
+    model's chat template (or --chat-template); add_special_tokens then defaults to false, as the template writes
+    the special tokens itself."""
     dimensions: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Matryoshka output size (only for models trained for it)."""
     use_activation: bool | None = None
@@ -250,6 +280,26 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     """token_embed of documents: token vectors clustered into len // pool_factor groups, one mean each (PyLate's
     hierarchical token pooling, the first vector kept); queries are not pooled."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _conversations_in_input(cls, data: Any) -> Any:
+        """vLLM takes conversations in `input` too: they are `messages`."""
+        if isinstance(data, dict) and "messages" not in data:
+            given = data.get("input")
+            if _is_conversation(given) or (
+                isinstance(given, list) and given and all(_is_conversation(c) for c in given)
+            ):
+                data = {k: v for k, v in data.items() if k != "input"} | {"messages": given}
+        return data
+
+    def conversations(self) -> list[list[ChatMessage]]:
+        """The body's conversations (one for a single `messages` conversation)."""
+        if self.messages is None:
+            return []
+        if _conversations_shape(self.messages) == "conversations":
+            return self.messages  # type: ignore[return-value]
+        return [self.messages]  # type: ignore[list-item]
+
 
 class MuveraFields(StrictModel):
     """MUVERA's parameters (fastembed's names and defaults)."""
@@ -264,17 +314,26 @@ class MuveraFields(StrictModel):
     """Seed of the random hyperplanes and projections."""
 
 
+def _removed_task(value: Any) -> Any:
+    from ...pooling_params import REMOVED_TASKS  # here: the protocol module stays free of torch
+
+    if isinstance(value, str) and value in REMOVED_TASKS:
+        _refuse(REMOVED_TASKS[value], "task")
+    return value
+
+
 class PoolingRequest(EmbeddingRequest):
     """vLLM `POST /pooling`: any pooling task."""
 
-    task: (
+    task: Annotated[
         Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"]
         | Annotated[
             list[Literal["embed", "token_embed", "classify", "token_classify", "embed_sparse"]],
             Field(min_length=1),
         ]
-        | None
-    ) = None
+        | None,
+        BeforeValidator(_removed_task),
+    ] = None
     """Which output: embed (one vector), token_embed (one vector per token), classify (label probabilities),
     token_classify (per-token label scores), embed_sparse (SPLADE); a list: each of them from one forward pass,
     each item's `data` and `shape` keyed by task. Default: the model's own task."""
@@ -307,7 +366,33 @@ class ClassificationRequest(PoolingBase, ChatFields):
     """Older name of use_activation."""
 
 
-ScoreInput = Annotated[str | Texts, _inputs("text_or_texts")]
+def _score_content(value: Any, info: ValidationInfo) -> Any:
+    """vLLM's score items `{"content": [part]}` as the text or the data: URL of their one part (text or
+    image_url); other items are left to the type check."""
+    field = info.field_name or "documents"
+
+    def one(item: Any, where: str) -> Any:
+        if not isinstance(item, dict) or "content" not in item:
+            return item
+        parts = item["content"]
+        part = parts[0] if isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], dict) else None
+        if part is not None and part.get("type") == "text" and isinstance(part.get("text"), str):
+            return part["text"]
+        url = part.get("image_url") if part is not None and part.get("type") == "image_url" else None
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str) and url[:11].lower() == "data:image/":
+            return url
+        _refuse(
+            f"{where}: a {{'content': [...]}} item takes one part, text or an image_url with a base64 data: URL",
+            field,
+        )
+
+    if isinstance(value, list):
+        return [one(x, f"'{field}' item {i}") for i, x in enumerate(value)]
+    return one(value, f"'{field}'")
+
+
+ScoreInput = Annotated[str | Texts, BeforeValidator(_score_content), _inputs("text_or_texts")]
 
 
 class SidesError(ValueError):
@@ -327,7 +412,8 @@ class ScoreRequest(PoolingBase):
     text_1: ScoreInput | None = None
     """The query side: one text or a list."""
     text_2: ScoreInput | None = None
-    """The document side: one text or a list."""
+    """The document side: one text or a list (for an image model, also base64 data: URLs of page images). On
+    either side an item may be vLLM's `{"content": [part]}` with one text or image_url part."""
     data_1: ScoreInput | None = None
     data_2: ScoreInput | None = None
     queries: ScoreInput | None = None
@@ -370,10 +456,12 @@ def _document_texts(value: Any) -> Any:
 class RerankRequest(PoolingBase):
     """Jina / Cohere rerank: `POST /rerank`, `/v1/rerank`, `/v2/rerank`."""
 
-    query: Annotated[str, _inputs("text")]
+    query: Annotated[str, BeforeValidator(_score_content), _inputs("text")]
     """The query text."""
-    documents: Annotated[Texts, BeforeValidator(_document_texts), _inputs("texts")]
-    """Documents to order by relevance to the query: texts, or Cohere v1's `{"text": ...}` objects."""
+    documents: Annotated[Texts, BeforeValidator(_document_texts), BeforeValidator(_score_content), _inputs("texts")]
+    """Documents to order by relevance to the query: texts (for an image model, also base64 data: URLs of page
+    images), Cohere v1's `{"text": ...}` objects, or vLLM's `{"content": [part]}` with one text or image_url
+    part."""
     top_n: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Return only the best top_n documents (0: all)."""
     return_documents: bool = True
@@ -686,9 +774,11 @@ def usage(tokens: int) -> dict[str, int | None]:
     return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None}
 
 
-def envelope(prefix: str, model: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+def envelope(
+    prefix: str, model: str, data: list[dict[str, Any]], tokens: int, request_id: str | None = None
+) -> dict[str, Any]:
     return {
-        "id": random_id(prefix),
+        "id": random_id(prefix, request_id),
         "object": "list",
         "created": int(time.time()),
         "model": model,

@@ -168,20 +168,37 @@ CHAT_OPTIONS = frozenset({"chat_template", "chat_template_kwargs", "add_generati
 
 
 def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | None]:
-    """A pooling body's prompts, add_special_tokens and how its errors name the prompt: its `input` items, or its
-    conversation (`messages`) rendered by the chat template as one text, which then gets no special tokens
-    unless the body asks; for an image model the messages' one image, with the model's own prompt."""
+    """A pooling body's prompts, add_special_tokens and how its errors name the prompt: its `input` items, or each
+    of its conversations (`messages`: one, or on /v1/embeddings a list) rendered by the chat template as one text,
+    which then gets no special tokens unless the body asks; for an image model each conversation's one image, with
+    the model's own prompt."""
     check_processor_kwargs(state, req)
     if req.messages is None:
         return prompts_of(state, req.input), req.add_special_tokens, None
-    if state.model_config.colqwen2 is not None:
+    conversations = req.conversations() if isinstance(req, P.EmbeddingRequest) else [req.messages]
+    batched = conversations is req.messages  # a list of conversations, not one wrapped
+    image_model = state.model_config.colqwen2 is not None
+    if image_model:
         chat = sorted(CHAT_OPTIONS & req.model_fields_set)
         if chat:  # not dropped silently: these shape a rendered template, and image models render none
             message = "this model encodes an image with its own prompt, not a chat template"
             raise APIError(400, f"{', '.join(chat)}: {message}", chat[0])
-        image, where = image_of_messages(req.messages)
-        return [image], req.add_special_tokens, lambda _: (where, "messages")
-    return [render_messages(state, req)], chat_special_tokens(req), lambda _: ("the rendered messages", "messages")
+    prompts, places = [], []
+    for c, messages in enumerate(conversations):
+        try:
+            if image_model:
+                image, where = image_of_messages(messages)
+                prompts.append(image)
+            else:
+                prompts.append(render_messages(state, req, messages))
+                where = "the rendered messages"
+        except APIError as exc:
+            if batched:  # which conversation, before what is wrong in it
+                exc.message = f"'messages' conversation {c}: {exc.message}"
+            raise
+        places.append(f"'messages' conversation {c} ({where})" if batched else where)
+    special = req.add_special_tokens if image_model else chat_special_tokens(req)
+    return prompts, special, lambda i: (places[i], "messages")
 
 
 def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
@@ -190,7 +207,7 @@ def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
     value = url.get("url") if isinstance(url, dict) else getattr(url, "url", url)
     if isinstance(value, str) and value.startswith(("http://", "https://")):
         return {"multi_modal_data": {"image": value}}
-    if not isinstance(value, str) or not value.startswith("data:image/"):
+    if not isinstance(value, str) or value[:11].lower() != "data:image/":
         raise APIError(
             400,
             f"{where}: images must be base64 data: URLs (data:image/png;base64,...) or http(s) URLs on a host the "
@@ -223,9 +240,10 @@ def chat_special_tokens(req: Any) -> bool:
     return req.add_special_tokens if "add_special_tokens" in req.model_fields_set else False
 
 
-def render_messages(state: ServerState, req: Any) -> str:
-    """A chat-style body's `messages` as the chat template writes them (400 naming what is wrong)."""
-    messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+def render_messages(state: ServerState, req: Any, conversation: list[Any] | None = None) -> str:
+    """A chat-style body's conversation (its `messages`, or the one given) as the chat template writes it (400
+    naming what is wrong)."""
+    messages = [m.model_dump(exclude_unset=True) for m in (req.messages if conversation is None else conversation)]
     for i, message in enumerate(messages):  # as for `input`: JSON can escape a lone surrogate, UTF-8 cannot
         try:
             json.dumps(message, ensure_ascii=False).encode("utf-8")
@@ -378,7 +396,7 @@ async def process_prompts(
 
 
 def encoded_response(
-    req: P.EncodingFields, outputs: list, prefix: str, obj: str, key: str, model: str, with_shape: bool
+    req: P.EmbeddingRequest, outputs: list, prefix: str, obj: str, key: str, model: str, with_shape: bool
 ) -> Response:
     """The `/v1/embeddings` and `/pooling` response in the body's encoding_format (JSON or raw bytes)."""
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
@@ -387,7 +405,7 @@ def encoded_response(
         body, items = encode_bytes(tensors, req.embed_dtype, req.endianness)
         headers = None
         if req.encoding_format == "bytes":
-            meta = P.envelope(prefix, model, items, tokens)
+            meta = P.envelope(prefix, model, items, tokens, req.request_id)
             headers = {"metadata": json.dumps({k: meta[k] for k in ("id", "created", "model", "data", "usage")})}
         return Response(body, media_type="application/octet-stream", headers=headers)
     data = []
@@ -398,7 +416,7 @@ def encoded_response(
         if outputs[i].input_type is not None:
             item["input_type"] = outputs[i].input_type
         data.append(item)
-    return VectorJSONResponse(P.envelope(prefix, model, data, tokens))
+    return VectorJSONResponse(P.envelope(prefix, model, data, tokens, req.request_id))
 
 
 async def until_disconnect(raw: Request, work: Awaitable[T]) -> T:

@@ -92,7 +92,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
                 item = {"index": i, "object": "pooling", "data": entry("embed_sparse", d), "shape": list(d.shape)}
             data.append(item)
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
-        return VectorJSONResponse(P.envelope("pooling", model, data, tokens))
+        return VectorJSONResponse(P.envelope("pooling", model, data, tokens, req.request_id))
     if req.token_encoding is not None:  # codes: rows of integers, with int8's scales
         if req.encoding_format != "float":
             raise APIError(400, "token_encoding returns JSON rows of codes; encoding_format must be float",
@@ -107,7 +107,8 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
             if o.input_type is not None:
                 item["input_type"] = o.input_type
             data.append(item)
-        return VectorJSONResponse(P.envelope("pooling", model, data, sum(len(o.prompt_token_ids) for o in outputs)))
+        tokens = sum(len(o.prompt_token_ids) for o in outputs)
+        return VectorJSONResponse(P.envelope("pooling", model, data, tokens, req.request_id))
     return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
 
 
@@ -142,4 +143,5 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
                 "num_classes": int(probs.shape[-1]),
             }
         )
-    return VectorJSONResponse(P.envelope("classify", model, data, sum(len(o.prompt_token_ids) for o in outputs)))
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return VectorJSONResponse(P.envelope("classify", model, data, tokens, req.request_id))

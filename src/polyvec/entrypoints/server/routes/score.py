@@ -86,7 +86,7 @@ async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
         raise APIError(400, str(exc), exc.param) from None
     scores, tokens = await score_pairs(state, raw, side_1, side_2, req)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
-    return VectorJSONResponse(P.envelope("score", model, data, tokens))
+    return VectorJSONResponse(P.envelope("score", model, data, tokens, req.request_id))
 
 
 async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
@@ -105,7 +105,7 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         results.append(item)
     return VectorJSONResponse(
         {
-            "id": P.random_id("score"),  # vLLM serves rerank from its scoring handler
+            "id": P.random_id("score", req.request_id),  # vLLM serves rerank from its scoring handler
             "model": model,
             "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
