@@ -162,7 +162,7 @@ class PoolingParams:
             off = [n for n in ("use_activation", "normalize", "activation") if getattr(self, n) is False]
             if off:  # named as the caller spelled it
                 raise ValueError(
-                    f"embed_sparse always applies its activation (log(1 + relu)); {off[0]}=False is not valid"
+                    f"{off[0]}=False is not valid: embed_sparse always applies its activation (log(1 + relu))"
                 )
             k, threshold = self.sparse_top_k, self.sparse_threshold
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):

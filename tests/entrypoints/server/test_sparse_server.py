@@ -34,6 +34,10 @@ def test_pooling_embed_sparse(splade):
     r = server.post("/pooling", {"input": TEXTS[0], "task": "token_classify", "sparse_top_k": 3})
     assert r.status_code == 400 and "sparse_top_k applies to embed_sparse" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "sparse_top_k"
+    for name in ("normalize", "use_activation"):  # the field named in `param` too, not only in the message
+        r = server.post("/pooling", {"input": TEXTS[0], "task": "embed_sparse", name: False})
+        assert r.status_code == 400 and f"{name}=False is not valid" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == name, r.text
 
 
 def test_tei_embed_sparse(splade, server):
