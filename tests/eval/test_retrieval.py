@@ -85,12 +85,12 @@ def _edited_vaswani(tmp_path, name: str, edit) -> str:
     [
         ("corpus.jsonl", lambda ls: ls[:3] + ['{"text": "no id"}'] + ls[3:], "corpus.jsonl line 4 has no '_id'"),
         ("corpus.jsonl", lambda ls: ls[:1] + ["{broken"], "corpus.jsonl line 2 is not valid JSON"),
-        ("corpus.jsonl", lambda ls: ls[:1] + ['{"_id": "x", "text": 5}'], "corpus.jsonl line 2 has a int in 'text'"),
+        ("corpus.jsonl", lambda ls: ls[:1] + ['{"_id": "x", "text": 5}'], "line 2 has a number in field 'text'"),
         ("corpus.jsonl", lambda ls: [], "no documents in corpus.jsonl"),
         ("qrels.tsv", lambda ls: ls[:2] + ["1\t2"], "qrels.tsv line 3 has 2 columns, not 3"),
         ("qrels.tsv", lambda ls: ls[:2] + ["1\t2\thigh"], "qrels.tsv line 3: the score 'high' is not an integer"),
         ("qrels.tsv", lambda ls: [], "no judged queries"),
-        ("queries.jsonl", lambda ls: ['{"_id": "1", "text": 5}'] + ls, "queries.jsonl line 1 has a int in 'text'"),
+        ("queries.jsonl", lambda ls: ['{"_id": "1", "text": 5}'] + ls, "line 1 has a number in field 'text'"),
     ],
 )
 def test_cli_names_what_is_wrong_in_a_collection(tmp_path, capsys, name, edit, message):

@@ -279,3 +279,13 @@ def test_classifier_columns(cluster, tmp_path, minilm_path, task, model_cls):
     for i, o in enumerate(want):
         got = np.asarray(rows[str(i)][task], dtype=np.float32)
         assert got.shape == tuple(o.outputs.data.shape) and np.allclose(got, o.outputs.data.numpy(), atol=1e-5)
+
+
+def test_json_rows_read_ids_as_polyvec_embed_does():
+    """The engines' JSONL reader takes ids as the plain command's reader does: a string or an integer."""
+    from polyvec.integrations.ray import _json_rows
+
+    assert _json_rows(['{"_id": 7, "text": "a"}', "", '{"id": "b", "text": "c"}'], "text") == (["7", "b"], ["a", "c"])
+    for line in ('{"_id": null, "text": "a"}', '{"id": [1], "text": "a"}'):
+        with pytest.raises(ValueError, match=r"not a string"):
+            _json_rows([line], "text")

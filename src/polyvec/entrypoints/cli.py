@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..eval import json_line, row_text
+from ..eval import json_line, row_id, row_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -123,20 +123,14 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
                 row = json_line(line, f"line {n + 1}")
                 try:
                     texts.append(row_text(row, text_column))
+                    doc_id = row_id(row)
                 except ValueError as exc:
                     raise ValueError(f"line {n + 1} {exc}") from None
-                key = next((k for k in ("_id", "id") if k in row), None)
-                if key is None:
+                if doc_id is None:
                     without = n + 1 if without is None else without
-                    ids.append(str(n))
                 else:
-                    value = row[key]
-                    if isinstance(value, bool) or not isinstance(value, (str, int)):
-                        from .server.errors import json_type  # the server's words for JSON types (on error only)
-
-                        raise ValueError(f"line {n + 1} has {json_type(value)} in field {key!r}, not a string")
                     with_id = n + 1 if with_id is None else with_id
-                    ids.append(str(value))
+                ids.append(str(n) if doc_id is None else doc_id)
                 if with_id is not None and without is not None:  # row numbers could repeat a row's own id
                     raise ValueError(f"line {without} has no '_id' or 'id', and line {with_id} has one: give all one")
                 first = seen.setdefault(ids[-1], n + 1)

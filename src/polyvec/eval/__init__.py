@@ -19,6 +19,20 @@ def json_line(line: str, where: str) -> Any:
         raise ValueError(f"{where} is not valid JSON ({exc.msg}, column {exc.colno})") from None
 
 
+def row_id(row: dict[str, Any]) -> str | None:
+    """A JSONL row's id (`_id`, else `id`; a string or an integer), None when it has neither; ValueError when it
+    is of another JSON type (null, a list, ...)."""
+    key = "_id" if "_id" in row else "id" if "id" in row else None
+    if key is None:
+        return None
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        from ..entrypoints.server.errors import json_type  # the server's words for JSON types (on error only)
+
+        raise ValueError(f"has {json_type(value)} in field {key!r}, not a string")
+    return str(value)
+
+
 def row_text(row: Any, text_column: str = "text") -> str:
     """The text of one JSONL corpus row, as `polyvec embed` reads it with or without --ray: BEIR's title and text
     joined, or the field `text_column`. ValueError when the row is not an object or that field holds no text."""

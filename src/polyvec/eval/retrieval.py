@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..scoring import iter_maxsim
-from . import document_text, json_line
+from . import json_line, row_id, row_text
 
 
 @dataclass
@@ -52,22 +52,21 @@ class BeirData:
     qrels: dict[str, dict[str, int]]
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """(line number, id, row) of a BEIR JSONL file, blank lines skipped; ValueError naming the file and line."""
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any], str]]:
+    """(line number, id, row, title and text) of a BEIR JSONL file, blank lines skipped; ValueError naming the
+    file and line."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             row = json_line(line, f"{path.name} line {n}")
-            if not isinstance(row, dict):
-                raise ValueError(f"{path.name} line {n} is not a JSON object")
-            key = next((k for k in ("_id", "id") if k in row), None)
-            if key is None or isinstance(row[key], bool) or not isinstance(row[key], (str, int)):
-                raise ValueError(f"{path.name} line {n} has no '_id' (a string)")
-            for name in ("title", "text"):
-                if row.get(name) is not None and not isinstance(row[name], str):
-                    raise ValueError(f"{path.name} line {n} has a {type(row[name]).__name__} in {name!r}, not a string")
-            yield n, str(row[key]), row
+            try:
+                text, row_key = row_text(row), row_id(row)
+            except ValueError as exc:
+                raise ValueError(f"{path.name} line {n} {exc}") from None
+            if row_key is None:
+                raise ValueError(f"{path.name} line {n} has no '_id'")
+            yield n, row_key, row, text
 
 
 def load_beir(folder: str | Path) -> BeirData:
@@ -76,9 +75,9 @@ def load_beir(folder: str | Path) -> BeirData:
     line otherwise."""
     folder = Path(folder)
     doc_ids, docs, query_ids, queries = [], [], [], []
-    for _, doc_id, row in _jsonl_rows(folder / "corpus.jsonl"):
+    for _, doc_id, _, text in _jsonl_rows(folder / "corpus.jsonl"):
         doc_ids.append(doc_id)
-        docs.append(document_text(row) or ".")
+        docs.append(text or ".")
     if not docs:
         raise ValueError("no documents in corpus.jsonl")
     qrels: dict[str, dict[str, int]] = {}
@@ -94,7 +93,7 @@ def load_beir(folder: str | Path) -> BeirData:
             if not parts[2].strip().lstrip("-").isdigit():
                 raise ValueError(f"qrels.tsv line {i + 1}: the score {parts[2]!r} is not an integer")
             qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    for n, query_id, row in _jsonl_rows(folder / "queries.jsonl"):
+    for n, query_id, row, _ in _jsonl_rows(folder / "queries.jsonl"):
         if query_id in qrels:  # evaluate judged queries only, as BEIR does
             if not isinstance(row.get("text"), str):
                 raise ValueError(f"queries.jsonl line {n} has no 'text'")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
-from ..eval import document_text, row_text
+from ..eval import document_text, row_id, row_text
 
 __all__ = [
     "ROW_BATCH_SIZE",
@@ -132,11 +132,12 @@ def _json_rows(lines: list[str], text_column: str) -> tuple[list[str], list[str]
         try:
             row = json.loads(line)
             texts.append(row_text(row, text_column))
-        except ValueError as exc:  # not JSON, not an object, no text
+            doc_id = row_id(row)
+        except ValueError as exc:  # not JSON, not an object, no text, an id that is null or a list
             raise ValueError(f"the JSON line {line[:80]!r} {exc}") from None
-        if "_id" not in row and "id" not in row:
+        if doc_id is None:
             raise ValueError(f"a JSON line without '_id' or 'id' (--ray needs ids): {line[:80]!r}")
-        ids.append(str(row.get("_id", row.get("id"))))
+        ids.append(doc_id)
     return ids, texts
 
 
