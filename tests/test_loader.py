@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from polyvec import LLM
+from polyvec import LLM, PoolingParams
 from polyvec.loader import _st_pooling_modes, load_model_config
 from tests.helpers import TINY, cosine_rows, save_tiny_model
 
@@ -72,6 +72,7 @@ def test_legacy_sentence_transformers_subfolder_layout(tmp_path, minilm_path, mi
             [
                 {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
                 {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
             ]
         )
     )
@@ -117,3 +118,87 @@ def test_unsupported_architecture(tmp_path, minilm_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="architecture 'GPT2LMHeadModel' is not supported; supported: BertModel"):
         LLM(str(folder))
+
+
+TEXTS = ["What is the lift of a WING at Mach 2?", "Café au lait, naïve résumé", "flutter", "x " * 300]
+
+
+def _st_folder(tmp_path, minilm_path, name, pooling=None, normalize=True, st_config=None, drop=()):
+    """MiniLM as a sentence-transformers folder with another Pooling config, Normalize module or model config."""
+    folder = tmp_path / name
+    shutil.copytree(minilm_path, folder, ignore=shutil.ignore_patterns("model.safetensors", *drop))
+    (folder / "model.safetensors").symlink_to(minilm_path / "model.safetensors")
+    modules = json.loads((minilm_path / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps(modules if normalize else modules[:2]))
+    if pooling is not None:
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **pooling}))
+    if st_config is not None:
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    return folder
+
+
+def _st_vectors(folder, texts, **kwargs):
+    from sentence_transformers import SentenceTransformer
+
+    return torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(texts, **kwargs))
+
+
+def _vectors(llm, texts, **kwargs):
+    params = PoolingParams(**kwargs) if kwargs else None
+    return torch.stack([o.outputs.data for o in llm.embed(texts, params, use_tqdm=False)])
+
+
+def test_normalized_only_with_a_normalize_module(tmp_path, minilm_path):
+    """As sentence-transformers and vLLM 0.34 (its get_pooling_config): without a Normalize module in
+    modules.json the pooled vector is returned as it is (dot-product models); use_activation still asks for it."""
+    for pooling in ({"pooling_mode": "mean"}, {"pooling_mode": "cls"}):
+        folder = _st_folder(tmp_path, minilm_path, pooling["pooling_mode"], pooling, normalize=False)
+        llm = LLM(str(folder), dtype="float32")
+        got, want = _vectors(llm, TEXTS), _st_vectors(folder, TEXTS)
+        assert want.norm(dim=1).min() > 2  # not unit vectors
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(_vectors(llm, TEXTS, use_activation=True).norm(dim=1), torch.ones(len(TEXTS)))
+        assert llm.model_config.sources["use_activation"] == "modules.json (no Normalize module)"
+
+
+@pytest.mark.parametrize("mode", ["mean", "max", "cls", "lasttoken", "weightedmean", "mean_sqrt_len_tokens"])
+def test_include_prompt_false_pools_after_the_prompt(tmp_path, minilm_path, mode):
+    """`include_prompt: false` (INSTRUCTOR-style models): the prompt's tokens ([CLS] and the prompt, as
+    sentence-transformers counts them) are left out of pooling, but still attended to."""
+    prompts = {"query": "Represent the aerodynamics question for retrieval: ", "document": ""}
+    folder = _st_folder(
+        tmp_path,
+        minilm_path,
+        mode,
+        {"pooling_mode": mode, "include_prompt": False},
+        st_config={"prompts": prompts, "default_prompt_name": None},
+    )
+    llm = LLM(str(folder), dtype="float32")
+    got = _vectors(llm, TEXTS, input_type="query")
+    want = _st_vectors(folder, TEXTS, prompt_name="query")
+    assert cosine_rows(got, want).min() >= 0.9999
+    together = _vectors(llm, TEXTS + TEXTS[:2])  # no prompt named: all tokens pooled; batch-independent
+    assert cosine_rows(together[: len(TEXTS)], _st_vectors(folder, TEXTS)).min() >= 0.9999
+    mixed = llm.embed(TEXTS[:2], [PoolingParams(input_type=t) for t in ("query", "document")], use_tqdm=False)
+    assert cosine_rows(mixed[0].outputs.data[None], got[:1]).item() >= 0.99999
+
+
+def test_truncate_dim_of_the_model_config(tmp_path, minilm_path):
+    folder = _st_folder(tmp_path, minilm_path, "truncated", st_config={"truncate_dim": 64})
+    llm = LLM(str(folder), dtype="float32")
+    got, want = _vectors(llm, TEXTS), _st_vectors(folder, TEXTS)
+    assert got.shape == want.shape == (len(TEXTS), 64)
+    assert cosine_rows(got, want).min() >= 0.9999
+    assert _vectors(llm, TEXTS, dimensions=384).shape == (len(TEXTS), 384)  # a request may still ask for more
+
+
+def test_vocab_txt_tokenizer_reads_its_casing(tmp_path, minilm_path):
+    """A folder with vocab.txt and no tokenizer.json: do_lower_case (and strip_accents) from tokenizer_config.json,
+    as transformers' BertTokenizer reads them."""
+    folder = _st_folder(tmp_path, minilm_path, "cased", drop=("tokenizer.json",))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "do_lower_case": False}))
+    got, want = _vectors(LLM(str(folder), dtype="float32"), TEXTS), _st_vectors(folder, TEXTS)
+    assert cosine_rows(got, want).min() >= 0.9999
+    lower = _vectors(LLM(str(minilm_path), dtype="float32"), TEXTS)
+    assert cosine_rows(got[:2], lower[:2]).max() < 0.99  # the cased text reads differently

@@ -250,6 +250,9 @@ class ModelConfig:
     """Instruction prompts by name (config_sentence_transformers.json), prepended to text prompts whose
     input_type (query / document) names one."""
     default_prompt_name: str | None = None
+    pool_prompt: bool = True
+    """False (the Pooling module's `include_prompt: false`): embed and classify pool only the tokens after the
+    instruction prompt, as sentence-transformers does."""
     sources: dict[str, str] = field(default_factory=dict)
 
     @property

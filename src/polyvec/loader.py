@@ -106,7 +106,14 @@ def _st_pooling_modes(cfg: dict[str, Any]) -> tuple[str, ...]:
 
 def _read_sentence_transformers(root: Path) -> dict[str, Any]:
     """Walk modules.json; return the transformer folder, pooling modes, Dense specs and Normalize."""
-    out: dict[str, Any] = {"transformer_dir": root, "pooling": None, "dense": [], "normalize": False, "splade": None}
+    out: dict[str, Any] = {
+        "transformer_dir": root,
+        "pooling": None,
+        "include_prompt": True,
+        "dense": [],
+        "normalize": False,
+        "splade": None,
+    }
     modules_file = root / "modules.json"
     if modules_file.is_file():
         _read_modules(root, _read_json(modules_file), out)
@@ -121,7 +128,9 @@ def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]
             if (folder / "config.json").is_file():
                 out["transformer_dir"] = folder
         elif kind == "Pooling":
-            out["pooling"] = _st_pooling_modes(_read_json(folder / "config.json"))
+            cfg = _read_json(folder / "config.json")
+            out["pooling"] = _st_pooling_modes(cfg)
+            out["include_prompt"] = cfg.get("include_prompt", True) is not False
         elif kind == "Dense":
             cfg = _read_json(folder / "config.json")
             out["dense"].append(
@@ -496,6 +505,10 @@ def load_model_config(
     pooler_config = pooler_config or PoolerConfig()
     if st["pooling"] is not None:
         sources["pooling_type"] = "modules.json Pooling"
+        if pooler_config.use_activation is None and colbert is None:
+            # as sentence-transformers and vLLM 0.34 (get_pooling_config): normalized only with a Normalize module
+            pooler_config = dataclasses.replace(pooler_config, use_activation=st["normalize"])
+            sources["use_activation"] = f"modules.json ({'a' if st['normalize'] else 'no'} Normalize module)"
     if pooler_config.seq_pooling_type is not None:
         sources["pooling_type"] = "pooler_config"
     sources["dtype"] = "argument"
@@ -508,6 +521,15 @@ def load_model_config(
         default_prompt = st_model.get("default_prompt_name")
         if prompts:
             sources["prompts"] = "config_sentence_transformers.json"
+        truncate_dim = st_model.get("truncate_dim")
+        if truncate_dim is not None and pooler_config.dimensions is None:
+            if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1:
+                raise ValueError(f"{st_model_cfg}: truncate_dim must be a positive integer, got {truncate_dim!r}")
+            # sentence-transformers truncates every embedding to it: the model's output size, a Matryoshka one
+            pooler_config = dataclasses.replace(pooler_config, dimensions=truncate_dim)
+            sources["dimensions"] = "config_sentence_transformers.json truncate_dim"
+            if not matryoshka:
+                hf_config = {**hf_config, "is_matryoshka": True}
     from .models.registry import CAUSAL_FAMILIES
 
     return ModelConfig(
@@ -517,6 +539,7 @@ def load_model_config(
         lora=lora,
         prompts=prompts,
         default_prompt_name=default_prompt,
+        pool_prompt=st["include_prompt"],
         path=root,
         hf_config=hf_config,
         architecture=architecture,

@@ -10,11 +10,12 @@ at once (the server tokenizes in worker threads). Prompts need no character offs
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from tokenizers import Tokenizer
 
@@ -47,12 +48,24 @@ def _cut(seq: list[int], max_length: int, left: bool) -> list[int]:
     return seq[max(len(seq) - max_length, 0) :] if left else seq[:max_length]
 
 
+def _wordpiece_options(folder: Path) -> dict[str, Any]:
+    """A vocab.txt-only BERT tokenizer's settings from tokenizer_config.json, with transformers' BertTokenizer
+    defaults (lowercase, accents stripped when lowercasing, CJK characters split)."""
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    return {
+        "lowercase": bool(cfg.get("do_lower_case", True)),
+        "strip_accents": cfg.get("strip_accents"),
+        "handle_chinese_chars": bool(cfg.get("tokenize_chinese_chars", True)),
+    }
+
+
 class PolyTokenizer:
     def __init__(self, path: Path, do_lower_case: bool = False, model_max_length: int | None = None):
         if path.name == "vocab.txt":
             from tokenizers.implementations import BertWordPieceTokenizer
 
-            base = BertWordPieceTokenizer(str(path), lowercase=True)._tokenizer
+            base = BertWordPieceTokenizer(str(path), **_wordpiece_options(path.parent))._tokenizer
         else:
             base = Tokenizer.from_file(str(path))
         # Checkpoints often ship tokenizer.json with padding/truncation baked in; the engine packs sequences

@@ -278,7 +278,7 @@ def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_t
         (dataclasses.replace(lc, truncate_prompt_tokens=8), text, "token_embed", "truncation"),
         (lc, [101, 102], "token_embed", "plain-text input"),
         (lc, "", "token_embed", "nonempty plain-text"),
-        (lc, "wing " * 400, "token_embed", "256"),
+        (lc, "wing " * 400, "token_embed", "402 tokens, more than max_model_len=256: late chunking reads the whole"),
     ]:
         with pytest.raises(ValueError, match=message):
             minilm_llm.encode(prompt, bad, pooling_task=task, use_tqdm=False)

@@ -180,14 +180,10 @@ def test_convert_classify_from_lm_head_tokens(tmp_path, minilm_path):
         LLM(str(tmp_path), dtype="float32", convert="classify")
 
 
-def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
-    """A Qwen3-Embedding-style folder: config.json says Qwen3ForCausalLM, modules.json has last-token
-    pooling + Normalize, config_sentence_transformers.json has a query instruction. Against
-    sentence-transformers on the same folder, with prompt_name="query" ↔ input_type="query"."""
-    from sentence_transformers import SentenceTransformer
-
-    save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
-    (tmp_path / "modules.json").write_text(
+def _save_st_decoder(folder, minilm_path, pooling: dict) -> None:
+    """A Qwen3 decoder as a sentence-transformers folder: `pooling` in 1_Pooling, Normalize, a query prompt."""
+    save_decoder("qwen3", "ForCausalLM", folder, minilm_path)
+    (folder / "modules.json").write_text(
         json.dumps(
             [
                 {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -196,13 +192,11 @@ def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
             ]
         )
     )
-    (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "include_prompt": True})
-    )
-    (tmp_path / "2_Normalize").mkdir()
-    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
-    (tmp_path / "config_sentence_transformers.json").write_text(
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **pooling}))
+    (folder / "2_Normalize").mkdir()
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    (folder / "config_sentence_transformers.json").write_text(
         json.dumps(
             {
                 "prompts": {"query": "Instruct: find passages about aerodynamics\nQuery:", "document": ""},
@@ -210,6 +204,32 @@ def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
             }
         )
     )
+
+
+@pytest.mark.parametrize("budget", [None, 8])
+def test_include_prompt_false_in_chunks(tmp_path, minilm_path, budget):
+    """`include_prompt: false` on a decoder: mean pooling leaves the instruction's tokens out, also when the
+    prompt is prefilled over several chunks (a budget of 8 tokens) and on prefix-cache hits."""
+    from sentence_transformers import SentenceTransformer
+
+    _save_st_decoder(tmp_path, minilm_path, {"pooling_mode": "mean", "include_prompt": False})
+    texts = ["what is the stall angle of a thin wing", "laminar boundary layer", "shock waves"]
+    want = SentenceTransformer(str(tmp_path), device="cpu").encode(texts, prompt_name="query", convert_to_tensor=True)
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=budget)
+    for _ in range(2):  # the second time, the instruction's blocks come from the prefix cache
+        got = torch.stack([o.outputs.data for o in llm.embed(texts, PoolingParams(input_type="query"), use_tqdm=False)])
+        assert cosine_rows(got, want).min().item() >= 0.9999
+    if budget:
+        assert llm.engine.stats.num_batches >= 6  # the prompts really went in chunks
+
+
+def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
+    """A Qwen3-Embedding-style folder: config.json says Qwen3ForCausalLM, modules.json has last-token
+    pooling + Normalize, config_sentence_transformers.json has a query instruction. Against
+    sentence-transformers on the same folder, with prompt_name="query" ↔ input_type="query"."""
+    from sentence_transformers import SentenceTransformer
+
+    _save_st_decoder(tmp_path, minilm_path, {"pooling_mode_lasttoken": True, "include_prompt": True})
     texts = ["what is the stall angle of a thin wing", "laminar boundary layer", "shock waves"]
     st = SentenceTransformer(str(tmp_path), device="cpu")
     llm = LLM(str(tmp_path), dtype="float32")
@@ -256,3 +276,32 @@ def test_requests_wait_when_the_kv_cache_is_full(tmp_path, minilm_path):
     assert 50 <= peak <= 70 and llm.engine.scheduler.kv_used == 0
     with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
         llm.embed([{"prompt_token_ids": ps[0] + ps[2]}], use_tqdm=False)
+
+
+@pytest.mark.parametrize("budget", [None, 8])
+def test_long_inputs_in_windows_as_vllm_chunked_processing(tmp_path, minilm_path, budget):
+    """vLLM's `enable_chunked_processing` on a decoder: an input over max_model_len is read in windows of
+    max_model_len tokens (each prefilled in chunks under a small budget), their LAST vectors averaged by token
+    count, then normalized; token_embed returns every token's vector. It was silently truncated."""
+    model = save_decoder("qwen2", "ForCausalLM", tmp_path, minilm_path)
+    ids = torch.randint(1000, 30000, (100,), generator=torch.Generator().manual_seed(3)).tolist()
+    llm = LLM(
+        str(tmp_path),
+        dtype="float32",
+        max_model_len=32,
+        max_num_batched_tokens=budget,
+        pooler_config=PoolerConfig(enable_chunked_processing=True, max_embed_len=200),
+    )
+    windows = [ids[s : s + 32] for s in range(0, len(ids), 32)]
+    hidden = [reference_hidden(model, w) for w in windows]
+    weights = torch.tensor([float(len(w)) for w in windows])
+    want = F.normalize((torch.stack([h[-1] for h in hidden]) * weights[:, None]).sum(0) / weights.sum(), dim=0)
+    short = ids[:20]
+    out, alone = llm.embed([{"prompt_token_ids": ids}, {"prompt_token_ids": short}], use_tqdm=False)
+    assert out.prompt_token_ids == ids and out.num_input_tokens == 100
+    assert cosine_rows(out.outputs.data, want).item() >= 0.9999
+    assert cosine_rows(alone.outputs.data, F.normalize(reference_hidden(model, short)[-1], dim=0)).item() >= 0.9999
+    (tokens,) = llm.token_embed([{"prompt_token_ids": ids}], use_tqdm=False)
+    assert cosine_rows(tokens.outputs.data, F.normalize(torch.cat(hidden), dim=-1)).min().item() >= 0.9999
+    with pytest.raises(ValueError, match="200"):  # max_embed_len: longer inputs are refused
+        llm.embed([{"prompt_token_ids": ids * 3}], use_tqdm=False)

@@ -25,7 +25,7 @@ def _adapter(model, folder: Path, base: Path, **config):
         for name, p in wrapped.named_parameters():
             if "lora_" in name:
                 p.normal_(0.0, 0.05)
-            elif "modules_to_save" in name:  # trained whole: the adapter's copy differs from the base's
+            elif p.requires_grad:  # trained whole (modules_to_save, biases): the adapter's copy differs
                 p.add_(torch.randn_like(p) * 0.1)
     wrapped.save_pretrained(folder)
     cfg = json.loads((folder / "adapter_config.json").read_text())
@@ -81,10 +81,21 @@ def test_colpali_adapter_on_base(tmp_path, minilm_path):
     )
 
 
+def _minilm_embeddings(model, path, texts):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        batch = tok(texts, padding=True, return_tensors="pt")
+        hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
 def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):
     """A sentence-transformers base (MiniLM), rsLoRA scaling (alpha / √r), a module saved whole
     (`modules_to_save`), the tokenizer from the base; embeddings as transformers computes them from PEFT's merge."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     model = AutoModel.from_pretrained(minilm_path).eval()
     merged = _adapter(
@@ -100,16 +111,36 @@ def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):
     original = AutoModel.from_pretrained(minilm_path).embeddings.LayerNorm.weight
     assert not torch.equal(merged.embeddings.LayerNorm.weight, original)
     texts = ["a lift coefficient", "flutter of wings at high speed"]
-    tok = AutoTokenizer.from_pretrained(minilm_path)
-    with torch.no_grad():
-        batch = tok(texts, padding=True, return_tensors="pt")
-        hidden = merged(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        want = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    want = _minilm_embeddings(merged, minilm_path, texts)
     got = torch.tensor([o.outputs.embedding for o in LLM(str(tmp_path / "adapter"), dtype="float32").embed(texts)])
     assert cosine_rows(got, want).min() >= 0.9999
     plain = torch.tensor([o.outputs.embedding for o in LLM(str(minilm_path), dtype="float32").embed(texts)])
     assert cosine_rows(got, plain).min() < 0.999
+
+
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_text_adapter_with_trained_biases(tmp_path, minilm_path, bias):
+    """bias="all" / "lora_only": PEFT saves an adapted layer's bias as `<layer>.base_layer.bias` (and, for "all",
+    the other layers' as `<layer>.bias`); each replaces the base's, as in PEFT's merge."""
+    from transformers import AutoModel
+
+    merged = _adapter(
+        AutoModel.from_pretrained(minilm_path).eval(),
+        tmp_path / "adapter",
+        minilm_path,
+        r=4,
+        lora_alpha=8,
+        target_modules=["query", "value"],
+        bias=bias,
+    )
+    from safetensors.torch import load_file
+
+    keys = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert any(".base_layer.bias" in k for k in keys)
+    texts = ["a lift coefficient", "flutter of wings at high speed"]
+    want = _minilm_embeddings(merged, minilm_path, texts)
+    got = torch.tensor([o.outputs.embedding for o in LLM(str(tmp_path / "adapter"), dtype="float32").embed(texts)])
+    assert cosine_rows(got, want).min() >= 0.9999
 
 
 def test_adapters_polyvec_cannot_merge_are_refused(tmp_path, minilm_path):
@@ -119,7 +150,7 @@ def test_adapters_polyvec_cannot_merge_are_refused(tmp_path, minilm_path):
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="names no base_model_name_or_path"):
         LLM(str(folder))
-    for key, value in (("use_dora", True), ("peft_type", "IA3")):
+    for key, value in (("use_dora", True), ("peft_type", "IA3"), ("trainable_token_indices", [5, 6])):
         (folder / "adapter_config.json").write_text(
             json.dumps({**cfg, key: value, "base_model_name_or_path": str(minilm_path)})
         )

@@ -5,7 +5,7 @@ so a server can run it off its event loop), `add_requests` queues them, and each
 batch through the model and returns the requests it finished.
 
 Causal models prefill prompts longer than the token budget in chunks across steps (KV cache + pooling
-state, see `scheduler.py`), and reuse cached prompt prefixes (`prefix_cache.py`). Encoder inputs longer than
+state, see `scheduler.py`), and reuse cached prompt prefixes (`prefix_cache.py`). Inputs longer than
 `max_model_len` are, when asked (`long_input="window"`), split into window requests that run like any other
 and are combined when the last one finishes (`long_input.py`).
 """

@@ -1,5 +1,5 @@
 """Prompts in, verified `Request`s out: tokenization, truncation, parameter checks, instruction prompts, the
-ColBERT recipe, and the split of over-long encoder inputs into window requests.
+ColBERT recipe, and the split of over-long inputs into window requests.
 
 Thread-safe and free of engine stepping state, so a server can run `process` off its event loop: everything
 here is fixed at construction except the request-id counter, which a lock guards.
@@ -62,6 +62,7 @@ class InputProcessor:
             # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
             # it was trained to produce.
             self.supported_tasks = ("token_embed",)
+        self._prompt_lengths: dict[tuple[str, bool], int] = {}  # include_prompt: false
         self.special_ids = frozenset(i for i, tok in tokenizer._base.get_added_tokens_decoder().items() if tok.special)
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
@@ -137,6 +138,7 @@ class InputProcessor:
         spent = [0]  # decoded image pixels of these prompts so far
         text_groups: dict[tuple[int, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
+        skips = [0] * n  # include_prompt: false: the leading tokens sequence pooling leaves out
         # Inference-free SPLADE queries: weights looked up per token id, no forward pass (Request.static_output)
         static = [
             self.static_query is not None and p.task == "embed_sparse" and p.input_type == "query" for p in verified
@@ -192,6 +194,8 @@ class InputProcessor:
             if isinstance(prompt, str) or _is_text_pair(prompt):
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
+                if isinstance(prompt, str) and tokenized[i] != prompt and not self.model_config.pool_prompt:
+                    skips[i] = self._prompt_length(tokenized[i][: len(tokenized[i]) - len(prompt)], add_special)
                 spec = self.model_config.colqwen2
                 if spec is not None and isinstance(prompt, str) and p.input_type == "query":
                     tokenized[i] = spec.query_prefix + prompt + spec.query_suffix  # colpali-engine's queries
@@ -240,8 +244,9 @@ class InputProcessor:
                 prompt_token_ids=ids,
                 token_type_ids=types,
                 params=verified[i],
-                spec=specs[i],
+                spec=skip_prompt(specs[i], min(skips[i], len(ids) - 1)),
                 num_input_tokens=num_input,
+                skip_prompt=skips[i],
             )
             if static[i]:
                 request.static_output = self._static_sparse(ids, specs[i])
@@ -261,17 +266,7 @@ class InputProcessor:
                 continue
             if self.colbert is not None:
                 self.colbert.apply(request)
-            if self.causal:
-                request.chunkable = True
-                if request.num_tokens > self.kv_cache_tokens:
-                    raise PromptError(
-                        i,
-                        f" has {request.num_tokens} tokens, more than the KV cache holds "
-                        f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes",
-                    )
-                if self.prefix_caching:
-                    request.block_hashes = block_hashes(request.prompt_token_ids)
-            elif windowed[i] and request.num_tokens > limit:
+            if windowed[i] and request.num_tokens > limit:
                 overlap = verified[i].window_overlap
                 split_windows(
                     request,
@@ -279,6 +274,17 @@ class InputProcessor:
                     overlap if overlap is not None else self.engine_config.window_overlap,
                     self.special_ids,
                 )
+            for part in request.windows or [request]:  # a decoder prefills each window like any prompt
+                if self.causal:
+                    part.chunkable = True
+                    if part.num_tokens > self.kv_cache_tokens:
+                        raise PromptError(
+                            i,
+                            f" has {part.num_tokens} tokens, more than the KV cache holds "
+                            f"({self.kv_cache_tokens} tokens); raise kv_cache_memory_bytes",
+                        )
+                    if self.prefix_caching:
+                        part.block_hashes = block_hashes(part.prompt_token_ids)
             requests.append(request)
         return requests
 
@@ -412,7 +418,8 @@ class InputProcessor:
                     "within it (no long_input windows)",
                 )
             for task in tasks[1:]:
-                r.extra.append((task, self._spec(self.verify_params(for_task(p, task), task))))
+                spec = self._spec(self.verify_params(for_task(p, task), task))
+                r.extra.append((task, skip_prompt(spec, min(r.skip_prompt, r.num_tokens - 1))))
         return requests
 
     def _spec(self, params: PoolingParams) -> PoolingSpec:
@@ -443,14 +450,14 @@ class InputProcessor:
 
     def _long_input(self, params: PoolingParams) -> str:
         mode = params.long_input or self.engine_config.long_input
-        if mode == "window" and (self.causal or self.colbert is not None):
+        if mode == "window" and (self.colbert is not None or self.model_config.colqwen2 is not None):
             if params.long_input == "window":
                 raise ValueError(
-                    "long_input='window' applies to encoder models without a ColBERT recipe; "
+                    "long_input='window' applies to text models without a ColBERT recipe; "
                     + (
-                        "causal models prefill long inputs in chunks"
-                        if self.causal
-                        else "a ColBERT model truncates documents to its document_length"
+                        "a ColBERT model truncates documents to its document_length"
+                        if self.colbert is not None
+                        else "page-image models read whole prompts"
                     )
                 )
             return "truncate"
@@ -463,6 +470,15 @@ class InputProcessor:
         if mode == "window" and params.task in ("classify", "embed_sparse"):
             return "truncate"  # the server-wide default applies to the tasks windows support
         return mode
+
+    def _prompt_length(self, prompt: str, add_special: bool) -> int:
+        """`include_prompt: false`: the leading tokens sequence pooling leaves out, counted as
+        sentence-transformers counts them (the prompt tokenized alone, less a closing special token)."""
+        key = (prompt, add_special)
+        if key not in self._prompt_lengths:
+            ids = self.tokenizer.encode_prompts([prompt], 1 << 62, False, add_special_tokens=add_special)[0].input_ids
+            self._prompt_lengths[key] = len(ids) - int(bool(ids) and ids[-1] in self.special_ids)
+        return self._prompt_lengths[key]
 
     def _with_prompt(self, text: str, params: PoolingParams) -> str:
         """Prepend the model's instruction prompt named by input_type (or its default prompt)."""
@@ -496,6 +512,13 @@ class InputProcessor:
         return ids, None, num_input
 
 
+def skip_prompt(spec: PoolingSpec, skip: int) -> PoolingSpec:
+    """A sequence task's spec that pools from token `skip` on (dense pooling only: SPLADE keeps every token)."""
+    if not skip or spec.task not in ("embed", "classify"):
+        return spec
+    return dataclasses.replace(spec, skip_first=skip)
+
+
 class PromptError(ValueError):
     """A bad prompt, with its position, so a caller can name it in its own terms (the server: a field's item);
     the message is `f"{subject} {index}{detail}"`."""
@@ -513,8 +536,7 @@ class PromptError(ValueError):
 def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
     advice = (
         " (this model's maximum context length, max_model_len, or truncate_prompt_tokens when set); shorten it, "
-        "pass truncate_prompt_tokens, run with truncation='auto', or (encoder models) split it with "
-        "long_input='window'"
+        "pass truncate_prompt_tokens, run with truncation='auto', or split it with long_input='window'"
     )
     error = PromptError(
         index, f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens{advice}"

@@ -1,8 +1,10 @@
-"""Encoder inputs longer than max_model_len (long_input="window"): the split into window requests, which run
-like any other, and the merge of their results once the last one finishes."""
+"""Inputs longer than max_model_len (long_input="window"; vLLM's enable_chunked_processing): the split into
+window requests, which run like any other (a decoder's in chunks), and the merge of their results once the last
+one finishes."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 
 import torch
@@ -12,7 +14,7 @@ from .request import Request
 
 
 def split_windows(request: Request, max_model_len: int, overlap: int, special_ids: Collection[int]) -> list[Request]:
-    """Cut an over-long encoder input into windows of max_model_len tokens, each with the input's leading
+    """Cut an over-long input into windows of max_model_len tokens, each with the input's leading
     and closing special tokens ([CLS] ... [SEP]); consecutive windows share `overlap` tokens.
 
     Window k covers content tokens [s_k, s_k + W) with W = max_model_len - specials and s_k = k (W - overlap).
@@ -37,6 +39,8 @@ def split_windows(request: Request, max_model_len: int, overlap: int, special_id
     spec = request.spec
     if spec.task in ("embed", "classify"):  # windows return raw pooled vectors; the head runs once on their mean
         spec = PoolingSpec(task=spec.task, pooling=spec.pooling, raw=True)
+    # an instruction prompt left out of pooling (include_prompt: false) is in the first window only
+    first = dataclasses.replace(spec, skip_first=request.spec.skip_first) if spec is not request.spec else spec
     windows, spans = [], []
     for k, s in enumerate(starts):
         window_ids = head + body[s : s + width] + tail
@@ -46,7 +50,7 @@ def split_windows(request: Request, max_model_len: int, overlap: int, special_id
                 prompt_token_ids=window_ids,
                 token_type_ids=None,
                 params=request.params,
-                spec=spec,
+                spec=spec if k else first,
                 num_input_tokens=len(window_ids),
                 parent=request,
             )
@@ -68,7 +72,7 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
     assert windows is not None and spans is not None  # set together by split_windows
     results = [w.window_output for w in windows]
     if parent.spec.task in ("embed", "classify"):
-        weights = torch.tensor([float(w.num_tokens) for w in windows])
+        weights = torch.tensor([float(w.num_tokens - w.spec.skip_first) for w in windows])
         pooled = (torch.stack(results) * weights.unsqueeze(1)).sum(0) / weights.sum()
         data = pooler.apply_head(parent.spec, pooled)
     else:

@@ -22,6 +22,7 @@ class Request:
     input_type: str | None = None  # ColBERT mode used: "query" or "document"
     extra: list[tuple[str, Any]] = field(default_factory=list)  # more (task, spec) read from the same pass
     by_task: bool = False  # asked as a list of tasks: the output is {task: tensor}, even for a list of one
+    skip_prompt: int = 0  # include_prompt: false: the instruction prompt's tokens, left out of sequence pooling
     static_output: Any = None  # an output known without the model (inference-free SPLADE queries)
     images: list[Any] | None = None  # multimodal.image.Qwen2VLPixels of the prompt's images, in prompt order
     arrival_time: float = field(default_factory=time.monotonic)

@@ -1503,6 +1503,9 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"polyvec: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the server has drained (or was still starting); no traceback
+        print("polyvec: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -218,7 +218,16 @@ class LLM:
                 for i, p in enumerate(per_prompt)
             ]
             options["truncation"] = "error"
-        requests = self.engine.process(prompts, params, task, **options)
+        try:
+            requests = self.engine.process(prompts, params, task, **options)
+        except PromptError as exc:
+            if exc.index not in late or exc.num_tokens is None:
+                raise
+            raise PromptError(  # the usual advice (truncate, windows) is what late chunking cannot take
+                exc.index,
+                f" has {exc.num_tokens} tokens, more than max_model_len={exc.max_len}: late chunking reads the "
+                "whole document in one pass (no truncation or windows); shorten it or raise max_model_len",
+            ) from None
         self.engine.add_requests(requests)
         done: dict[str, PoolingRequestOutput] = {}
         bar = None

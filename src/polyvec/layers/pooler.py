@@ -39,6 +39,7 @@ class PoolingSpec:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     raw: bool = False  # return the pooled vector without the head (a long input's window; see engine/long_input.py)
+    skip_first: int = 0  # sequence pooling leaves out the first tokens (include_prompt: false: the prompt's)
     sparse_top_k: int | None = None
     sparse_threshold: float | None = None
 
@@ -128,7 +129,10 @@ class Pooler(nn.Module):
                 for row, i in enumerate(members):
                     results[i] = out[row]
                 continue
-            if spec.task in ("embed", "classify"):
+            if spec.task in ("embed", "classify") and spec.skip_first:
+                starts = meta.cu_seqlens.tolist()
+                pooled = torch.stack([pool_rows(spec, hidden[starts[i] : starts[i + 1]]) for i in members])
+            elif spec.task in ("embed", "classify"):
                 parts = []
                 for mode in spec.pooling:
                     if mode not in pooled_cache:
@@ -137,6 +141,7 @@ class Pooler(nn.Module):
                 pooled = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
                 if len(members) != meta.num_seqs:
                     pooled = pooled.index_select(0, torch.tensor(members, device=pooled.device))
+            if spec.task in ("embed", "classify"):
                 out = self._head(spec, pooled)
                 for row, i in enumerate(members):
                     results[i] = out[row]
@@ -231,8 +236,7 @@ class Pooler(nn.Module):
         """The output of a request whose chunks went through `state`: equal to pooling it in one piece."""
         spec = state.spec
         if spec.task in ("embed", "classify"):
-            parts = [state.pooled(mode) for mode in spec.pooling]
-            return self.apply_head(spec, parts[0] if len(parts) == 1 else torch.cat(parts))
+            return self.apply_head(spec, state.vector())
         return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
 
     @staticmethod
@@ -264,12 +268,28 @@ class PoolingState:
             self.tokens.append(hidden)
             self.ids.append(ids)
             return
+        if start < self.spec.skip_first:  # rows of the instruction prompt (include_prompt: false)
+            hidden, start = hidden[self.spec.skip_first - start :], self.spec.skip_first
+            if not len(hidden):
+                return
         for mode, state in self.states.items():
             self.states[mode] = sequence_method(mode).update(state, hidden, start, self.count)
         self.count += hidden.shape[0]
 
     def pooled(self, mode: str) -> torch.Tensor:
         return sequence_method(mode).finish(self.states[mode], self.count)
+
+    def vector(self) -> torch.Tensor:
+        """The sequence task's pooled vector: its modes' vectors, concatenated."""
+        parts = [self.pooled(mode) for mode in self.spec.pooling]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def pool_rows(spec: PoolingSpec, rows: torch.Tensor) -> torch.Tensor:
+    """A sequence task's pooled vector of one request's float32 rows [L, H], from row `spec.skip_first` on."""
+    state = PoolingState(spec)
+    state.update(rows, rows.new_empty(0), 0)
+    return state.vector()
 
 
 def prune_sparse(spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,7 @@ class ClsPooling(SequencePooling):
         return hidden.index_select(0, meta.cu_seqlens[:-1])
 
     def update(self, state, hidden, start, count):
-        return hidden[0] if start == 0 else state
+        return hidden[0] if state is None else state  # the first row pooled (after any rows left out)
 
 
 class LastPooling(SequencePooling):
@@ -139,11 +139,13 @@ class WeightedMeanPooling(SequencePooling):
         return summed / (lens * (lens + 1) / 2)
 
     def update(self, state, hidden, start, count):
+        # weights are positions in the whole sequence, also when its first rows are left out (as in ST)
         weights = torch.arange(start + 1, start + 1 + hidden.shape[0], device=hidden.device, dtype=hidden.dtype)
-        return _add(state, (hidden * weights.unsqueeze(1)).sum(0))
+        summed, total = (hidden * weights.unsqueeze(1)).sum(0), float(weights.sum())
+        return (summed, total) if state is None else (state[0] + summed, state[1] + total)
 
     def finish(self, state, count):
-        return state / (count * (count + 1) / 2)
+        return state[0] / state[1]
 
 
 class MaxPooling(SequencePooling):

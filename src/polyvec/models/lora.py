@@ -42,7 +42,8 @@ def read_adapter_config(folder: Path) -> LoraSpec:
     where = folder / ADAPTER_CONFIG
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{where}: peft_type {cfg.get('peft_type')!r} is not supported; polyvec merges LORA adapters")
-    for key in ("use_dora", "fan_in_fan_out", "layer_replication", "lora_bias", "use_qalora"):
+    refused = ("use_dora", "fan_in_fan_out", "layer_replication", "lora_bias", "use_qalora")
+    for key in (*refused, "trainable_token_indices", "target_parameters"):  # the last two: not a W + s·B·A merge
         if cfg.get(key):
             raise ValueError(f"{where}: {key}={cfg[key]!r} is not supported; polyvec merges plain LoRA adapters")
     base = cfg.get("base_model_name_or_path")
@@ -92,8 +93,10 @@ def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
         m = re.fullmatch(r"(.+)\.(lora_A|lora_B)(?:\.[^.]+)?\.weight", name)
         if m:
             pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
-        else:  # modules_to_save, trained biases: the adapter's copy replaces the base's
-            whole[name.replace(".modules_to_save.default.", ".")] = tensor
+        elif ".trainable_tokens_" in name or ".token_adapter." in name:
+            raise ValueError(f"adapter tensor {key}: trainable tokens are not supported; polyvec merges LoRA layers")
+        else:  # modules_to_save, trained biases (PEFT names them `<layer>.base_layer.bias`): they replace the base's
+            whole[name.replace(".modules_to_save.default.", ".").replace(".base_layer.", ".")] = tensor
     bare: dict[str, str | None] = {}
     for key in state:  # a bare name two tensors share finds neither
         bare[_bare(key)] = None if _bare(key) in bare else key
@@ -101,6 +104,8 @@ def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
         if set(ab) != {"lora_A", "lora_B"}:
             raise ValueError(f"adapter module {module} lacks its {'lora_B' if 'lora_A' in ab else 'lora_A'} weight")
         target = _find(state, module + ".weight", bare)
+        if target is None and module.rsplit(".", 1)[-1] == "lm_head":
+            continue  # a tied or dropped output layer: pooling never runs it
         if target is None:
             raise ValueError(f"adapter module {module} adapts {module}.weight, which the base checkpoint does not have")
         a, b, w = ab["lora_A"].float(), ab["lora_B"].float(), state[target]
@@ -112,6 +117,8 @@ def merge_lora(state: dict[str, torch.Tensor], spec: LoraSpec) -> int:
         state[target] = (w.float() + delta).to(w.dtype)
     for name, tensor in whole.items():
         found = _find(state, name, bare)
+        if found is None and name.rsplit(".", 2)[-2:-1] == ["lm_head"]:
+            continue  # PEFT saves the output layer's base weight beside its LoRA; pooling never runs it
         if found is None:
             raise ValueError(f"adapter tensor {name} has no counterpart in the base checkpoint")
         state[found] = tensor.to(state[found].dtype)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +16,7 @@ import torch
 
 from polyvec.entrypoints.server.async_engine import AsyncEngine
 from tests.conftest import MINILM
-from tests.entrypoints.server.conftest import Server
+from tests.entrypoints.server.conftest import Server, free_port
 from tests.helpers import cosine_rows
 
 
@@ -134,3 +137,22 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     t.join(timeout=120)
     assert result["r"].status_code == 200 and len(result["r"].json()["data"]) == 200
     assert s.proc.wait(timeout=60) == 0
+
+
+def test_ctrl_c_stops_the_server_without_a_traceback():
+    """SIGINT (Ctrl-C) once serving and during start-up: one line, exit 130, no Python traceback."""
+    s = Server(MINILM)
+    assert s.post("/v1/embeddings", {"input": "before Ctrl-C"}).status_code == 200
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(timeout=60) == 130
+    log = s.log.read_text()
+    assert "Traceback" not in log and "polyvec: interrupted" in log, log
+    starting = subprocess.Popen(
+        [sys.executable, "-m", "polyvec", "serve", MINILM, "--port", str(free_port())],
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    time.sleep(1.5)  # importing torch or loading the model
+    starting.send_signal(signal.SIGINT)
+    _, err = starting.communicate(timeout=60)
+    assert starting.returncode == 130 and b"Traceback" not in err, err.decode()

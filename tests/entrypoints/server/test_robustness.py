@@ -204,7 +204,7 @@ def test_openapi_documents_the_statuses_and_the_error_schema(server):
     assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
     posts = 0
     tei_only = {"/", "/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode", "/info"}
-    tei_shared = {"/rerank", "/tokenize"}  # TEI's body or vLLM's: each error status documents both shapes
+    tei_shared = {"/rerank", "/tokenize", "/invocations"}  # TEI's body or vLLM's: errors document both shapes
     for path, operations in doc["paths"].items():
         for method, operation in operations.items():
             responses = operation["responses"]
@@ -222,7 +222,7 @@ def test_openapi_documents_the_statuses_and_the_error_schema(server):
                     )
             elif path not in ("/health", "/ping"):
                 assert responses["401"]["content"]["application/json"]["schema"] == ERROR_REF, path
-    assert posts == 13  # + /v1/embed and /invocations
+    assert posts == 14  # + /v1/embed, /invocations and /embeddings
     assert {"/embed", "/embed_all", "/predict", "/similarity", "/decode", "/info"} <= set(doc["paths"])
     health = doc["paths"]["/health"]["get"]["responses"]
     assert list(health) == ["200"] and "content" not in health["200"]

@@ -53,6 +53,26 @@ def test_tei_embed_sparse(splade, server):
     assert r.status_code == 400 and "Unsupported task" in r.json()["error"]["message"]
 
 
+def test_tei_embed_of_a_splade_model(splade):
+    """TEI's /embed on a SPLADE model: with normalize false its pooled vector over the vocabulary, dense (and
+    `dimensions` cut it); with normalize true TEI's refusal (infer.rs `embed_pooled`)."""
+    s, llm = splade
+    body = s.post("/embed", {"inputs": TEXTS, "normalize": False}).json()
+    for dense, w in zip(body, llm.embed_sparse(TEXTS, use_tqdm=False)):
+        assert len(dense) == 30522
+        assert [i for i, v in enumerate(dense) if v] == w.outputs.indices
+        assert [dense[i] for i in w.outputs.indices] == pytest.approx(w.outputs.values, rel=1e-6, abs=1e-7)
+    cut = s.post("/embed", {"inputs": TEXTS[0], "normalize": False, "dimensions": 2000}).json()
+    assert cut == [body[0][:2000]]
+    r = s.post("/embed", {"inputs": TEXTS[0]})
+    assert r.status_code == 424 and r.json() == {
+        "error": "Backend error: `normalize` is not available for SPLADE models",
+        "error_type": "Backend",
+    }
+    r = s.post("/embed", {"inputs": TEXTS[0], "normalize": False, "dimensions": 40000})
+    assert r.status_code == 422 and "smaller than the maximum" in r.json()["error"]
+
+
 def test_post_root_of_a_splade_model(splade):
     server, _ = splade
     body = {"inputs": TEXTS}

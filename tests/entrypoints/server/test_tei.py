@@ -540,3 +540,44 @@ def test_input_type_names_a_prompt_the_model_declares(prompted, minilm_llm):
     assert torch.allclose(vector("search_query"), want[1].outputs.data, atol=1e-5)  # Cohere's name of the mode
     r = httpx.post(prompted + "/v1/embeddings", json={"input": text, "input_type": "nope"})
     assert r.status_code == 400 and r.json()["error"]["message"].endswith("clustering, passage")
+
+
+def test_huggingface_hub_inference_client(server, classifier, minilm_llm, monkeypatch):
+    """huggingface_hub's InferenceClient pointed at the server, as at TEI: feature extraction, sentence
+    similarity, and text classification, which sends its options in `parameters` (TEI ignores them; it was a 422)."""
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests' offline mode also blocks loopback URLs
+    client = InferenceClient(base_url=server.url)
+    got = torch.tensor(client.feature_extraction("a swept wing"))
+    assert F.cosine_similarity(got.reshape(1, -1), embed_ref(minilm_llm, ["a swept wing"])).item() >= 0.9999
+    sims = client.sentence_similarity("a swept wing", other_sentences=["a delta wing", "heat transfer"])
+    assert len(sims) == 2 and sims[0] > sims[1]
+    url, texts, ref = classifier
+    client = InferenceClient(base_url=url)
+    want = _ranked(ref["probs"][0])
+    for kwargs in ({}, {"top_k": 2}):
+        top = client.text_classification(texts[0], **kwargs)  # the client keeps the first of TEI's list
+        assert top.label == want[0][0] and abs(top.score - want[0][1]) < 1e-5
+
+
+def test_tei_paths_for_health_embeddings_and_invocations(server, classifier):
+    """TEI's other paths: GET / (health), POST /embeddings (its OpenAI route), and SageMaker's /invocations with
+    TEI's bodies (the model's own route); the vLLM bodies of /invocations keep their handlers."""
+    r = server.get("/")
+    assert r.status_code == 200
+    r = httpx.request("OPTIONS", server.url + "/")  # 405 names both routes' methods (it said GET only)
+    assert r.status_code == 405 and {"GET", "POST"} <= set(r.headers["allow"].split(", "))
+    body = {"input": ["a wing", "heat transfer"], "model": "minilm"}
+    a, b = server.post("/embeddings", body).json(), server.post("/v1/embeddings", body).json()
+    assert [d["embedding"] for d in a["data"]] == [d["embedding"] for d in b["data"]]
+    tei_body = {"inputs": ["a wing", "heat transfer"]}
+    assert server.post("/invocations", tei_body).json() == server.post("/embed", tei_body).json()
+    assert server.post("/invocations", body).json()["data"][0]["embedding"] == b["data"][0]["embedding"]
+    r = server.post("/invocations", {"inputs": ""})
+    assert tei_error(r, 400, "Empty") == server.post("/embed", {"inputs": ""}).json()["error"]
+    r = server.post("/invocations", {"inputs": 5})
+    assert tei_error(r, 422, "Validation")
+    url, texts, _ = classifier
+    r = httpx.post(url + "/invocations", json={"inputs": texts[0], "parameters": {"top_k": 1}})
+    assert r.status_code == 200 and r.json() == httpx.post(url + "/predict", json={"inputs": texts[0]}).json()

@@ -105,8 +105,10 @@ def test_invocations_routes_by_the_body(vllm_server):
     assert [d["object"] for d in scored["data"]] == ["score", "score"]
     tokens = post(vllm_server, "/invocations", {"input": TEXT, "task": "token_embed"}).json()
     assert tokens["data"][0]["object"] == "pooling" and tokens["data"][0]["shape"][1] == 384
-    bad = post(vllm_server, "/invocations", {"inputs": TEXT})
+    bad = post(vllm_server, "/invocations", {"text": TEXT})
     assert bad.status_code == 400 and "Cannot find suitable handler for request" in bad.json()["error"]["message"]
+    tei = post(vllm_server, "/invocations", {"inputs": TEXT})  # TEI's body: TEI's model route (POST /)
+    assert tei.status_code == 200 and tei.json() == post(vllm_server, "/embed", {"inputs": TEXT}).json()
     broken = httpx.post(vllm_server.url + "/invocations", content=b"{", headers=AUTH)
     assert broken.status_code == 400
 

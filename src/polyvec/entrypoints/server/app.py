@@ -292,7 +292,12 @@ async def _on_http(request: Request, exc: Exception) -> Response:
             message = "the request body has a number with too many digits"
         else:  # undecodable bytes
             message = "the request body is not valid JSON (it must be UTF-8 encoded JSON)"
-    return error_response(exc.status_code, message, headers=exc.headers)  # 405 carries Allow
+    headers = exc.headers
+    if exc.status_code == 405:  # Allow names every route's methods at the path (the router gives the first's)
+        methods = set((headers or {}).get("Allow", "").replace(" ", "").split(",")) - {""}
+        methods |= {m.upper() for m in request.app.openapi()["paths"].get(request.url.path, {})}
+        headers = {**(headers or {}), "Allow": ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))}
+    return error_response(exc.status_code, message, headers=headers)
 
 
 async def _on_api_error(request: Request, exc: Exception) -> Response:

@@ -215,6 +215,9 @@ class TEIPredictRequest(TruncationOptions):
     """A string, a pair [string, string] (one input), or a batch of those as lists: [[string], [string, string]]."""
     raw_scores: bool = False
     """Return the logits instead of softmax (sigmoid for one-label models) scores."""
+    parameters: dict[str, Any] | None = None
+    """Accepted and not used, as TEI does: huggingface_hub's InferenceClient sends its text-classification
+    options (top_k, function_to_apply) here."""
 
 
 class TEIRerankRequest(TruncationOptions):

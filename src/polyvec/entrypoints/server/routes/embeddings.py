@@ -47,6 +47,16 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
+# TEI serves the OpenAI route at /embeddings too
+router.add_api_route(
+    "/embeddings",
+    create_embeddings,
+    methods=["POST"],
+    summary="OpenAI embeddings (TEI's path for /v1/embeddings)",
+    responses=_encoded(P.EmbeddingResponse),
+)
+
+
 @router.post("/pooling", summary="vLLM pooling: any task", responses=_encoded(P.PoolingResponse))
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)

@@ -11,9 +11,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from .. import protocol as P
-from ..errors import POST_ERRORS, APIError, error_responses
+from ..errors import POST_ERRORS, APIError, ErrorResponse, error_responses
+from ..protocol_tei import TEIErrorResponse
 from ..serving import State, json_body
-from . import embeddings, score
+from . import embeddings, score, tei
 
 router = APIRouter()
 
@@ -38,17 +39,25 @@ def _handlers(state: Any) -> list[tuple[type[BaseModel], Any]]:
     "/invocations",
     summary="SageMaker: any pooling request, routed by its fields",
     response_class=Response,
-    responses={200: {"description": "The response of the endpoint whose request shape the body has"}, **POST_ERRORS},
+    responses={
+        200: {"description": "The response of the endpoint whose request shape the body has"},
+        **POST_ERRORS,
+        400: {"model": ErrorResponse | TEIErrorResponse, "description": "Invalid request (TEI's body for TEI's)"},
+        **tei.tei_error_responses(422, 424),
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"type": "object"}}},
-            "description": "A /v1/embeddings, /classify, /rerank, /score or /pooling body",
+            "description": "A /v1/embeddings, /classify, /rerank, /score or /pooling body, or TEI's body of "
+            "the model's own route (POST /)",
         }
     },
 )
 async def invocations(raw: Request, state: State) -> Response:
     body = await json_body(raw)
+    if isinstance(body, dict) and "input" not in body and ("inputs" in body or {"query", "texts"} <= body.keys()):
+        return await tei.invoke_model_route(raw, state)  # TEI's body (`inputs`; query + texts): TEI's model route
     handlers = _handlers(state)
     closest: ValidationError | None = None
     for model, handler in handlers:

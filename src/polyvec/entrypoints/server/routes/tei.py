@@ -353,14 +353,14 @@ def _headers(state: ServerState, start: float, outputs: list, chars: int) -> dic
 # ---------------------------------------------------------------------------------------------- embeddings
 
 
-def _dimensions(state: ServerState, dimensions: int | None) -> int | None:
+def _dimensions(state: ServerState, dimensions: int | None, full: int | None = None) -> int | None:
     """TEI's `dimensions`, checked as TEI does; None when the whole vector is asked for."""
     if dimensions is None:
         return None
     if dimensions == 0:
         raise invalid("`dimensions` should be positive")
     mc = state.model_config
-    full = mc.pooler_config.dimensions or mc.embed_dim
+    full = full or mc.pooler_config.dimensions or mc.embed_dim
     if dimensions > full:
         raise invalid("`dimensions` should be smaller than the maximum embedding dimension.")
     return None if dimensions == full else dimensions
@@ -371,12 +371,20 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
     """One vector per input, `[[float, ...], ...]`; `dimensions` keeps the first values of the vector (for any
     model, as TEI), then `normalize` L2-normalizes it."""
     start = time.perf_counter()
-    if "embed" not in state.engine.supported_tasks:
+    tasks = state.engine.supported_tasks
+    splade = "embed" not in tasks and "embed_sparse" in tasks
+    if splade and req.normalize:
+        raise TEIError("Backend", "Backend error: `normalize` is not available for SPLADE models")
+    if "embed" not in tasks and not splade:
         raise _not_embedding()
     prompts = _embed_inputs(state, req.inputs)
-    dims = _dimensions(state, req.dimensions)
+    dims = _dimensions(state, req.dimensions, state.engine.output_width("embed_sparse") if splade else None)
     params = PoolingParams(use_activation=req.normalize and dims is None)  # with dimensions: normalized below
-    outputs = await _run(state, raw, prompts, params, "embed", req, prompt_name=req.prompt_name)
+    # SPLADE (normalize false): its pooled vector over the vocabulary, dense, as TEI returns it
+    task = "embed_sparse" if splade else "embed"
+    outputs = await _run(
+        state, raw, prompts, PoolingParams() if splade else params, task, req, prompt_name=req.prompt_name
+    )
     vectors = []
     for o in outputs:
         v = o.outputs.data
@@ -672,7 +680,13 @@ async def info(state: State) -> dict[str, Any]:
     summary="TEI: the model's own route (what huggingface_hub's InferenceClient calls)",
     response_class=Response,
     responses={
-        200: {"model": T.TEIEmbedResponse | T.TEIEmbedSparseResponse | T.TEIPredictResponse | T.TEIRerankResponse},
+        200: {
+            "model": T.TEIEmbedResponse
+            | T.TEIEmbedSparseResponse
+            | T.TEIPredictResponse
+            | T.TEIRerankResponse
+            | T.TEISimilarityResponse
+        },
         **tei_error_responses(400, 422, 424),
         **_MIDDLEWARE_ERRORS,
     },
@@ -680,7 +694,8 @@ async def info(state: State) -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"type": "object"}}},
-            "description": "The body of /embed, /embed_sparse, /predict or /rerank, by the model's kind",
+            "description": "The body of /embed, /embed_sparse, /predict or /rerank, by the model's kind (an "
+            "embedding model also takes /similarity's)",
         }
     },
 )
@@ -697,10 +712,23 @@ async def model_route(raw: Request, state: State) -> Response:
         kind = (T.TEIEmbedSparseRequest, embed_sparse)
     else:
         raise TEIError("Backend", "Backend error: this model has no route of TEI's")
-    model, handler = kind
     body = await json_body(raw)  # its failures worded as /embed's (TEIRoute)
+    if kind[1] is embed and isinstance(body, dict) and isinstance(body.get("inputs"), dict):
+        # huggingface_hub's InferenceClient.sentence_similarity posts /similarity's body to the base URL
+        kind = (T.TEISimilarityRequest, similarity)
+    model, handler = kind
     try:
         req = model.model_validate(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
     return await handler(req, raw, state)
+
+
+async def invoke_model_route(raw: Request, state: State) -> Response:
+    """POST /'s answer from another path (SageMaker's /invocations with TEI's body), failures in TEI's body."""
+    try:
+        return await model_route(raw, state)
+    except TEIError as exc:
+        return exc.response()
+    except RequestValidationError as exc:
+        return _body_error(RequestValidationError(_untagged(list(exc.errors())), body=exc.body)).response()

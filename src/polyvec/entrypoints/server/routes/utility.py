@@ -168,6 +168,17 @@ async def health() -> Response:
     return Response(status_code=200)
 
 
+router.add_api_route(
+    "/",
+    health,
+    methods=["GET"],
+    summary="Liveness (TEI's GET /)",
+    response_class=Response,
+    response_description="The server is up; the body is empty",
+    responses=_GET_ERRORS,  # unlike /health, under the API key: POST / shares the path
+)
+
+
 @router.get(
     "/version",
     summary="polyvec version",
