@@ -62,6 +62,23 @@ def test_classifier_activation_rules(tmp_path, minilm_path):
     assert ce.classifier_activation == "identity"
 
 
+def test_cross_encoder_saved_by_sentence_transformers(tmp_path, minilm_path):
+    """sentence-transformers 5+ `CrossEncoder.save` writes activation_fn to config_sentence_transformers.json
+    (not config.json): scores as CrossEncoder.predict gives them (the sigmoid was applied on top)."""
+    from sentence_transformers import CrossEncoder
+
+    folder = save_tiny_model(
+        "BertForSequenceClassification", "BertConfig", tmp_path / "ce", minilm_path, num_labels=1, **TINY
+    )
+    CrossEncoder(str(folder), activation_fn=torch.nn.Identity()).save(str(tmp_path / "saved"))
+    pairs = [("wing flutter", "flutter of a swept wing"), ("wing flutter", "heat transfer")]
+    want = CrossEncoder(str(tmp_path / "saved")).predict(pairs)
+    llm = LLM(str(tmp_path / "saved"), dtype="float32")
+    assert llm.model_config.classifier_activation == "identity"
+    got = [o.outputs.score for o in llm.score("wing flutter", [d for _, d in pairs], use_tqdm=False)]
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-5)
+
+
 def test_legacy_sentence_transformers_subfolder_layout(tmp_path, minilm_path, minilm_llm):
     """Old ST layouts keep the transformer in 0_Transformer/ with its own config and weights."""
     root = tmp_path / "legacy"

@@ -357,9 +357,13 @@ def position_limit(hf_config: dict[str, Any]) -> int:
     return limit
 
 
-def _classifier_activation(hf_config: dict[str, Any], num_labels: int) -> Activation:
+def _classifier_activation(hf_config: dict[str, Any], num_labels: int, root: Path | None = None) -> Activation:
     st = hf_config.get("sentence_transformers") or {}
     explicit = st.get("activation_fn") or hf_config.get("sbert_ce_default_activation_function")
+    saved = root / "config_sentence_transformers.json" if root is not None else None
+    if not explicit and saved is not None and saved.is_file():  # sentence-transformers 5+ CrossEncoder.save
+        st_model = _read_json(saved)
+        explicit = st_model.get("activation_fn") if st_model.get("model_type") == "CrossEncoder" else None
     if explicit:
         return _activation_name(explicit)
     if hf_config.get("problem_type") == "multi_label_classification" or num_labels == 1:
@@ -555,7 +559,7 @@ def load_model_config(
         is_matryoshka=bool(hf_config.get("is_matryoshka", False) or matryoshka),
         num_labels=num_labels,
         id2label=id2label,
-        classifier_activation=_classifier_activation(hf_config, num_labels),
+        classifier_activation=_classifier_activation(hf_config, num_labels, root),
         pooler_config=pooler_config,
         colbert=colbert,
         splade=st["splade"] or SpladeSpec(),

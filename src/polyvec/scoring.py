@@ -71,29 +71,15 @@ class ScorePlan:
         right = vecs[[self.n1 + j for _, j in self.pairs]]
         return F.cosine_similarity(left.float(), right.float(), dim=-1).tolist()
 
-    def params(self, base=None, max_query_tokens: int = 0, max_doc_tokens: int = 0) -> list:
-        """Per-prompt PoolingParams: late interaction encodes text_1 as queries and text_2 as documents;
-        `max_*_tokens` (vLLM's max_tokens_per_query / _per_doc, 0: none) truncate each side on its own."""
+    def params(self, base=None) -> list:
+        """Per-prompt PoolingParams: late interaction encodes text_1 as queries and text_2 as documents."""
         from .pooling_params import PoolingParams
 
         base = base or PoolingParams()
-        if self.task == "classify":
-            if max_query_tokens or max_doc_tokens:
-                raise ValueError(
-                    "max_tokens_per_query and max_tokens_per_doc apply to embedding and late-interaction models; "
-                    "a cross-encoder reads each pair as one input (use truncate_prompt_tokens)"
-                )
+        if self.task != "token_embed":
             return [base] * len(self.prompts)
-
-        def side(limit: int, input_type: str | None) -> PoolingParams:
-            p = dataclasses.replace(base, input_type=input_type) if input_type else base
-            if limit and (p.truncate_prompt_tokens is None or p.truncate_prompt_tokens > limit):
-                p = dataclasses.replace(p, truncate_prompt_tokens=limit)
-            return p
-
-        late = self.task == "token_embed"
-        query = side(max_query_tokens, "query" if late else None)
-        doc = side(max_doc_tokens, "document" if late else None)
+        query = dataclasses.replace(base, input_type="query")
+        doc = dataclasses.replace(base, input_type="document")
         return [query] * self.n1 + [doc] * (len(self.prompts) - self.n1)
 
     def pair_outputs(self, outputs: list) -> list[tuple]:
@@ -101,6 +87,19 @@ class ScorePlan:
         if self.task == "classify":
             return [(o,) for o in outputs]
         return [(outputs[i], outputs[self.n1 + j]) for i, j in self.pairs]
+
+
+def truncate_text(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """The start of `text` that tokenizes to at most `max_tokens` content tokens (no special tokens), cut at a
+    token's character boundary: vLLM's max_tokens_per_query / max_tokens_per_doc, applied to each side's text
+    before the model's special tokens, prompts or pair composition. `tokenizer`: a `tokenizers.Tokenizer`."""
+    while text:
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        if len(enc.ids) <= max_tokens:
+            break
+        end = min(enc.offsets[max_tokens - 1][1], enc.offsets[max_tokens][0]) if max_tokens else 0
+        text = text[: min(end, len(text) - 1)]  # re-checked: a cut can merge pieces differently
+    return text
 
 
 def iter_maxsim(queries: list[torch.Tensor], docs: list[torch.Tensor], chunk: int = 128, budget: int = 1 << 25):

@@ -17,7 +17,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec, prune_sparse
-from ..multimodal.image import is_image_object
+from ..multimodal.image import is_image_prompt
 from ..pooling_params import PoolingParams, TaskError, token_pooling_type
 from ..tokenizer import PolyTokenizer, PromptTooLongError, TruncationSide
 from .late_interaction import LateInteractionRecipe
@@ -162,7 +162,7 @@ class InputProcessor:
             add_special = add_special_tokens
             if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
                 truncate, add_special = True, False
-            if _is_image(prompt):  # a bare image (PIL, bytes or a base64 data:image URL): the model's image prompt
+            if is_image_prompt(prompt):  # a bare image (PIL, bytes, a data:image URL): the model's image prompt
                 if self.model_config.colqwen2 is None:  # never read an image as text or token ids
                     raise PromptError(i, f" is an image ({_image_kind(prompt)}); this model reads text only")
                 prompt = {"multi_modal_data": {"image": prompt}}
@@ -229,8 +229,8 @@ class InputProcessor:
                     raise PromptError(
                         i,
                         f" has {num_input} tokens with its images, more than the truncation limit of {most} "
-                        "(truncate_prompt_tokens; on /score and rerank max_tokens_per_query / max_tokens_per_doc; "
-                        "Cohere's max_tokens); images are not truncated: raise the limit or send smaller images",
+                        "(truncate_prompt_tokens; Cohere's max_tokens); images are not truncated: raise the limit "
+                        "or send smaller images",
                     )
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
@@ -543,13 +543,6 @@ def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
     )
     error.num_tokens, error.max_len, error.advice = num_tokens, max_len, advice
     return error
-
-
-def _is_image(prompt: Any) -> bool:
-    """A PIL image, an encoded image's bytes or a base64 data:image URL (the scheme in any case, as URLs allow)."""
-    if isinstance(prompt, str):
-        return prompt[:11].lower() == "data:image/"
-    return is_image_object(prompt)
 
 
 def _image_kind(prompt: Any) -> str:

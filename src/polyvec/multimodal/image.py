@@ -93,6 +93,14 @@ def is_image_object(value: Any) -> bool:
     return isinstance(value, (bytes, bytearray, memoryview)) or type(value).__module__.startswith("PIL.")
 
 
+def is_image_prompt(value: Any) -> bool:
+    """A prompt that is one image: a PIL image, an encoded image's bytes or a base64 data:image URL (the scheme
+    in any case, as URLs allow)."""
+    if isinstance(value, str):
+        return value[:11].lower() == "data:image/"
+    return is_image_object(value)
+
+
 def is_remote(source: Any) -> bool:
     """An http(s) URL, which `load_image` downloads (a caller may keep that off threads that must stay free)."""
     return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))

@@ -70,6 +70,30 @@ def test_cross_encoder_score_and_rerank(cross_encoder):
     assert [r["index"] for r in ranked] == list(np.argsort(ref)[::-1])
 
 
+def test_cross_encoder_per_side_token_caps(cross_encoder):
+    """max_tokens_per_query / _per_doc on a cross-encoder (Cohere v2 rerank sends max_tokens_per_doc): each text
+    cut to its first N content tokens, then paired, as vLLM 0.34's get_score_prompt does (it was a 400)."""
+    from transformers import AutoTokenizer
+
+    s, llm = cross_encoder
+    tok = AutoTokenizer.from_pretrained(llm.model_config.path)
+
+    def cut(text: str, most: int) -> str:
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        return text if len(offsets) <= most else text[: offsets[most - 1][1]]
+
+    query, docs = "wing flutter at transonic speed", ["flutter of a swept wing", "heat transfer in air", "wings"]
+    ref = [o.outputs.score for o in llm.score(cut(query, 2), [cut(d, 3) for d in docs], use_tqdm=False)]
+    assert cut(docs[0], 3) == "flutter of a" and cut(query, 2) == "wing flutter"
+    body = {"query": query, "documents": docs, "max_tokens_per_query": 2, "max_tokens_per_doc": 3}
+    for path in ("/rerank", "/v2/rerank"):
+        ranked = s.post(path, body).json()["results"]
+        assert np.allclose([r["relevance_score"] for r in sorted(ranked, key=lambda r: r["index"])], ref, atol=1e-6)
+    body = {"text_1": query, "text_2": docs, "max_tokens_per_doc": 3}
+    plain = [o.outputs.score for o in llm.score(query, [cut(d, 3) for d in docs], use_tqdm=False)]
+    assert np.allclose([d["score"] for d in s.post("/score", body).json()["data"]], plain, atol=1e-6)
+
+
 def test_cross_encoder_errors_name_the_pair(cross_encoder_folder):
     """A cross-encoder's prompts are (query, document) pairs: an over-long one is named by both its items."""
     llm = LLM(str(cross_encoder_folder), dtype="float32", truncation="error", max_model_len=32)
@@ -110,3 +134,7 @@ def test_colbert_over_http(colbert_server):
     ranked = s.post("/rerank", {"query": query, "documents": docs}).json()["results"]
     assert [r["index"] for r in ranked] == list(np.argsort(offline)[::-1])
     assert abs(ranked[0]["relevance_score"] - max(offline)) <= 1e-4 * max(offline)
+    # max_tokens_per_doc cuts the text before [CLS] [D] ... [SEP] (3 kept [CLS] [D] [SEP]: every score the same)
+    capped = s.post("/score", {"text_1": query, "text_2": docs, "max_tokens_per_doc": 3}).json()["data"]
+    want = [o.outputs.score for o in llm.score(query, ["a wing in", "heat transfer"], use_tqdm=False)]
+    assert np.allclose([x["score"] for x in capped], want, rtol=1e-4) and abs(want[0] - want[1]) > 1e-3

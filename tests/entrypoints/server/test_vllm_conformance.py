@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from polyvec import PoolingParams
 from polyvec.entrypoints.server.encoding import from_bytes
 from tests.conftest import MINILM
 from tests.entrypoints.server.conftest import Server
@@ -126,17 +125,32 @@ def test_fp8_embed_dtype(vllm_server, minilm_llm, dtype, endianness):
     assert cosine_rows(got[None], want[None]).item() >= 0.99
 
 
+def first_tokens(llm, text: str, most: int) -> dict:
+    """vLLM's max_tokens_per_query / _per_doc: the text's first `most` content tokens, then the special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(llm.model_config.path)
+    ids = tok.encode(text, add_special_tokens=False)[:most]
+    return {"prompt_token_ids": [tok.cls_token_id, *ids, tok.sep_token_id]}
+
+
 def test_per_side_token_caps_on_score_and_rerank(vllm_server, minilm_llm):
+    """The caps count content tokens, as vLLM 0.34 cuts each text (`truncate_text_to_tokens`) before the model's
+    special tokens are added: a cap of 3 kept one word piece ([CLS] and [SEP] counted)."""
     body = {"text_1": TEXT, "text_2": DOCS, "max_tokens_per_query": 6, "max_tokens_per_doc": 8}
     got = [d["score"] for d in post(vllm_server, "/score", body).json()["data"]]
-    q = minilm_llm.embed(TEXT, PoolingParams(truncate_prompt_tokens=6), use_tqdm=False)[0].outputs.data
-    docs = minilm_llm.embed(DOCS, PoolingParams(truncate_prompt_tokens=8), use_tqdm=False)
+    q = minilm_llm.embed(first_tokens(minilm_llm, TEXT, 6), use_tqdm=False)[0].outputs.data
+    docs = minilm_llm.embed([first_tokens(minilm_llm, d, 8) for d in DOCS], use_tqdm=False)
     d = torch.stack([o.outputs.data for o in docs])
     assert np.allclose(got, torch.nn.functional.cosine_similarity(q[None], d).tolist(), atol=1e-5)
     usage = post(vllm_server, "/score", body).json()["usage"]["prompt_tokens"]
-    assert usage == 6 + sum(len(o.prompt_token_ids) for o in docs) == 6 + 8 + 7  # the short document has 7
+    assert usage == 8 + sum(len(o.prompt_token_ids) for o in docs) == 8 + 10 + 7  # the short document has 7
     ranked = post(vllm_server, "/rerank", {"query": TEXT, "documents": DOCS, "max_tokens_per_doc": 8}).json()
-    assert ranked["usage"]["prompt_tokens"] == len(minilm_llm.embed(TEXT, use_tqdm=False)[0].prompt_token_ids) + 15
+    assert ranked["usage"]["prompt_tokens"] == len(minilm_llm.embed(TEXT, use_tqdm=False)[0].prompt_token_ids) + 17
+    for field in ("max_tokens_per_query", "max_tokens_per_doc"):  # vLLM: less than max_model_len
+        r = post(vllm_server, "/score", {"text_1": TEXT, "text_2": DOCS, field: 256})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
+        assert r.json()["error"]["message"] == f"{field} (256) must be less than max_model_len (256)."
     r = post(vllm_server, "/rerank", {"query": TEXT, "documents": DOCS, "instruction": "find flutter"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"
     r = post(vllm_server, "/score", {"text_1": TEXT, "text_2": DOCS, "max_tokens_per_doc": -1})

@@ -422,9 +422,9 @@ class ScoreRequest(PoolingBase):
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
     max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Embedding and late-interaction models: keep at most this many tokens of each query (0: no limit)."""
+    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Embedding and late-interaction models: keep at most this many tokens of each document (0: no limit)."""
+    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     instruction: str | None = None
     """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
 
@@ -469,9 +469,9 @@ class RerankRequest(PoolingBase):
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
     max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Embedding and late-interaction models: keep at most this many tokens of each query (0: no limit)."""
+    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Embedding and late-interaction models: keep at most this many tokens of each document (0: no limit)."""
+    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     instruction: str | None = None
     """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
 

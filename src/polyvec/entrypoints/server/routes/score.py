@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ....scoring import SideError, plan_scores
+from ....multimodal.image import is_image_prompt
+from ....scoring import SideError, plan_scores, truncate_text
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
@@ -28,6 +29,16 @@ async def score_pairs(
     """One score per (text_1, text_2) pair, by the model's kind (see scoring.py), and the tokens it took."""
     engine = state.engine
     (name_1, text_1), (name_2, text_2) = side_1, side_2
+    # vLLM's per-side limits: each text cut to its first N content tokens before anything is added to it
+    limit = state.model_config.max_model_len
+    for field, most in (
+        ("max_tokens_per_query", req.max_tokens_per_query),
+        ("max_tokens_per_doc", req.max_tokens_per_doc),
+    ):
+        if most >= limit:
+            raise APIError(400, f"{field} ({most}) must be less than max_model_len ({limit}).", field)
+    text_1 = _cut(text_1, req.max_tokens_per_query, engine)
+    text_2 = _cut(text_2, req.max_tokens_per_doc, engine)
     try:
         plan = plan_scores(
             text_1,
@@ -58,12 +69,7 @@ async def score_pairs(
         raise APIError(
             400, "'instruction' needs a reranker whose chat template uses it; this model has none", "instruction"
         )
-    try:
-        per_prompt = plan.params(params, req.max_tokens_per_query, req.max_tokens_per_doc)
-    except ValueError as exc:
-        raise APIError(
-            400, str(exc), "max_tokens_per_query" if req.max_tokens_per_query else "max_tokens_per_doc"
-        ) from None
+    per_prompt = plan.params(params)
     outputs = await run_pooling(
         state,
         raw,
@@ -75,6 +81,18 @@ async def score_pairs(
         add_special_tokens=req.add_special_tokens,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
+
+
+def _cut(side: P.ScoreInput, most: int, engine: Any) -> P.ScoreInput:
+    """A side's texts cut to `most` content tokens (0: as they are); other items (images, parts) unchanged."""
+    if not most:
+        return side
+    tok = engine.tokenizer._base
+
+    def cut(item: Any) -> Any:
+        return truncate_text(item, tok, most) if isinstance(item, str) and not is_image_prompt(item) else item
+
+    return cut(side) if isinstance(side, str) else [cut(x) for x in side]
 
 
 async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:
