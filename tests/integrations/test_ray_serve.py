@@ -213,19 +213,48 @@ def test_build_reads_serve_run_arguments(minilm_path):
         ({"max_replicas": 0}, "max_replicas must be positive, not 0"),
         ({"threads_per_replica": 0}, "threads_per_replica must be positive, not 0"),  # was the default
         ({"max_replicas": 2, "target_ongoing_requests": 0}, "target_ongoing_requests must be positive, not 0"),
+        # an initial count outside the bounds was clamped into them without a word
+        ({"replicas": 5, "max_replicas": 2}, r"replicas \(5\), the initial count, is outside .* \(1..2\)"),
+        ({"replicas": 1, "min_replicas": 2, "threads_per_replica": 1}, r"outside min_replicas..max_replicas \(2..2\)"),
+        # the initial replicas must fit (two nodes of one CPU): the third would be waited for forever
+        ({"replicas": 3, "max_replicas": 4, "threads_per_replica": 1}, "3 replica.s. of 1 CPU.s. each do not fit"),
     ]:
         with pytest.raises(ValueError, match=message):
             deployment("m", **bad)
+    auto = deployment("m", min_replicas=1, max_replicas=4, threads_per_replica=1)._bound_deployment
+    assert auto._deployment_config.autoscaling_config.initial_replicas == 1  # the lower bound, as Serve's default
 
 
-def start_cli(model: Path, log: Path, *flags: str, **env_vars: str) -> tuple[subprocess.Popen, str]:
-    """`polyvec serve MODEL --replicas ...` on a Ray of its own, once /health answers: (process, url)."""
+def test_cli_on_a_cluster_leaves_another_servers_app_alone(served, cluster):
+    """`polyvec serve --ray ADDRESS` where a polyvec application already runs: refused (it replaced that app,
+    and deleted it at exit); where Serve listens on another address than --host/--port: refused naming it (the
+    log named an address nothing answered on)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    port = free_port()
+    cmd = [sys.executable, "-m", "polyvec", "serve", str(served.model), "--replicas", "1", "--threads", "1",
+           "--ray", cluster.address, "--port", str(port)]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "the cluster already serves a polyvec application" in r.stderr.splitlines()[-1]
+    assert httpx.post(served.url + "/v1/embeddings", json={"input": "still served"}, timeout=60).status_code == 200
+    serve.delete("polyvec")  # Serve keeps running on the cluster, on the fixture's port
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2, r.stderr[-2000:]
+    served_port = served.url.rsplit(":", 1)[1]
+    assert f"Serve on this cluster already listens on 127.0.0.1:{served_port}" in r.stderr.splitlines()[-1]
+
+
+def start_cli(
+    model: Path, log: Path, *flags: str, session: bool = False, **env_vars: str
+) -> tuple[subprocess.Popen, str]:
+    """`polyvec serve MODEL --replicas ...` on a Ray of its own, once /health answers: (process, url); `session`:
+    in a process group of its own."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_vars
     cmd = [sys.executable, "-m", "polyvec", "serve", str(model), "--port", str(port), "--dtype", "float32",
            "--threads", "1", "--enforce-eager", "--log-level", "warning", *flags]  # fmt: skip
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=session)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -271,12 +300,13 @@ def replica_pids(proc: subprocess.Popen) -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("ingress", ["haproxy", "proxy"])
-def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path, ingress):
+@pytest.mark.parametrize("ingress, to", [("haproxy", "process"), ("proxy", "process"), ("haproxy", "group")])
+def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path, ingress, to):
     """`polyvec serve --replicas 1` on a Ray of its own, behind either front: SIGTERM while requests are in the
-    engine answers every one of them, then the process exits 0."""
+    engine answers every one of them, then the process exits 0. Sent to the whole process group (systemd's
+    default, `timeout`), it killed Ray's own processes first: a 500, exit 1 after 60 s and HAProxy left behind."""
     log = tmp_path / "serve.log"
-    proc, url = start_cli(minilm_path, log, "--replicas", "1", "--ingress", ingress)
+    proc, url = start_cli(minilm_path, log, "--replicas", "1", "--ingress", ingress, session=to == "group")
     try:
         assert front(proc, url) == ("haproxy" if ingress == "haproxy" else "ray::ProxyActor")
         statuses: list[int | str] = []
@@ -296,12 +326,18 @@ def test_cli_replicas_drain_on_sigterm(minilm_path, tmp_path, ingress):
         while not in_flight(url) and not ends:  # the engine has requests: the signal lands mid-work
             time.sleep(0.05)
         signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        family = _children(proc) + [psutil.Process(proc.pid)]
+        if to == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join()
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
         assert statuses == [200] * 6
         assert sum(end > signalled for end in ends) >= 1, "no request was in flight at the signal"
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not [p.name() for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -96,9 +96,12 @@ def device_name(value: str) -> str:
 
 def positive_float(value: str) -> float:
     """An argparse type: a number > 0."""
-    number = non_negative(float)(value)
-    if number == 0:
-        raise argparse.ArgumentTypeError("must be more than 0, got 0")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
     return number
 
 
@@ -1093,6 +1096,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
 
     try:
         catch_signals()  # a signal while Ray starts: stop, exit 0 (it was 15 or 6)
+        if local:  # Ray's processes inherit a blocked SIGTERM: one sent to the whole group (systemd, timeout) stops
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # this process, which drains and stops them
         try:
             ray.init(
                 address="local" if local else args.ray,  # "local": a Ray of its own, even where another runs here
@@ -1105,11 +1110,13 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             if exc.code != signal.SIGTERM:
                 raise
             raise KeyboardInterrupt from None
-        catch_signals()  # again after ray.init, which installs handlers of its own
+        finally:
+            catch_signals()  # again after ray.init, which installs handlers of its own
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one that came meanwhile arrives now
         try:
             app = deployment(
                 args.model,
-                replicas=args.replicas if args.replicas is not None else 1,
+                replicas=args.replicas,
                 min_replicas=args.min_replicas,
                 max_replicas=args.max_replicas,
                 target_ongoing_requests=args.target_ongoing_requests,
@@ -1121,7 +1128,22 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        if not local and "polyvec" in serve.status().applications:  # ours would replace it, and delete it at exit
+            raise CommandError(
+                f"--ray {args.ray}: the cluster already serves a polyvec application (Serve application 'polyvec' "
+                "at route /); stop that server first, or serve on a Ray of its own (no --ray)"
+            )
         serve.start(http_options={"host": args.host, "port": args.port})
+        if not local:  # Serve already running on the cluster keeps its address and ignores ours
+            from ray.serve.context import _get_global_client
+
+            client = _get_global_client()
+            http = client.http_config if client is not None else None
+            if http is not None and (http.host, http.port) != (args.host, args.port):
+                raise CommandError(
+                    f"--ray {args.ray}: Serve on this cluster already listens on {http.host}:{http.port} (set once "
+                    f"per cluster): pass --host {http.host} --port {http.port}, or run `serve shutdown` first"
+                )
         deployed = True
         try:
             serve.run(app, name="polyvec", route_prefix="/", blocking=False)

@@ -55,7 +55,7 @@ class PolyvecReplica:
 def deployment(
     model: str,
     *,
-    replicas: int = 1,
+    replicas: int | None = None,
     min_replicas: int | None = None,
     max_replicas: int | None = None,
     target_ongoing_requests: float = DEFAULT_TARGET_ONGOING_REQUESTS,
@@ -68,8 +68,9 @@ def deployment(
     engine_options: dict[str, Any] | None = None,
     server_options: dict[str, Any] | None = None,
 ) -> Any:
-    """A bound Serve application: `replicas` copies, or between `min_replicas` and `max_replicas` scaled on
-    requests in progress when either bound is given (`autoscaling`: more of Serve's autoscaling_config, e.g.
+    """A bound Serve application: `replicas` copies (default 1), or between `min_replicas` and `max_replicas`
+    scaled on requests in progress when either bound is given, starting from `replicas` (default the lower
+    bound; `autoscaling`: more of Serve's autoscaling_config, e.g.
     `upscale_delay_s`). `engine_options` are `create_engine`'s keyword arguments,
     `server_options` `ServerConfig`'s. Each replica reserves `threads_per_replica` CPUs (default: all of this
     node's CPUs divided among the replicas, at least one) and uses as many threads."""
@@ -87,17 +88,22 @@ def deployment(
         raise ValueError(f"threads_per_replica must be positive, not {threads_per_replica}")
     autoscaled = min_replicas is not None or max_replicas is not None
     low = min_replicas if min_replicas is not None else 1
-    high = max_replicas if max_replicas is not None else max(low, replicas)
+    high = max_replicas if max_replicas is not None else max(low, replicas or 1)
     if autoscaled and low > high:
         raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
+    if autoscaled and replicas is not None and not low <= replicas <= high:  # Serve would clamp it silently
+        raise ValueError(
+            f"replicas ({replicas}), the initial count, is outside min_replicas..max_replicas ({low}..{high})"
+        )
+    initial = replicas if replicas is not None else low
     threads = threads_per_replica if threads_per_replica is not None else engine_options.get("num_threads")
     if threads is None and not num_gpus:
-        threads = default_threads(high if autoscaled else replicas)
+        threads = default_threads(high if autoscaled else initial)
     if threads is not None:
         if threads < 1:
             raise ValueError(f"threads_per_replica must be positive, not {threads}")
         engine_options["num_threads"] = threads
-        check_fit(threads, low if autoscaled else replicas)
+        check_fit(threads, initial)  # the replicas Serve starts with: it would wait for them forever
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": threads or 1, "num_gpus": num_gpus},
         # The app limits the POSTs in progress itself (429 with Retry-After beyond max_concurrent_requests), so
@@ -111,13 +117,13 @@ def deployment(
     if autoscaled:
         options["autoscaling_config"] = {
             "min_replicas": low,
-            "initial_replicas": min(max(low, replicas), high),
+            "initial_replicas": initial,
             "max_replicas": high,
             "target_ongoing_requests": target_ongoing_requests,
             **(autoscaling or {}),
         }
     else:
-        options["num_replicas"] = replicas
+        options["num_replicas"] = initial
     replica = serve.deployment(name="polyvec", **options)(PolyvecReplica)
     return replica.bind(model, engine_options, server_options)
 
