@@ -186,3 +186,46 @@ def test_token_counts_as_vllm_writes_them():
     for given, want in [("8192", 8192), ("8k", 8000), ("8K", 8192), ("25.6k", 25600)]:
         args = build_parser().parse_args(["serve", "m", "--max-model-len", given, "--max-num-batched-tokens", given])
         assert args.max_model_len == args.max_num_batched_tokens == want
+
+
+def test_embed_output_is_whole_or_absent(tmp_path, minilm_path):
+    """A run stopped part-way (Ctrl-C here) leaves no output (it left a .npy of zero rows, the first row groups of
+    a .parquet); a corpus row with a lone surrogate or with no text field, and an output folder that is not there,
+    are one line and exit 2 before any encoding (tracebacks, or silently empty texts, before)."""
+    import os
+    import signal
+    import time
+
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("".join(f"passage {i} about wing flutter and heat transfer\n" for i in range(6000)))
+    out = tmp_path / "v.parquet"
+    cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--model", str(minilm_path), "--quiet",
+           "--output", str(out), "--pooling-task", "token_embed", "--batch-size", "64"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (
+        time.monotonic() < deadline and proc.poll() is None and not [p for p in os.listdir(tmp_path) if "partial" in p]
+    ):
+        time.sleep(0.05)  # the first row group is being written under its temporary name
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["big.txt"]
+    bad = tmp_path / "bad.jsonl"
+    for row, message in [
+        ({"_id": "a", "text": "wing \ud800 flutter"}, "line 2 has a lone surrogate (U+D800) at character 5, not text"),
+        ({"_id": "a", "contents": "wing flutter"}, "line 2 has no 'title' or 'text' field (give --text-column)"),
+    ]:
+        bad.write_text(json.dumps({"_id": "z", "text": "fine"}) + "\n" + json.dumps(row) + "\n")
+        r = embed_cli(str(bad), "--model", str(minilm_path), "--output", str(tmp_path / "x.npy"))
+        assert r.returncode == 2 and r.stderr.strip().endswith(message), r.stderr[-2000:]
+    (tmp_path / "d.parquet").mkdir()
+    for target, message in [
+        (tmp_path / "no" / "x.parquet", "no such folder"),
+        (tmp_path / "d.parquet", "it is a folder"),
+    ]:
+        r = embed_cli(str(corpus), "--model", str(minilm_path), "--limit", "4", "--output", str(target))
+        assert r.returncode == 2 and r.stderr.strip().endswith(message) and "Traceback" not in r.stderr, r.stderr
+    r = embed_cli(str(corpus), "--model", str(minilm_path), "--limit", "4", "--output", str(out))
+    assert r.returncode == 0 and pq.read_table(out).num_rows == 4
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "big.txt", "d.parquet", "v.parquet"]

@@ -452,6 +452,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {args.file}: {getattr(exc, 'strerror', None) or exc}") from None
     if not texts:
         raise CommandError(f"no texts in {args.file}")
+    if args.output:  # a folder that is not there or cannot be written: said now, not after the model loaded
+        folder = os.path.dirname(os.path.abspath(args.output))
+        problem = (
+            "no such folder"
+            if not os.path.isdir(folder)
+            else "it is a folder"
+            if os.path.isdir(args.output)
+            else "permission denied"
+            if not os.access(folder, os.W_OK)
+            else None
+        )
+        if problem:
+            raise CommandError(f"cannot write --output {args.output}: {problem}")
     llm = load_llm(args, max_num_batched_tokens=args.max_num_batched_tokens)
     unsupported = [t for t in tasks if t not in llm.supported_tasks]
     if unsupported:
@@ -463,9 +476,25 @@ def cmd_embed(args: argparse.Namespace) -> int:
         llm.encode(texts[:8], pooling_task=task, use_tqdm=False)  # warm-up, and the options' check
     except ValueError as exc:  # --pooler-config or --pooling-task the model cannot serve
         raise CommandError(str(exc)) from None
-    if task == "embed" and not parquet:
-        return _embed_vectors(args, llm, texts)
-    return _encode_task(args, llm, ids, texts, task)
+    # Written beside the output under a temporary name, renamed when whole: a failure or Ctrl-C part-way leaves
+    # no file that looks complete (zeros in a .npy, the first row groups of a .parquet).
+    args.write_to = args.output and os.path.join(
+        os.path.dirname(args.output), f".{os.path.basename(args.output)}.{os.getpid()}.partial"
+    )
+    try:
+        if task == "embed" and not parquet:
+            rc = _embed_vectors(args, llm, texts)
+        else:
+            rc = _encode_task(args, llm, ids, texts, task)
+    except BaseException as exc:
+        if args.write_to and os.path.exists(args.write_to):
+            os.remove(args.write_to)
+        if isinstance(exc, ValueError):  # an input the engine refused (the corpus was read before): one line
+            raise CommandError(str(exc)) from None
+        raise
+    if args.write_to:
+        os.replace(args.write_to, args.output)
+    return rc
 
 
 def _progress(args: argparse.Namespace, total: int) -> Any:
@@ -508,7 +537,7 @@ def _encode_task(args: argparse.Namespace, llm: Any, ids: list[str], texts: list
 
     start = time.perf_counter()
     if args.output:
-        encode_to_parquet(llm, ids, texts, args.output, task, batch_size=args.batch_size, on_row=on_row)
+        encode_to_parquet(llm, ids, texts, args.write_to, task, batch_size=args.batch_size, on_row=on_row)
     else:
         for out in llm.iter_encode(texts, pooling_task=task):
             on_row(out)
@@ -538,7 +567,7 @@ def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
             shape = (len(texts), out.outputs.data.shape[-1])
             try:
                 vecs = (
-                    np.lib.format.open_memmap(args.output, mode="w+", dtype=np.float32, shape=shape)
+                    np.lib.format.open_memmap(args.write_to, mode="w+", dtype=np.float32, shape=shape)
                     if args.output
                     else np.empty(shape, dtype=np.float32)
                 )
@@ -549,6 +578,8 @@ def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
         if bar is not None:
             bar.update(1)
     dim = vecs.shape[1]
+    if args.output:
+        vecs.flush()
     elapsed = time.perf_counter() - start
     if bar is not None:
         bar.close()
@@ -1378,7 +1409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--text-column",
         default="text",
-        help="the column (Parquet) or field (JSONL) holding the texts (default: text; in a BEIR corpus, title + text)",
+        help="the column (Parquet) or field (JSONL) holding the texts (default: text; in a BEIR JSONL corpus, title "
+        "+ text)",
     )
     p.add_argument(
         "--actors", type=positive_int, default=None, help="--ray: engines (default: one per node, or per GPU)"

@@ -38,6 +38,8 @@ def row_text(row: Any, text_column: str = "text") -> str:
     joined, or the field `text_column`. ValueError when the row is not an object or that field holds no text."""
     if not isinstance(row, dict):
         raise ValueError("is not a JSON object")
+    if text_column == "text" and "title" not in row and "text" not in row:  # an empty text for every row, silently
+        raise ValueError("has no 'title' or 'text' field (give --text-column)")
     if text_column == "text":
         for name in ("title", "text"):
             value = row.get(name)
@@ -45,7 +47,18 @@ def row_text(row: Any, text_column: str = "text") -> str:
                 from ..entrypoints.server.errors import json_type  # the server's words for JSON types (on error only)
 
                 raise ValueError(f"has {json_type(value)} in field {name!r}, not a string")
-        return document_text(row)
+        return _text(document_text(row))
     if not isinstance(row.get(text_column), str):
         raise ValueError(f"has no text in field {text_column!r}")
-    return row[text_column]
+    return _text(row[text_column])
+
+
+def _text(value: str) -> str:
+    """A JSON string that is text: JSON can escape a lone surrogate (\\ud800), which no tokenizer reads."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"has a lone surrogate (U+{ord(value[exc.start]):04X}) at character {exc.start}, not text"
+        ) from None
+    return value
