@@ -26,6 +26,9 @@ _EXPORTS = {
     "ClassificationRequestOutput": ".outputs",
     "ScoringOutput": ".outputs",
     "ScoringRequestOutput": ".outputs",
+    "TextPrompt": ".inputs",
+    "TokensPrompt": ".inputs",
+    "PromptType": ".inputs",
 }
 
 __all__ = [
@@ -43,12 +46,16 @@ __all__ = [
     "ClassificationRequestOutput",
     "ScoringOutput",
     "ScoringRequestOutput",
+    "TextPrompt",
+    "TokensPrompt",
+    "PromptType",
     "__version__",
 ]
 
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig, PoolerConfig
     from .entrypoints.llm import LLM
+    from .inputs import PromptType, TextPrompt, TokensPrompt
     from .late_chunking import LateChunkingParams
     from .outputs import (
         ClassificationOutput,

@@ -16,8 +16,12 @@ class LateChunkingParams:
     """Tokens per chunk (the last chunk may be shorter)."""
 
     def __post_init__(self) -> None:
-        if type(self.chunk_size) is not int or self.chunk_size < 1:
-            raise ValueError("chunk_size must be a positive integer")
+        self.verify()
+
+    def verify(self) -> None:
+        """Also at use: a chunk_size set after construction is checked too, as vLLM checks it."""
+        if type(self.chunk_size) is not int or not 1 <= self.chunk_size < 2**63:
+            raise ValueError("chunk_size must be a positive integer less than 2**63")
 
 
 @dataclass
@@ -37,6 +41,7 @@ class LateChunkingMetadata:
 
 def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
     """The prompt's text, or ValueError with vLLM's wording for what late chunking cannot take."""
+    params.late_chunking_params.verify()
     if task != "token_embed":
         raise ValueError("Late chunking requires token_embed")
     if params.dimensions is not None or late_interaction:
@@ -46,7 +51,7 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
     text = prompt.get("prompt") if isinstance(prompt, dict) and "multi_modal_data" not in prompt else prompt
     if not isinstance(text, str):
         raise ValueError("Late chunking requires plain-text input")
-    if not text:
+    if not text.strip():  # as vLLM: whitespace alone is no text either
         raise ValueError("Late chunking requires nonempty plain-text input")
     return text
 

@@ -6,6 +6,7 @@ new, fully specified object; every rejection is a `ValueError` naming the parame
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +41,10 @@ class TaskError(ValueError):
 class PoolingParams:
     """Options of one pooling request (vLLM's `PoolingParams`)."""
 
-    dimensions: int | None = None
-    """Matryoshka truncation of embed / token_embed outputs (None: full size)."""
     use_activation: bool | None = None
     """Apply the task's activation: L2 normalize (embed tasks), softmax/sigmoid (classify tasks)."""
+    dimensions: int | None = None
+    """Matryoshka truncation of embed / token_embed outputs (None: full size)."""
     truncate_prompt_tokens: int | None = None
     """Keep at most this many tokens (special tokens included); -1 means the model's maximum."""
     normalize: bool | None = None
@@ -105,7 +106,8 @@ class PoolingParams:
     """No effect: pooling outputs are always final."""
 
     def clone(self) -> PoolingParams:
-        return dataclasses.replace(self)
+        """A deep copy, as vLLM's (a clone's extra_kwargs or token lists are its own)."""
+        return copy.deepcopy(self)
 
     def sparse_options(self) -> list[str]:
         """The embed_sparse options given, by name (each applies to that task only)."""

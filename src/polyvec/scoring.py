@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .multimodal.image import is_image_object
+from .multimodal.image import is_image_object, is_image_prompt
 
 
 class SideError(ValueError):
@@ -100,6 +100,27 @@ def truncate_text(text: str, tokenizer: Any, max_tokens: int) -> str:
         end = min(enc.offsets[max_tokens - 1][1], enc.offsets[max_tokens][0]) if max_tokens else 0
         text = text[: min(end, len(text) - 1)]  # re-checked: a cut can merge pieces differently
     return text
+
+
+def check_token_limits(limits: dict[str, int], max_model_len: int) -> None:
+    """vLLM's check of max_tokens_per_query / max_tokens_per_doc: SideError (0: the query's, 1: the document's)."""
+    for side, (name, most) in enumerate(limits.items()):
+        if most < 0:
+            raise SideError(f"{name} must be a non-negative integer", side)
+        if most >= max_model_len:
+            raise SideError(f"{name} ({most}) must be less than max_model_len ({max_model_len}).", side)
+
+
+def cut_side(side: Any, most: int, tokenizer: Any) -> Any:
+    """One side of a score call with its texts cut to `most` content tokens (`truncate_text`; 0: as it is);
+    other items (images, content parts, token ids) unchanged."""
+    if not most:
+        return side
+
+    def cut(item: Any) -> Any:
+        return truncate_text(item, tokenizer, most) if isinstance(item, str) and not is_image_prompt(item) else item
+
+    return cut(side) if isinstance(side, str) else [cut(x) for x in side]
 
 
 def iter_maxsim(queries: list[torch.Tensor], docs: list[torch.Tensor], chunk: int = 128, budget: int = 1 << 25):

@@ -296,3 +296,54 @@ def test_error_messages_carry_vllms_key_words(minilm_path, minilm_llm):
     strict = LLM(str(minilm_path), dtype="float32", truncation="error")
     with pytest.raises(ValueError, match="maximum context length"):
         strict.embed("wing " * 400, use_tqdm=False)
+
+
+def test_embed_follows_a_token_embed_pooling_task(minilm_path, minilm_llm, pylate_model):
+    """vLLM 0.34's `LLM.embed` runs the model's pooling task: token matrices for a ColBERT model or
+    `PoolerConfig(task="token_embed")` (it was a TaskError, or one vector), and `score` is then MaxSim."""
+    colbert = LLM(str(pylate_model[1]), dtype="float32")
+    (out,) = colbert.embed(["a wing in a slipstream"], use_tqdm=False)
+    want = colbert.token_embed(["a wing in a slipstream"], use_tqdm=False)[0].outputs.data
+    assert out.outputs.data.dim() == 2 and torch.equal(out.outputs.data, want)
+    tokens = LLM(str(minilm_path), dtype="float32", pooler_config=PoolerConfig(task="token_embed"))
+    (out,) = tokens.embed(["flutter of a wing"], use_tqdm=False)
+    assert out.outputs.data.shape == (len(out.prompt_token_ids), 384)
+    (score,) = tokens.score("wing flutter", ["flutter of a wing"], use_tqdm=False)
+    q = tokens.token_embed(["wing flutter"], use_tqdm=False)[0].outputs.data
+    assert abs(score.outputs.score - float((q @ out.outputs.data.T).max(dim=1).values.sum())) < 1e-4  # MaxSim
+    assert minilm_llm.embed(["flutter"], use_tqdm=False)[0].outputs.data.dim() == 1  # an embed model: one vector
+
+
+def test_score_caps_from_extra_kwargs_offline(minilm_llm):
+    """vLLM 0.34 reads max_tokens_per_query / _per_doc offline from PoolingParams.extra_kwargs (ignored before)."""
+    from polyvec import PoolingParams
+
+    capped = PoolingParams(extra_kwargs={"max_tokens_per_query": 1, "max_tokens_per_doc": 2})
+    (got,) = minilm_llm.score("wing flutter analysis", ["heat transfer in a boundary layer"], pooling_params=capped,
+                              use_tqdm=False)  # fmt: skip
+    (want,) = minilm_llm.score("wing", ["heat transfer"], use_tqdm=False)
+    assert abs(got.outputs.score - want.outputs.score) < 1e-6
+    with pytest.raises(ValueError, match=r"max_tokens_per_doc \(256\) must be less than max_model_len \(256\)"):
+        minilm_llm.score("a", "b", pooling_params=PoolingParams(extra_kwargs={"max_tokens_per_doc": 256}))
+
+
+def test_offline_api_details_of_vllm_034(minilm_path):
+    """PoolingParams' first positional field is use_activation and clone() is deep; LateChunkingParams bounds
+    chunk_size and refuses blank text; TokensPrompt / TextPrompt import from polyvec; LLM() takes vLLM's other
+    offline keywords (a warning when set)."""
+    from polyvec import LateChunkingParams, PoolingParams, TextPrompt, TokensPrompt
+
+    p = PoolingParams(False, 8)
+    assert p.use_activation is False and p.dimensions == 8
+    q = PoolingParams(extra_kwargs={"a": [1]})
+    q.clone().extra_kwargs["a"].append(2)
+    assert q.extra_kwargs == {"a": [1]}
+    with pytest.raises(ValueError, match="less than 2\\*\\*63"):
+        LateChunkingParams(2**64)
+    llm = LLM(str(minilm_path), dtype="float32", skip_tokenizer_init=False, hf_token=None, attention_config=None,
+              enable_extensible_kv_cache=None, quantization_config=None, allowed_local_media_path="")  # fmt: skip
+    late = PoolingParams(late_chunking_params=LateChunkingParams(4))
+    with pytest.raises(ValueError, match="nonempty plain-text"):
+        llm.encode("   ", late, pooling_task="token_embed", use_tqdm=False)
+    outs = llm.embed([TextPrompt(prompt="wing"), TokensPrompt(prompt_token_ids=[101, 3358, 102])], use_tqdm=False)
+    assert torch.allclose(outs[0].outputs.data, outs[1].outputs.data, atol=1e-6)

@@ -132,6 +132,12 @@ class Engine:
         return self.input_processor.supported_tasks
 
     @property
+    def scores_by_maxsim(self) -> bool:
+        """Scores are MaxSim of token vectors: the pooling task is token_embed (vLLM's late-interaction score
+        type: a ColBERT model, or PoolerConfig(task="token_embed"))."""
+        return self.pooling_task == "token_embed"
+
+    @property
     def colbert(self) -> LateInteractionRecipe | None:
         """The model's ColBERT recipe, or None when it is not a late-interaction model."""
         return self.input_processor.colbert

@@ -36,7 +36,7 @@ from ..outputs import (
 )
 from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
-from ..scoring import plan_scores
+from ..scoring import SideError, check_token_limits, cut_side, plan_scores
 from . import vllm_compat
 
 logger = logging.getLogger(__name__)
@@ -128,10 +128,11 @@ class LLM:
     ):
         kwargs.pop("enforce_eager", None)  # vLLM's CUDA graphs; offline polyvec has no warm-up for it to skip
         known = set(vllm_compat.IGNORED) | set(vllm_compat.PARALLEL) | {"runner", "task"}
-        unknown = set(kwargs) - known
+        unknown = set(kwargs) - known - set(vllm_compat.IGNORED_OFFLINE)
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(sorted(unknown))}")
-        ignored = vllm_compat.check(kwargs)
+        offline = {n: kwargs.pop(n) for n in vllm_compat.IGNORED_OFFLINE if n in kwargs}
+        ignored = vllm_compat.check(kwargs) + [n for n, v in offline.items() if v not in (None, False, "")]
         if ignored:
             logger.warning("vLLM arguments with no effect in polyvec: %s", ", ".join(ignored))
         if isinstance(pooler_config, dict):
@@ -369,9 +370,12 @@ class LLM:
         use_tqdm: bool | Callable = True,
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[EmbeddingRequestOutput]:
-        """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor)."""
-        outs = self._run(prompts, pooling_params, "embed", truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
-        return [as_task_output(o) for o in outs]  # type: ignore[misc]
+        """One vector per prompt: `.outputs.embedding` (list of floats) and `.outputs.data` (tensor). A model whose
+        pooling task is token_embed (a ColBERT model, or `PoolerConfig(task="token_embed")`) returns its token
+        matrices in `.outputs.data`, as vLLM's `embed` does."""
+        task = "token_embed" if self.engine.pooling_task == "token_embed" else "embed"
+        outs = self._run(prompts, pooling_params, task, truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
+        return outs if task == "token_embed" else [as_task_output(o) for o in outs]  # type: ignore[return-value,misc]
 
     @_vllm_lora
     def embed_sparse(
@@ -447,12 +451,22 @@ class LLM:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
         classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers),
         MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models."""
+        # vLLM's per-side caps, offline in PoolingParams.extra_kwargs: texts cut to their first N content tokens
+        extra = (pooling_params.extra_kwargs if pooling_params is not None else None) or {}
+        limits = {k: int(extra.get(k) or 0) for k in ("max_tokens_per_query", "max_tokens_per_doc")}
+        try:
+            check_token_limits(limits, self.model_config.max_model_len)
+        except SideError as exc:
+            raise ValueError(str(exc)) from None
+        tok = self.engine.tokenizer._base
+        data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
+        data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
         plan = plan_scores(
             data_1,
             data_2,
             self.supported_tasks,
             self.is_cross_encoder,
-            late_interaction=self.engine.is_late_interaction,
+            late_interaction=self.engine.scores_by_maxsim,
             names=("data_1", "data_2"),
         )
         try:

@@ -36,6 +36,16 @@ IGNORED: dict[str, bool] = {
     "optimization_level": True,  # -O<n>: torch.compile and CUDA-graph levels
 }
 
+# vLLM 0.34's LLM() keywords that have no effect here (no CLI flag of polyvec's): accepted, a warning when set.
+IGNORED_OFFLINE = (
+    "skip_tokenizer_init",
+    "allowed_local_media_path",
+    "hf_token",  # polyvec's downloads read HF_TOKEN
+    "attention_config",
+    "enable_extensible_kv_cache",
+    "quantization_config",
+)
+
 # The value types vLLM parses those with: a malformed value is refused there, so here too.
 VALUE_TYPES: dict[str, type] = {
     "gpu_memory_utilization": float,

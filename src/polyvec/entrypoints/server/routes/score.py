@@ -7,8 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ....multimodal.image import is_image_prompt
-from ....scoring import SideError, plan_scores, truncate_text
+from ....scoring import SideError, check_token_limits, cut_side, plan_scores
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
@@ -30,22 +29,20 @@ async def score_pairs(
     engine = state.engine
     (name_1, text_1), (name_2, text_2) = side_1, side_2
     # vLLM's per-side limits: each text cut to its first N content tokens before anything is added to it
-    limit = state.model_config.max_model_len
-    for field, most in (
-        ("max_tokens_per_query", req.max_tokens_per_query),
-        ("max_tokens_per_doc", req.max_tokens_per_doc),
-    ):
-        if most >= limit:
-            raise APIError(400, f"{field} ({most}) must be less than max_model_len ({limit}).", field)
-    text_1 = _cut(text_1, req.max_tokens_per_query, engine)
-    text_2 = _cut(text_2, req.max_tokens_per_doc, engine)
+    limits = {"max_tokens_per_query": req.max_tokens_per_query, "max_tokens_per_doc": req.max_tokens_per_doc}
+    try:
+        check_token_limits(limits, state.model_config.max_model_len)
+    except SideError as exc:
+        raise APIError(400, str(exc), list(limits)[exc.side]) from None
+    text_1 = cut_side(text_1, req.max_tokens_per_query, engine.tokenizer._base)
+    text_2 = cut_side(text_2, req.max_tokens_per_doc, engine.tokenizer._base)
     try:
         plan = plan_scores(
             text_1,
             text_2,
             engine.supported_tasks,
             engine.is_cross_encoder,
-            late_interaction=engine.is_late_interaction,
+            late_interaction=engine.scores_by_maxsim,
             names=(name_1, name_2),
         )
     except SideError as exc:  # an empty side, or lengths that do not pair (N:M)
@@ -81,18 +78,6 @@ async def score_pairs(
         add_special_tokens=req.add_special_tokens,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
-
-
-def _cut(side: P.ScoreInput, most: int, engine: Any) -> P.ScoreInput:
-    """A side's texts cut to `most` content tokens (0: as they are); other items (images, parts) unchanged."""
-    if not most:
-        return side
-    tok = engine.tokenizer._base
-
-    def cut(item: Any) -> Any:
-        return truncate_text(item, tok, most) if isinstance(item, str) and not is_image_prompt(item) else item
-
-    return cut(side) if isinstance(side, str) else [cut(x) for x in side]
 
 
 async def _score(req: P.ScoreRequest, raw: Request, state: State) -> Response:

@@ -519,7 +519,7 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
                 req.texts,
                 engine.supported_tasks,
                 engine.is_cross_encoder,
-                late_interaction=engine.is_late_interaction,
+                late_interaction=engine.scores_by_maxsim,
             )
         except ValueError:
             raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
