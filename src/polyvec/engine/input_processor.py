@@ -239,14 +239,15 @@ class InputProcessor:
                     " of the text)",
                     subject="input",
                 )
+            skip = min(skips[i], max(len(ids) - 1, 0))  # at least one token is pooled
             request = Request(
                 request_id=request_ids[i],
                 prompt_token_ids=ids,
                 token_type_ids=types,
                 params=verified[i],
-                spec=skip_prompt(specs[i], min(skips[i], len(ids) - 1)),
+                spec=skip_prompt(specs[i], skip),
                 num_input_tokens=num_input,
-                skip_prompt=skips[i],
+                skip_prompt=skip,
             )
             if static[i]:
                 request.static_output = self._static_sparse(ids, specs[i])
@@ -419,7 +420,7 @@ class InputProcessor:
                 )
             for task in tasks[1:]:
                 spec = self._spec(self.verify_params(for_task(p, task), task))
-                r.extra.append((task, skip_prompt(spec, min(r.skip_prompt, r.num_tokens - 1))))
+                r.extra.append((task, skip_prompt(spec, r.skip_prompt)))
         return requests
 
     def _spec(self, params: PoolingParams) -> PoolingSpec:
