@@ -8,6 +8,7 @@ possible places records where it came from in `ModelConfig.sources`, so startup 
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,11 @@ class PoolerConfig:
     instead of truncated."""
     max_embed_len: int | None = None
     """With chunked processing: the most tokens one input may have (longer ones are rejected)."""
+    logit_mean: float | None = None
+    """classify / token_classify: subtracted from the logits before the activation (Platt scaling:
+    activation((logit - logit_mean) / logit_sigma)), with or without the activation, as vLLM does."""
+    logit_sigma: float | None = None
+    """classify / token_classify: the logits (less logit_mean) are divided by it; not 0."""
     step_tag_id: int | None = None
     """STEP pooling: only tokens with this id are returned (all tokens when None)."""
     returned_token_ids: list[int] | None = None
@@ -94,6 +100,14 @@ class PoolerConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("logit_mean", "logit_sigma"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.logit_sigma is not None and self.logit_sigma == 0:
+            raise ValueError("logit_sigma cannot be 0 (division by zero)")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PoolerConfig:

@@ -86,6 +86,8 @@ class PoolingRequestOutput(Generic[OutputT]):
     prompt_token_ids: list[int]
     num_input_tokens: int = 0
     """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
+    num_cached_tokens: int = 0
+    """Leading prompt tokens whose keys and values came from the prefix cache (causal models)."""
     finished: bool = True
     task: str = ""
     input_type: str | None = None
@@ -120,6 +122,7 @@ class _SharedFields(TypedDict):
     request_id: str
     prompt_token_ids: list[int]
     num_input_tokens: int
+    num_cached_tokens: int
     finished: bool
     task: str
     input_type: str | None
@@ -131,6 +134,7 @@ def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOu
         request_id=out.request_id,
         prompt_token_ids=out.prompt_token_ids,
         num_input_tokens=out.num_input_tokens,
+        num_cached_tokens=out.num_cached_tokens,
         finished=out.finished,
         task=out.task,
         input_type=out.input_type,

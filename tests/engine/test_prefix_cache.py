@@ -57,6 +57,8 @@ def test_results_unchanged_and_prefix_computed_once(qwen3_folder, pooling, budge
     # Two full blocks (32 of the 40 shared tokens) are computed by the first request only.
     reused = 2 * BLOCK_SIZE * (len(ps) - 1)
     assert cached_engine.prefix_cache.hit_tokens == reused
+    # vLLM's num_cached_tokens per output: none for the first, two blocks for each later one
+    assert [o.num_cached_tokens for o in got] == [0] + [2 * BLOCK_SIZE] * (len(ps) - 1)
     assert cached_engine.stats.num_batched_tokens == total - reused
 
 

@@ -157,6 +157,12 @@ def test_pooler_config_fields_of_vllm_034():
         PoolerConfig(task="rerank")
     with pytest.raises(ValueError, match="max_embed_len must be a positive integer"):
         PoolerConfig(max_embed_len=0)
+    args = parse("--pooler-config.logit_mean", "0.5", "--pooler-config.logit_sigma", "2")
+    assert vllm_options(args)["pooler_config"] == PoolerConfig(logit_mean=0.5, logit_sigma=2)
+    with pytest.raises(ValueError, match="logit_sigma cannot be 0"):
+        PoolerConfig(logit_sigma=0.0)
+    with pytest.raises(ValueError, match="logit_mean must be a finite number, got 'x'"):
+        PoolerConfig(logit_mean="x")  # type: ignore[arg-type]
 
 
 def test_llm_takes_pooler_config_as_vllm_does(minilm_path, minilm_llm):

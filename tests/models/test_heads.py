@@ -103,6 +103,32 @@ def test_two_label_classifier_saved_without_label_fields(tmp_path, minilm_path):
         assert r.outputs.data.shape == (2,) and torch.allclose(r.outputs.data, ref_logits, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_pooler_config_logit_calibration(num_labels, tmp_path, minilm_path):
+    """vLLM 0.34's `logit_mean` / `logit_sigma`: activation((logit - mean) / sigma) for classify and
+    token_classify, the raw logits calibrated too."""
+    import transformers
+
+    folder = save_tiny_model(
+        "BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=num_labels, **TINY
+    )
+    ref_model = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    llm = LLM(str(folder), dtype="float32", pooler_config={"logit_mean": 0.25, "logit_sigma": -0.5})
+    outs = llm.classify(TEXTS, use_tqdm=False)
+    raw = llm.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    ref = _reference_logits(ref_model, [o.prompt_token_ids for o in outs], 0)
+    act = torch.sigmoid if num_labels == 1 else lambda x: torch.softmax(x, -1)
+    for o, r, ref_logits in zip(outs, raw, ref):
+        calibrated = (ref_logits - 0.25) / -0.5
+        assert torch.allclose(r.outputs.data, calibrated, atol=1e-5)
+        assert torch.allclose(o.outputs.data, act(calibrated), atol=1e-6)
+    tokens = llm.token_classify(TEXTS[:1], PoolingParams(use_activation=False), use_tqdm=False)[0]
+    plain = LLM(str(folder), dtype="float32").token_classify(TEXTS[:1], PoolingParams(use_activation=False))[0]
+    assert torch.allclose(tokens.outputs.data, (plain.outputs.data - 0.25) / -0.5, atol=1e-5)
+    with pytest.raises(ValueError, match="logit_sigma cannot be 0"):
+        LLM(str(folder), dtype="float32", pooler_config={"logit_sigma": 0})
+
+
 def test_token_classification(family, tmp_path, minilm_path):
     import transformers
 

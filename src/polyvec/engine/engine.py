@@ -289,6 +289,7 @@ class Engine:
             if c.start > 0:  # the scheduler skipped a cached prefix
                 assert self.prefix_cache is not None  # only its probe makes the scheduler skip tokens
                 hidden = self.prefix_cache.load(r, c.start, r.kv_cache)
+                r.num_cached_tokens = c.start
                 r.pool_state = PoolingState(r.spec)
                 ids = torch.tensor(r.prompt_token_ids[: c.start], device=hidden.device)
                 r.pool_state.update(hidden.float(), ids, 0)
@@ -312,6 +313,7 @@ class Engine:
             task="+".join(data) if isinstance(data, dict) else r.params.task,
             prompt_token_ids=r.prompt_token_ids,
             num_input_tokens=r.num_input_tokens,
+            num_cached_tokens=r.num_cached_tokens + sum(w.num_cached_tokens for w in r.windows or ()),
             input_type=r.input_type,
         )
 

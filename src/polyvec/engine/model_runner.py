@@ -148,6 +148,8 @@ class ModelRunner:
             sparse_skip_ids=skip_ids,
             token_drop_first=model_config.bge_m3 is not None,
             vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
+            logit_mean=model_config.pooler_config.logit_mean,
+            logit_sigma=model_config.pooler_config.logit_sigma,
         )
 
     @property

@@ -29,6 +29,7 @@ class Request:
     # Causal models (chunked prefill):
     chunkable: bool = False
     num_computed_tokens: int = 0  # tokens scheduled so far (their KV is in kv_cache)
+    num_cached_tokens: int = 0  # leading tokens whose KV came from the prefix cache
     block_hashes: list[bytes] | None = None  # prefix-caching names of the prompt's full blocks
     kv_cache: Any = None  # layers.attention.KVCache while the request is being prefilled in chunks
     pool_state: Any = None  # layers.pooler.PoolingState carried across chunks

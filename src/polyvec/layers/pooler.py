@@ -70,6 +70,8 @@ class Pooler(nn.Module):
         sparse_skip_ids: tuple[int, ...] = (),
         token_drop_first: bool = False,
         vocab_size: int | None = None,
+        logit_mean: float | None = None,
+        logit_sigma: float | None = None,
     ):
         super().__init__()
         self.embed_projection = embed_projection
@@ -82,6 +84,8 @@ class Pooler(nn.Module):
         self.sparse_skip_ids = sparse_skip_ids
         self.token_drop_first = token_drop_first  # bge-m3's multi-vector output leaves out the first token
         self.vocab_size: int | None = vocab_size
+        self.logit_mean = logit_mean  # classifier calibration (vLLM's PoolerConfig): (logit - mean) / sigma
+        self.logit_sigma = logit_sigma
 
     def apply_head(self, spec: PoolingSpec, pooled: torch.Tensor) -> torch.Tensor:
         """The head of a sequence task on one pooled vector [H] (combined long-input windows)."""
@@ -101,6 +105,10 @@ class Pooler(nn.Module):
         head = self.sequence_head if task == "classify" else self.token_head
         assert head is not None  # verified params name a task the model supports, so it has the head
         x = head(x)
+        if self.logit_mean is not None:
+            x = x - self.logit_mean
+        if self.logit_sigma is not None:
+            x = x / self.logit_sigma
         return self.classifier_act(x) if spec.use_activation else x
 
     def forward(
