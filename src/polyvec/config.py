@@ -396,15 +396,26 @@ class EngineConfig:
         return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype, platform: Platform, checkpoint_dtype: str | None = None) -> torch.dtype:
-    """`auto`: the platform's default (bfloat16 on CUDA, float16 for float16 checkpoints there; on CPU bfloat16
-    where matmuls run it natively, else float32). Pooling and heads always run in float32."""
+def checkpoint_dtype(hf_config: dict[str, Any]) -> str | None:
+    """The dtype config.json says the weights were saved in (`dtype` in transformers 5, `torch_dtype` before)."""
+    for cfg in (hf_config, hf_config.get("text_config") or {}):
+        value = cfg.get("dtype") or cfg.get("torch_dtype")
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def resolve_dtype(dtype: str | torch.dtype, platform: Platform, hf_config: dict[str, Any] | None = None) -> torch.dtype:
+    """`auto`: the platform's default for the checkpoint (on CUDA vLLM's rule: float16, bfloat16 checkpoints in
+    bfloat16 on GPUs that compute it; on CPU bfloat16 where matmuls run it natively, else float32). Pooling
+    and heads always run in float32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
         return dtype
     if dtype == "auto":
-        return platform.default_dtype(checkpoint_dtype)
+        cfg = hf_config or {}
+        return platform.default_dtype(checkpoint_dtype(cfg), cfg.get("model_type"))
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")

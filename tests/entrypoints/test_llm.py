@@ -150,6 +150,9 @@ def test_sentence_transformers_dense_and_concatenated_pooling(tmp_path, minilm_p
     assert llm.model_config.st_pooling == ("CLS", "MEAN") and llm.model_config.max_model_len == 128
     got = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     assert got.shape == (12, 48) and cosine_rows(got, ref).min() >= 0.9999
+    # the Dense layers multiply one row per sequence: a text alone gives the same bits as in the batch
+    alone = llm.embed(texts[:1], use_tqdm=False)[0].outputs.data
+    assert torch.equal(alone, got[0])
 
 
 def test_prompt_validation(minilm_llm):

@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from polyvec.layers import kernels
-from polyvec.layers.linear import Int8Linear, int8_available
+from polyvec.layers.linear import Int8Linear, int8_available, int8_dot_products
 
 pytestmark = pytest.mark.skipif(
     not int8_available(torch.device("cpu")), reason="needs PyTorch with oneDNN and a C++ compiler for polyvec's kernels"
 )
+# int8 matmuls are exact only with VNNI or AMX; elsewhere quantization="int8" is refused (tested below).
+needs_vnni = pytest.mark.skipif(not int8_dot_products(), reason="this CPU has no VNNI or AMX int8 dot products")
 
 
 def _dequantize(q, scale, offset):
@@ -75,6 +77,7 @@ def test_requantize_rows_is_dequantize_then_quantize(act, n):
         assert torch.equal(got, want)
 
 
+@needs_vnni
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_int8_linear_close_to_float_and_batch_invariant(dtype, activation):
@@ -104,6 +107,7 @@ def test_int8_linear_close_to_float_and_batch_invariant(dtype, activation):
     )
 
 
+@needs_vnni
 def test_int8_model_cosine_against_float32(minilm_path, minilm_llm, cranfield_texts):
     """The promise of quantization="int8": every pooled and per-token vector at cosine ≥ 0.99 of float32."""
     from polyvec import LLM
@@ -125,6 +129,7 @@ def test_int8_model_cosine_against_float32(minilm_path, minilm_llm, cranfield_te
     assert torch.equal(alone, out[7])
 
 
+@needs_vnni
 def test_int8_bfloat16_activations(minilm_path, minilm_llm, cranfield_texts):
     from polyvec import LLM
 
@@ -149,6 +154,38 @@ def test_quantization_argument_is_validated(minilm_path):
             LLM(str(minilm_path), dtype="float32", quantization="int8", kernels=off)
 
 
+_CAPPED = """
+import torch
+from torch import nn
+from polyvec import LLM
+from polyvec.layers.linear import Int8Linear
+torch.manual_seed(0)
+lin = nn.Linear(384, 1536).requires_grad_(False)
+x = torch.randn(64, 384) * 3
+print(float(torch.nn.functional.cosine_similarity(Int8Linear(lin)(x), lin(x), dim=-1).min()))
+try:
+    LLM({model!r}, dtype="float32", quantization="int8")
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_int8_refused_where_onednn_has_no_int8_dot_products(minilm_path):
+    """oneDNN capped below VNNI (as on a CPU without it): the int8 sums saturate, so int8 is refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX512_CORE")
+    script = _CAPPED.format(model=str(minilm_path))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    cosine, message = run.stdout.strip().split("\n", 1)
+    assert float(cosine) < 0.99  # what the refusal spares the user (> 0.999 with VNNI: the linear test above)
+    assert "quantization='int8' needs a CPU with int8 dot products (AVX512-VNNI, AVX-VNNI or AMX)" in message
+
+
+@needs_vnni
 def test_int8_decoder_chunked_prefill(tmp_path, minilm_path):
     """Decoders quantize the same seven projections; chunked prefill with int8 keys/values still agrees."""
     from polyvec import LLM

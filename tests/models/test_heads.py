@@ -129,6 +129,24 @@ def test_pooler_config_logit_calibration(num_labels, tmp_path, minilm_path):
         LLM(str(folder), dtype="float32", pooler_config={"logit_sigma": 0})
 
 
+def test_heads_are_batch_invariant(tmp_path, minilm_path, splade_path):
+    """Heads multiply a row per sequence (classify) or a few token rows (a one-word query): a request gets
+    the same bits alone as among others, in float32, as the trunk does."""
+    # head_dim 16: the packed attention kernel's (8 would take the padded SDPA fallback, which is not invariant)
+    tiny = dict(TINY, num_attention_heads=2)
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=3, **tiny)
+    short = ["shock", "heat transfer", TEXTS[3]]
+    for llm, run in (
+        (LLM(str(folder), dtype="float32"), lambda llm, t: llm.classify(t, use_tqdm=False)),
+        (LLM(str(folder), dtype="float32"), lambda llm, t: llm.token_classify(t, use_tqdm=False)),
+        (LLM(str(splade_path), dtype="float32"), lambda llm, t: llm.embed_sparse(t, use_tqdm=False)),
+        (LLM(str(splade_path), dtype="float32"), lambda llm, t: llm.token_classify(t, use_tqdm=False)),
+    ):
+        together = [o.outputs.data for o in run(llm, short + TEXTS)]
+        for i, text in enumerate(short):
+            assert torch.equal(run(llm, [text])[0].outputs.data, together[i]), (text, llm.model_config.architecture)
+
+
 def test_token_classification(family, tmp_path, minilm_path):
     import transformers
 

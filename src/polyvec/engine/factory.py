@@ -70,6 +70,7 @@ def create_engine(
         allowed_media_domains=tuple(d.lower().strip(".") for d in hosts),
     )
     platform = get_platform(checked.resolve_device(), checked.kernels)
+    platform.verify_quantization(quantization)
     model_config = load_model_config(
         model,
         dtype=resolve_dtype(dtype, platform),
@@ -81,6 +82,8 @@ def create_engine(
         convert=convert,
         tokenizer=tokenizer,
     )
+    if dtype == "auto" and (chosen := resolve_dtype(dtype, platform, model_config.hf_config)) != model_config.dtype:
+        model_config = dataclasses.replace(model_config, dtype=chosen)  # a rule that reads the checkpoint's (CUDA)
     if mm_processor_kwargs:
         model_config = _with_processor_kwargs(model_config, mm_processor_kwargs)
     if checked.window_overlap * 2 >= model_config.max_model_len:  # as a request's own window_overlap is checked

@@ -74,7 +74,7 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
     if parent.spec.task in ("embed", "classify"):
         weights = torch.tensor([float(w.num_tokens - w.spec.skip_first) for w in windows])
         pooled = (torch.stack(results) * weights.unsqueeze(1)).sum(0) / weights.sum()
-        data = pooler.apply_head(parent.spec, pooled)
+        data = pooler.apply_head(parent.spec, pooled).cpu()  # outputs are returned on the CPU
     else:
         ids = parent.prompt_token_ids
         n_head = 1 if ids[0] in special_ids else 0

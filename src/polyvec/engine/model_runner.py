@@ -137,19 +137,25 @@ class ModelRunner:
         self.int8 = engine_config.quantization == "int8"
         self.platform.prepare_model(self.model, model_config, engine_config.quantization)
         self.pad_to_bucket = self.platform.pads_to_bucket(self.packed_attention)
+        head = self.platform.prepare_head
+        for name in ("sequence_head", "token_head"):
+            if (module := getattr(self.model, name)) is not None:
+                setattr(self.model, name, head(module))
+        embed_projection = _load_dense_stack(model_config, self.device, on_tokens=False)
         self.pooler = Pooler(
-            embed_projection=_load_dense_stack(model_config, self.device, on_tokens=False),
-            token_projection=token_projection,
+            embed_projection=None if embed_projection is None else head(embed_projection),
+            token_projection=None if token_projection is None else head(token_projection),
             sequence_head=self.model.sequence_head,
             token_head=self.model.token_classifier,
             classifier_activation_name=model_config.classifier_activation,
             splade=model_config.splade,
-            sparse_head=sparse_head,
+            sparse_head=None if sparse_head is None else head(sparse_head),
             sparse_skip_ids=skip_ids,
             token_drop_first=model_config.bge_m3 is not None,
             vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
             logit_mean=model_config.pooler_config.logit_mean,
             logit_sigma=model_config.pooler_config.logit_sigma,
+            device=self.device,
         )
 
     @property

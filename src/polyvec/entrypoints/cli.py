@@ -601,7 +601,7 @@ def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
 
 
 QUANTIZATION_HELP = (
-    "int8: int8 projections with per-token activation scales (CPU, opt-in; about twice float32, "
+    "int8: int8 projections with per-token activation scales (a CPU with VNNI or AMX, opt-in; about twice float32, "
     "on a par with bfloat16 on AMX; cosine >= 0.99 of float32 instead of exact)"
 )
 

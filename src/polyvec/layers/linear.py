@@ -16,6 +16,7 @@ to neighbouring bf16 values), so across batch sizes a row agrees to bf16 roundin
 
 from __future__ import annotations
 
+import os
 from typing import cast
 
 import torch
@@ -140,6 +141,20 @@ def linear_mul(linear: nn.Module, x: torch.Tensor, other: torch.Tensor) -> torch
     if isinstance(linear, PackedLinear):
         return linear.forward_mul(x, other)
     return other * linear(x)
+
+
+# oneDNN ISAs (ONEDNN_MAX_CPU_ISA caps it) without an int8 dot-product instruction: there u8 x s8 products
+# go through int16 pair sums that saturate, and int8 outputs drift to cosine ~0.96 (0.997 with VNNI).
+_ISAS_WITHOUT_VNNI = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+
+
+def int8_dot_products() -> bool:
+    """Whether oneDNN's int8 matmuls run on VNNI or AMX here, where their integer sums are exact."""
+    caps = torch.cpu.get_capabilities()
+    if not any(caps.get(name) for name in ("avx512_vnni", "avx_vnni", "amx_int8")):
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return cap.upper() not in _ISAS_WITHOUT_VNNI
 
 
 def int8_available(device: torch.device) -> bool:

@@ -72,8 +72,10 @@ class Pooler(nn.Module):
         vocab_size: int | None = None,
         logit_mean: float | None = None,
         logit_sigma: float | None = None,
+        device: torch.device | None = None,
     ):
         super().__init__()
+        self.device = device or torch.device("cpu")  # where the heads' weights are
         self.embed_projection = embed_projection
         self.token_projection = token_projection
         self.sequence_head = sequence_head
@@ -88,8 +90,9 @@ class Pooler(nn.Module):
         self.logit_sigma = logit_sigma
 
     def apply_head(self, spec: PoolingSpec, pooled: torch.Tensor) -> torch.Tensor:
-        """The head of a sequence task on one pooled vector [H] (combined long-input windows)."""
-        return self._head(spec, pooled.unsqueeze(0))[0]
+        """The head of a sequence task on one pooled vector [H] (combined long-input windows, which come back
+        from the device): run on the heads' device, where the result stays."""
+        return self._head(spec, pooled.to(self.device).unsqueeze(0)).squeeze(0)
 
     def _head(self, spec: PoolingSpec, x: torch.Tensor) -> torch.Tensor:
         if spec.raw:
@@ -225,12 +228,13 @@ class Pooler(nn.Module):
         vocab = int(input_ids.max()) + 1 if self.vocab_size is None else self.vocab_size
         weights = torch.relu(self.sparse_head(hidden)).squeeze(-1)  # [T]
         if self.sparse_skip_ids:
-            weights = weights.masked_fill(torch.isin(input_ids, torch.tensor(self.sparse_skip_ids)), 0.0)
+            skip = torch.tensor(self.sparse_skip_ids, device=input_ids.device)
+            weights = weights.masked_fill(torch.isin(input_ids, skip), 0.0)
         out = hidden.new_zeros(meta.num_seqs * vocab)  # weights are >= 0: a zero start keeps the maxima
         out.scatter_reduce_(0, meta.seq_ids * vocab + input_ids, weights, "amax")
         out = out.view(meta.num_seqs, vocab)
         if len(members) != meta.num_seqs:
-            out = out.index_select(0, torch.tensor(members))
+            out = out.index_select(0, torch.tensor(members, device=out.device))
         return self._prune(spec, out)
 
     def _prune(self, spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..layers.activation import get_act_fn
@@ -194,10 +193,7 @@ class MaskedLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(self.act(self.dense(x)))
-        w = self.decoder.weight
-        return F.linear(
-            h.to(w.dtype), w, None if self.decoder.bias is None else self.decoder.bias.to(w.dtype)
-        ).float()  # [T, H] → [T, vocab]
+        return self.decoder(h.to(self.decoder.weight.dtype)).float()  # [T, H] → [T, vocab]
 
 
 BERT_HEAD_RULES: dict[str, list[Rule]] = {

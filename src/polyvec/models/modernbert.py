@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..layers import kernels
@@ -225,9 +224,7 @@ class ModernBertMaskedLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.head(x)
-        w = self.decoder.weight
-        bias = None if self.decoder.bias is None else self.decoder.bias.to(w.dtype)
-        return F.linear(h.to(w.dtype), w, bias).float()  # [T, H] → [T, vocab]
+        return self.decoder(h.to(self.decoder.weight.dtype)).float()  # [T, H] → [T, vocab]
 
 
 _L = r"^layers\.(\d+)\."

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -46,9 +47,14 @@ class Platform:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def default_dtype(self, checkpoint_dtype: str | None) -> torch.dtype:
-        """The dtype `dtype="auto"` means here."""
+    def default_dtype(self, checkpoint_dtype: str | None, model_type: str | None = None) -> torch.dtype:
+        """The dtype `dtype="auto"` means here, for a checkpoint saved in `checkpoint_dtype`."""
         return torch.float32
+
+    def verify_quantization(self, quantization: str | None) -> None:
+        """Refuse a quantization this device cannot run, before the model is read."""
+        if quantization is not None:
+            raise ValueError(f"quantization={quantization!r} runs on CPU only (device {self.device})")
 
     def default_max_num_batched_tokens(self, model_config: ModelConfig, quantization: str | None) -> int:
         """The token budget of one forward pass when the user sets none (encoders: at least one whole input)."""
@@ -64,8 +70,11 @@ class Platform:
 
     def prepare_model(self, model: PoolingModel, model_config: ModelConfig, quantization: str | None) -> None:
         """Called once the weights are loaded: swap in this device's forms of the projections and norms."""
-        if quantization is not None:
-            raise ValueError(f"quantization={quantization!r} runs on CPU only (device {self.device})")
+        self.verify_quantization(quantization)
+
+    def prepare_head(self, head: nn.Module) -> nn.Module:
+        """A float32 head (classifier, projection, vocabulary decoder) in this device's form."""
+        return head
 
     def pads_to_bucket(self, packed_attention: bool) -> bool:
         """Whether batches are rounded up to recurring token counts (kernels compiled per shape stay cached)."""

@@ -22,6 +22,7 @@ from ..layers.linear import (
     PackedLinear,
     can_fuse,
     int8_available,
+    int8_dot_products,
     onednn_available,
     pack_linear,
 )
@@ -99,7 +100,10 @@ class CpuPlatform(Platform):
     def native_kernels(self) -> bool:
         return self.options.native and kernels.load()
 
-    def default_dtype(self, checkpoint_dtype: str | None) -> torch.dtype:
+    def verify_quantization(self, quantization: str | None) -> None:
+        pass  # prepare_model checks what int8 needs here (dtype, oneDNN, kernels, VNNI)
+
+    def default_dtype(self, checkpoint_dtype: str | None, model_type: str | None = None) -> torch.dtype:
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
     def default_max_num_batched_tokens(self, model_config: ModelConfig, quantization: str | None) -> int:
@@ -127,6 +131,11 @@ class CpuPlatform(Platform):
                 "oneDNN and polyvec's native kernels (it found: device "
                 f"{self.device}, dtype {model_config.dtype})"
             )
+        if int8 and not int8_dot_products():
+            raise ValueError(
+                "quantization='int8' needs a CPU with int8 dot products (AVX512-VNNI, AVX-VNNI or AMX): without "
+                "them oneDNN's int8 sums saturate and outputs drift far from float32; use dtype bfloat16 instead"
+            )
         if native:
             torch.ops.polyvec.set_amx_enabled(self.options.amx)
         if self.onednn:
@@ -145,6 +154,17 @@ class CpuPlatform(Platform):
             for module in model.modules():  # LayerNorm, and layers with a native step of their own (`native`)
                 if isinstance(module, LayerNorm) or hasattr(module, "native"):
                     setattr(module, "native", True)  # noqa: B010 (nn.Module's typed attribute access)
+
+    def prepare_head(self, head: nn.Module) -> nn.Module:
+        # MKL's result for a row depends on how many rows it is multiplied with (a query alone differs from
+        # the same query in a batch by ~1e-5); oneDNN's packed form does not, so heads are batch-invariant.
+        if not (self.options.onednn and onednn_available(self.device, torch.float32)):
+            return head
+        if isinstance(head, nn.Linear):  # ScoreHead too
+            return PackedLinear(head)
+        for name, child in head.named_children():
+            setattr(head, name, self.prepare_head(child))
+        return head
 
     def warm_kernels(self, model: PoolingModel, rows: int) -> None:
         # oneDNN keys a primitive on the shapes, not the weights: one call per distinct projection and form.
