@@ -723,7 +723,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p, positional=True)
     _flag(p, "--host", "127.0.0.1", "address to listen on")
     _flag(p, "--port", 8000, "port to listen on", cast=port_number)
-    _flag(p, "--api-key", help="require 'Authorization: Bearer KEY' (not on /health and /ping)")
+    _flag(
+        p,
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' with one of these keys (not on /health, /ping and /metrics); "
+        "also VLLM_API_KEY",
+        nargs="+",
+    )
     _flag(
         p,
         "--served-model-name",
@@ -995,7 +1001,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
     """`ServerConfig`'s fields from the flags."""
     return {
         "served_model_names": args.served_model_name or [args.model],
-        "api_key": args.api_key,
+        "api_key": args.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else None),
         "max_request_bytes": args.max_request_bytes,
         "max_inputs_per_request": args.max_inputs_per_request,
         "max_tokens_per_request": args.max_tokens_per_request,

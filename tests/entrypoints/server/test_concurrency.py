@@ -156,3 +156,21 @@ def test_ctrl_c_stops_the_server_without_a_traceback():
     starting.send_signal(signal.SIGINT)
     _, err = starting.communicate(timeout=60)
     assert starting.returncode == 130 and b"Traceback" not in err, err.decode()
+
+
+def test_waiting_requests_count_a_long_input_once():
+    """vllm:num_requests_waiting counts requests: a long input's queued windows are one request, and none
+    once one of its windows has started (it counted 352 windows and 0 running for 48 requests)."""
+    from types import SimpleNamespace
+
+    from polyvec.entrypoints.server.async_engine import waiting_requests
+
+    def req(rid, parent=None):
+        return SimpleNamespace(request_id=rid, parent=parent, windows=None)
+
+    whole, started = req("a"), req("b")
+    whole.windows = [req(f"a{i}", whole) for i in range(3)]
+    started.windows = [req(f"b{i}", started) for i in range(3)]
+    plain = req("c")
+    assert waiting_requests([*whole.windows, *started.windows[1:], plain]) == 2  # a and c; b is running
+    assert waiting_requests([]) == 0

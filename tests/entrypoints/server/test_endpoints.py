@@ -181,6 +181,20 @@ def test_models_health_version_metrics(server):
         assert name in text, name
 
 
+def _metric(text: str, name: str) -> float:
+    return float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name)))
+
+
+def test_vllm_metrics_count_prompts(server):
+    """vLLM observes each prompt (an engine request) once in every per-request metric: e2e latency's count
+    moves with request_success, not once per HTTP request."""
+    names = ("vllm:e2e_request_latency_seconds_count", "vllm:request_success_total", "vllm:prompt_tokens_total")
+    before = [_metric(server.get("/metrics").text, n) for n in names]
+    assert server.post("/v1/embeddings", {"input": ["Hello world", "a b c d", "x"]}).status_code == 200
+    after = [_metric(server.get("/metrics").text, n) for n in names]
+    assert [b - a for a, b in zip(before, after)] == [3, 3, 4 + 6 + 3]
+
+
 def test_add_special_tokens_false(server, minilm_llm):
     body = server.post("/pooling", {"input": "hello world", "task": "token_embed", "add_special_tokens": False}).json()
     assert body["data"][0]["shape"] == [2, 384] and body["usage"]["prompt_tokens"] == 2

@@ -493,9 +493,44 @@ def test_api_key(strict_server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
         r = s.post("/v1/embeddings", {"input": "x"}, headers=headers)
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
-    assert s.get("/v1/models").status_code == 401 and s.get("/metrics").status_code == 401
+    assert s.get("/v1/models").status_code == 401 and s.get("/tokenize").status_code == 401
+    # Prometheus scrapes /metrics without a key, as on vLLM; a CORS preflight carries none
+    assert s.get("/metrics").status_code == 200 and "vllm:prompt_tokens_total" in s.get("/metrics").text
+    assert httpx.options(s.url + "/v1/embeddings").status_code != 401
     ok = s.post("/v1/embeddings", {"input": "x"}, headers={"Authorization": "Bearer sekret"})
     assert ok.status_code == 200
+    # a request refused before routing is counted under its route, not as "unmatched"
+    assert 'polyvec_requests_total{endpoint="/v1/models",status="401"}' in s.get("/metrics").text
+
+
+def test_several_api_keys_and_vllms_variable(monkeypatch):
+    """vLLM's `--api-key` takes several keys and falls back to VLLM_API_KEY (it was ignored: no auth at all)."""
+    import asyncio
+
+    from polyvec.entrypoints.cli import build_parser, server_options
+    from polyvec.entrypoints.server.app import ServerConfig, ServerMiddleware
+    from polyvec.entrypoints.server.metrics import ServerMetrics
+
+    monkeypatch.delenv("POLYVEC_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert server_options(build_parser().parse_args(["serve", "m"]))["api_key"] == ["from-env"]
+    args = build_parser().parse_args(["serve", "m", "--api-key", "k1", "k2"])
+    assert args.model == "m" and server_options(args)["api_key"] == ["k1", "k2"]
+
+    async def ok(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = ServerMiddleware(ok, ServerConfig(api_key=["k1", "k2"]), ServerMetrics(lambda: 0, lambda: 0))
+
+    async def statuses() -> list[int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            keys = ("k1", "k2", "k3", "")
+            return [
+                (await client.get("/v1/models", headers={"Authorization": f"Bearer {k}"})).status_code for k in keys
+            ]
+
+    assert asyncio.run(statuses()) == [200, 200, 401, 401]
 
 
 def test_truncation_error_mode_and_body_limit(strict_server):

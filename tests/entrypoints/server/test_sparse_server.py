@@ -3,7 +3,9 @@ TEI's /embed_sparse, against the offline results of the same SPLADE-tiny weights
 
 from __future__ import annotations
 
+import httpx
 import pytest
+import torch
 
 from polyvec import LLM, PoolingParams
 from tests.entrypoints.server.conftest import Server
@@ -117,3 +119,21 @@ def test_inference_free_queries(splade_path, tmp_path):
         assert len(q["data"]["indices"]) < 12 < len(d["data"]["indices"])  # query: its own tokens only
     finally:
         s.stop()
+
+
+def test_bge_m3_embed_all_gives_its_colbert_vectors(tmp_path, minilm_path):
+    """TEI's /embed_all on bge-m3: FlagEmbedding's normalized ColBERT vectors, as /pooling token_embed gives
+    (they came projected and without [CLS] yet not normalized: neither raw states nor bge-m3's vectors)."""
+    from tests.helpers import save_tiny_m3
+
+    folder = save_tiny_m3(tmp_path / "m3", minilm_path)
+    want = LLM(str(folder), dtype="float32").token_embed(["the the wing"], use_tqdm=False)[0].outputs.data
+    s = Server(str(folder))
+    try:
+        got = torch.tensor(httpx.post(s.url + "/embed_all", json={"inputs": "the the wing"}).json()[0])
+        pooled = httpx.post(s.url + "/pooling", json={"input": "the the wing", "task": "token_embed"}).json()
+    finally:
+        s.stop()
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(got.norm(dim=-1), torch.ones(len(got)), atol=1e-5)
+    assert torch.allclose(torch.tensor(pooled["data"][0]["data"]), want, atol=1e-6)

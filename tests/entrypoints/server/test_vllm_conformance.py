@@ -19,6 +19,7 @@ from tests.helpers import cosine_rows
 
 TEXT = "what similarity laws must be obeyed when constructing aeroelastic models"
 CHAT_TEMPLATE = (
+    "{% if tools %}[tools] {{ tools | map(attribute='function') | map(attribute='name') | join(',') }}\n{% endif %}"
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
@@ -263,5 +264,14 @@ def test_tokenize_a_conversation(vllm_server, minilm_llm):
     text = render(CHAT_TEMPLATE, messages, add_generation_prompt=True)  # vLLM's default for /tokenize
     want = minilm_llm.embed(text, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)[0]
     assert body["tokens"] == want.prompt_token_ids and body["count"] == len(want.prompt_token_ids)
+    # the rest of vLLM 0.34's TokenizeChatRequest: tools reach the template, as in vLLM; the others change nothing
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    extra = {"tools": tools, "response_format": None, "media_io_kwargs": {}, "mm_processor_kwargs": None}
+    got = post(vllm_server, "/tokenize", {"messages": messages, "return_token_strs": None, **extra})
+    text = render(CHAT_TEMPLATE, messages, add_generation_prompt=True, tools=tools)
+    assert text.startswith("[tools] lookup\n")
+    want = minilm_llm.embed(text, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)[0]
+    assert got.status_code == 200 and got.json()["tokens"] == want.prompt_token_ids, got.text
+    assert got.json()["token_strs"] is None
     r = post(vllm_server, "/tokenize", {"messages": messages, "prompt": "x"})
     assert r.status_code == 400 and "either 'prompt' or 'messages'" in r.json()["error"]["message"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import hmac
 import logging
 import time
@@ -39,12 +40,16 @@ from .serving import ServerState
 logger = logging.getLogger(__name__)
 
 
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics"})  # answered without the API key
+
+
 @dataclass
 class ServerConfig:
     """HTTP-level settings (the engine's live in EngineConfig)."""
 
     served_model_names: list[str] = field(default_factory=list)
-    api_key: str | None = None
+    api_key: str | list[str] | None = None
+    """Keys any of which a request may send as `Authorization: Bearer KEY` (vLLM's `--api-key` takes several)."""
     max_request_bytes: int = 32 * 1024 * 1024
     """Bodies larger than this get 413."""
     max_inputs_per_request: int = 4096
@@ -82,7 +87,8 @@ _BODY_SIZE = "polyvec.body_size"
 class ServerMiddleware:
     """Pure ASGI (so handlers still see client disconnects): API key, overload, the body, errors, metrics.
 
-    - every route but /health needs `Authorization: Bearer KEY` when a key is set (401);
+    - every route but /health, /ping and /metrics (and CORS preflights) needs `Authorization: Bearer KEY`
+      when a key is set (401);
     - beyond `max_concurrent_requests` POST requests in progress, another gets 429 with Retry-After;
     - the body is read here, before routing: over the limit it gets 413 (declared Content-Length or streamed
       size), not all there within `request_body_timeout` 408 (and the connection closed); the handler then
@@ -97,6 +103,8 @@ class ServerMiddleware:
         self.app, self.config, self.metrics = app, config, metrics
         self.paths = frozenset(paths)
         self.in_progress = 0
+        keys = [config.api_key] if isinstance(config.api_key, str) else config.api_key or []
+        self.key_digests = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys if k]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -152,11 +160,12 @@ class ServerMiddleware:
     def _check_access(self, scope: Scope) -> None:
         """Refuse a request before its body is read: no API key, a declared size over the limit, overload."""
         headers = dict(scope.get("headers") or [])
-        key = self.config.api_key
-        if key and scope["path"] not in ("/health", "/ping"):
+        # open with a key: health checks, Prometheus' scrape (as vLLM leaves it) and CORS preflights
+        if self.key_digests and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), key.encode()):
+            digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+            if not any([hmac.compare_digest(digest, known) for known in self.key_digests]):
                 raise APIError(
                     401,
                     "missing or invalid API key (Authorization: Bearer ...)",
@@ -350,6 +359,9 @@ def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
         app.add_exception_handler(exc_class, handler)
     for router in (*ROUTERS, tei.router):
         app.include_router(router)
-    paths = [getattr(r, "path", "") for r in app.routes]
+    # FastAPI 0.165 lists an included router as one entry without a path: the routers' own routes count
+    paths = [getattr(r, "path", "") for r in app.routes] + [
+        getattr(r, "path", "") for x in (*ROUTERS, tei.router) for r in x.routes
+    ]
     app.add_middleware(ServerMiddleware, config=config, metrics=state.metrics, paths=paths)
     return app

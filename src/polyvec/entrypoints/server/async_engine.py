@@ -59,6 +59,18 @@ def _fetches(prompt: Any) -> bool:
     return any(is_remote(x) for x in (images if isinstance(images, (list, tuple)) else [images]))
 
 
+def waiting_requests(waiting: list[Any]) -> int:
+    """How many requests the scheduler's waiting entries are: a long input's windows count once, as their
+    request, and only while none of them has started (then the request is running)."""
+    queued: dict[str, int] = {}
+    tops: dict[str, Any] = {}
+    for r in waiting:
+        top = r.parent or r
+        queued[top.request_id] = queued.get(top.request_id, 0) + 1
+        tops[top.request_id] = top
+    return sum(n == len(tops[rid].windows or (None,)) for rid, n in queued.items())
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -112,7 +124,8 @@ class AsyncEngine:
 
     @property
     def queue_depth(self) -> int:
-        return len(self.engine.scheduler)
+        """Requests none of whose work has started (vllm:num_requests_waiting)."""
+        return waiting_requests(list(self.engine.scheduler.waiting))  # one C-level copy: the engine thread appends
 
     @property
     def num_pending(self) -> int:

@@ -78,4 +78,5 @@ class ServerMetrics:
         self.vllm_success.inc(len(prompt_tokens))
         for n in prompt_tokens:
             self.vllm_request_tokens.observe(n)
-        self.vllm_e2e.observe(seconds)
+            # vLLM observes each prompt (an engine request); they are answered together, when the last is done
+            self.vllm_e2e.observe(seconds)

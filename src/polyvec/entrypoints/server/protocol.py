@@ -557,8 +557,17 @@ class TokenizeRequest(StrictModel):
     """messages: extra variables for the template."""
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (default false with messages: the template writes them)."""
-    return_token_strs: bool = False
+    return_token_strs: bool | None = False
     """Also return each token as a string."""
+    tools: list[dict[str, Any]] | None = None
+    """messages: tool definitions, given to the chat template as `tools` (as transformers and vLLM do)."""
+    response_format: dict[str, Any] | None = None
+    """Accepted as vLLM's; a pooling model's text conversation renders the same with or without it."""
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    """Accepted as vLLM's; images are decoded as the embedding routes decode them."""
+    mm_processor_kwargs: dict[str, Any] | None = None
+    """As on the embedding routes: text-only models ignore it; image models refuse it (400), their resize
+    budget is the server's --mm-processor-kwargs."""
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> Any:

@@ -264,6 +264,9 @@ def render_messages(state: ServerState, req: Any, conversation: list[Any] | None
             "a request's own chat_template needs the server flag --trust-request-chat-template",
             "chat_template",
         )
+    template_kwargs = dict(req.chat_template_kwargs or {})
+    if (tools := getattr(req, "tools", None)) is not None:  # /tokenize's field, as chat completions have it
+        template_kwargs["tools"] = tools
     template = req.chat_template or state.chat_template()
     if template is None:
         raise APIError(
@@ -276,7 +279,7 @@ def render_messages(state: ServerState, req: Any, conversation: list[Any] | None
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             special_tokens=state.special_tokens(),
-            **(req.chat_template_kwargs or {}),
+            **template_kwargs,
         )
     except ChatError as exc:
         raise APIError(400, str(exc), "messages") from None

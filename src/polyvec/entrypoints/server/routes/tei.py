@@ -398,13 +398,15 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
 @router.post("/embed_all", summary="TEI embed_all: token vectors", responses=_responses(T.TEIEmbedAllResponse))
 async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Response:
     """Per input, one vector per token, `[[[float, ...], ...], ...]`: the model's token states, not normalized
-    (a late-interaction model's normalized token vectors)."""
+    (a late-interaction model's normalized token vectors, bge-m3's its ColBERT vectors)."""
     start = time.perf_counter()
     if "token_embed" not in state.engine.supported_tasks:
         raise _not_embedding()
     prompts = _embed_inputs(state, req.inputs)
-    # TEI returns raw token states; a ColBERT model's vectors are normalized as the model was trained
-    params = PoolingParams(use_activation=None if state.engine.is_late_interaction else False)
+    # TEI returns raw token states; a ColBERT model's vectors are normalized as the model was trained, and so
+    # are bge-m3's, its token_embed output (projected, without [CLS]: un-normalized they were neither form)
+    multi_vector = state.engine.is_late_interaction or state.model_config.bge_m3 is not None
+    params = PoolingParams(use_activation=None if multi_vector else False)
     outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name)
     matrices = [float_array(o.outputs.data) for o in outputs]
     return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))

@@ -20,7 +20,15 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
-from ..serving import State, chat_special_tokens, check_model, process_prompts, render_messages, request_prompts
+from ..serving import (
+    State,
+    chat_special_tokens,
+    check_model,
+    check_processor_kwargs,
+    process_prompts,
+    render_messages,
+    request_prompts,
+)
 from . import tei
 
 router = APIRouter()
@@ -86,6 +94,7 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
     if isinstance(req, T.TEITokenizeRequest):
         return await tei.tokenize(req, state)
     check_model(state, req.model)
+    check_processor_kwargs(state, req)
     if req.messages is not None and state.model_config.colqwen2 is not None:  # the ids the engine encodes
         images, add_special, locate = request_prompts(state, req)
         (request,) = await process_prompts(
