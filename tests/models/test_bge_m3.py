@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from polyvec import LLM
+from polyvec import LLM, PoolingParams
 from polyvec.scoring import colbert_score, lexical_matching_score
 from tests.helpers import TINY, cosine_rows, save_tiny_model
 
@@ -48,7 +48,7 @@ def reference(m3_folder):
 def test_three_outputs_equal_flagembedding(m3_folder, reference):
     _, ref = reference
     llm = LLM(str(m3_folder), dtype="float32")
-    assert set(llm.supported_tasks) == {"embed", "token_embed", "embed_sparse"}
+    assert set(llm.supported_tasks) == {"embed", "token_embed", "embed_sparse", "token_classify"}
     dense = torch.stack([o.outputs.data for o in llm.embed(TEXTS, use_tqdm=False)])
     assert cosine_rows(dense, torch.tensor(np.asarray(ref["dense_vecs"]))).min() >= 0.9999
     for o, want in zip(llm.token_embed(TEXTS, use_tqdm=False), ref["colbert_vecs"]):
@@ -60,6 +60,37 @@ def test_three_outputs_equal_flagembedding(m3_folder, reference):
         assert set(got) == {int(k) for k in want}
         for k, w in want.items():
             assert abs(got[int(k)] - float(w)) <= 1e-5
+
+
+def test_token_classify_is_vllms_per_token_sparse_weights(m3_folder, reference):
+    """vLLM 0.34's BgeM3EmbeddingModel serves the sparse head per token under token_classify: relu(sparse_linear
+    (h)) for each token, a leading BOS and trailing EOS (config.json's ids) left out; its clients max-merge
+    the weights by token id into FlagEmbedding's lexical weights."""
+    import transformers
+
+    _, ref = reference
+    llm = LLM(str(m3_folder), dtype="float32")
+    trunk = transformers.AutoModel.from_pretrained(m3_folder).eval()
+    sparse = torch.nn.Linear(32, 1)
+    sparse.load_state_dict(torch.load(m3_folder / "sparse_linear.pt"))
+    bos, eos = trunk.config.bos_token_id, trunk.config.eos_token_id
+    ids = [bos, 7592, 2088, 7592, eos]  # XLM-R's <s> ... </s> ids, as a real bge-m3 tokenizer writes them
+    got = llm.token_classify([{"prompt_token_ids": ids}], use_tqdm=False)[0].outputs.data
+    raw = llm.token_classify([{"prompt_token_ids": ids}], PoolingParams(use_activation=False), use_tqdm=False)
+    with torch.no_grad():
+        logits = sparse(trunk(input_ids=torch.tensor([ids])).last_hidden_state[0]).squeeze(-1)
+    assert got.shape == (3,) and torch.allclose(got, torch.relu(logits)[1:-1], atol=1e-5)
+    assert torch.allclose(raw[0].outputs.data, logits[1:-1], atol=1e-5)
+    # this tokenizer's [CLS]/[SEP] are not config.json's BOS/EOS: every token kept, max-merged = lexical weights
+    for o, lexical in zip(llm.token_classify(TEXTS, use_tqdm=False), ref["lexical_weights"]):
+        merged: dict[int, float] = {}
+        for t, w in zip(o.prompt_token_ids, o.outputs.data.tolist()):
+            if t not in (101, 102, 0, 100) and w > 0:  # FlagEmbedding leaves out cls, eos, pad, unk
+                merged[t] = max(w, merged.get(t, 0.0))
+        assert set(merged) == {int(k) for k in lexical}
+        assert all(abs(merged[int(k)] - float(v)) <= 1e-5 for k, v in lexical.items())
+    with pytest.raises(ValueError, match="does not apply to bge-m3's token_classify"):
+        llm.token_classify(TEXTS[:1], PoolingParams(long_input="window"), use_tqdm=False)
 
 
 def test_scores_as_flagembedding_defines_them(m3_folder, reference):
@@ -115,3 +146,14 @@ def test_three_outputs_from_one_pass_equal_single_tasks(m3_folder):
         llm.encode(TEXTS, pooling_task=["embed", "embed"], use_tqdm=False)
     with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
         llm.encode(TEXTS, pooling_task=["embed", "classify"], use_tqdm=False)
+
+
+def test_long_input_windows_of_token_vectors(m3_folder):
+    """long_input="window" on bge-m3's token vectors: every token but the first, in place (each window's
+    vectors also leave out its first row: the merge took them one row off, [CLS] included)."""
+    llm = LLM(str(m3_folder), dtype="float32")
+    text = " ".join(["aeroelastic flutter of a swept wing"] * 40)  # 322 tokens, 128 a window
+    whole = llm.token_embed([text], PoolingParams(long_input="window"), use_tqdm=False)[0]
+    cut = llm.token_embed([text], use_tqdm=False)[0]  # the first window's tokens, truncated
+    assert whole.outputs.data.shape == (len(whole.prompt_token_ids) - 1, 32)
+    assert torch.allclose(whole.outputs.data[:60], cut.outputs.data[:60], atol=1e-6)

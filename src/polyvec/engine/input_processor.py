@@ -55,8 +55,8 @@ class InputProcessor:
         self.kv_cache_tokens = kv_cache_tokens
         self.prefix_caching = prefix_caching
         self.supported_tasks: tuple[str, ...] = model.supported_tasks
-        if model_config.bge_m3 is not None:  # its sparse head
-            self.supported_tasks += ("embed_sparse",)
+        if model_config.bge_m3 is not None:  # its sparse head: pooled, or per token as vLLM serves it
+            self.supported_tasks += ("embed_sparse", "token_classify")
         self.colbert = LateInteractionRecipe.resolve(model_config, tokenizer)
         if self.colbert is not None:
             # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
@@ -84,6 +84,8 @@ class InputProcessor:
             return self.model_config.embed_dim
         if task == "token_embed":
             return self.model_config.token_dim
+        if self.model_config.bge_m3 is not None:  # token_classify: the sparse head's one weight per token
+            return 1
         if self.model.head_kind == "ForMaskedLM":
             return int(self.model_config.hf_config["vocab_size"])
         return self.model_config.num_labels
@@ -434,6 +436,8 @@ class InputProcessor:
         else:
             pooling = (token_pooling_type(params, self.model_config.pooler_config.tok_pooling_type or "ALL"),)
         if params.returned_token_ids is not None:
+            if task == "token_classify" and self.model_config.bge_m3 is not None:
+                raise ValueError("returned_token_ids does not apply to bge-m3's token_classify: one weight per token")
             width = self.output_width(task)
             bad = [i for i in params.returned_token_ids if i >= width]
             if bad:
@@ -467,6 +471,10 @@ class InputProcessor:
                 raise ValueError(
                     "long_input='window' does not apply to STEP pooling (step_tag_id / returned_token_ids)"
                 )
+            return "truncate"
+        if mode == "window" and params.task == "token_classify" and self.model_config.bge_m3 is not None:
+            if params.long_input == "window":  # its rows are filtered by token id, which windows repeat
+                raise ValueError("long_input='window' does not apply to bge-m3's token_classify (sparse weights)")
             return "truncate"
         if mode == "window" and params.task in ("classify", "embed_sparse"):
             return "truncate"  # the server-wide default applies to the tasks windows support

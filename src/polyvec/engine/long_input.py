@@ -79,9 +79,11 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
         ids = parent.prompt_token_ids
         n_head = 1 if ids[0] in special_ids else 0
         n_tail = 1 if ids[-1] in special_ids and len(ids) > n_head else 0
-        pieces = [results[0][:n_head]]  # [CLS] from the first window, [SEP] from the last
+        # bge-m3's token vectors leave out each window's first row, as they leave out the input's
+        at = n_head - int(pooler.token_drop_first and parent.spec.task == "token_embed")
+        pieces = [results[0][:at]]  # [CLS] from the first window, [SEP] from the last
         for (s, lo, hi), rows in zip(spans, results):
-            pieces.append(rows[n_head + lo - s : n_head + hi - s])
+            pieces.append(rows[at + lo - s : at + hi - s])
         pieces.append(results[-1][len(results[-1]) - n_tail :])
         data = torch.cat(pieces)
     for w in windows:

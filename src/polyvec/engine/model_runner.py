@@ -152,6 +152,7 @@ class ModelRunner:
             sparse_head=None if sparse_head is None else head(sparse_head),
             sparse_skip_ids=skip_ids,
             token_drop_first=model_config.bge_m3 is not None,
+            sparse_filter_ids=(model_config.hf_config.get("bos_token_id"), model_config.hf_config.get("eos_token_id")),
             vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
             logit_mean=model_config.pooler_config.logit_mean,
             logit_sigma=model_config.pooler_config.logit_sigma,

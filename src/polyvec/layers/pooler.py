@@ -69,6 +69,7 @@ class Pooler(nn.Module):
         sparse_head: nn.Module | None = None,
         sparse_skip_ids: tuple[int, ...] = (),
         token_drop_first: bool = False,
+        sparse_filter_ids: tuple[int | None, int | None] = (None, None),
         vocab_size: int | None = None,
         logit_mean: float | None = None,
         logit_sigma: float | None = None,
@@ -85,6 +86,8 @@ class Pooler(nn.Module):
         self.sparse_head = sparse_head  # bge-m3: one weight per token, [T, H] → [T, 1]
         self.sparse_skip_ids = sparse_skip_ids
         self.token_drop_first = token_drop_first  # bge-m3's multi-vector output leaves out the first token
+        # bge-m3's token_classify (vLLM's BOSEOSFilter): a leading BOS and a trailing EOS row left out
+        self.sparse_filter_ids = sparse_filter_ids
         self.vocab_size: int | None = vocab_size
         self.logit_mean = logit_mean  # classifier calibration (vLLM's PoolerConfig): (logit - mean) / sigma
         self.logit_sigma = logit_sigma
@@ -106,6 +109,9 @@ class Pooler(nn.Module):
                 x = x[..., : spec.dimensions]
             return F.normalize(x, p=2, dim=-1) if spec.use_activation else x
         head = self.sequence_head if task == "classify" else self.token_head
+        if head is None and task == "token_classify" and self.sparse_head is not None:
+            x = self.sparse_head(x).squeeze(-1)  # bge-m3: [T, H] → [T], a lexical weight per token
+            return torch.relu(x) if spec.use_activation else x
         assert head is not None  # verified params name a task the model supports, so it has the head
         x = head(x)
         if self.logit_mean is not None:
@@ -166,14 +172,22 @@ class Pooler(nn.Module):
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
             drop = int(self.token_drop_first and spec.task == "token_embed")
+            filtered = spec.task == "token_classify" and self.sparse_head is not None and self.token_head is None
             for i, piece in zip(members, out.split(lens)):
-                results[i] = self._select(
-                    piece[drop:],
-                    input_ids[starts[i] + drop : starts[i + 1]],
-                    spec,
-                    keep[i] if keep is not None else None,
-                )
+                ids = input_ids[starts[i] + drop : starts[i + 1]]
+                piece = piece[drop:]
+                if filtered:
+                    piece, ids = self._filter_bos_eos(piece, ids)
+                results[i] = self._select(piece, ids, spec, keep[i] if keep is not None else None)
         return results
+
+    def _filter_bos_eos(self, piece: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bos, eos = self.sparse_filter_ids
+        if len(ids) and bos is not None and int(ids[0]) == bos:
+            piece, ids = piece[1:], ids[1:]
+        if len(ids) and eos is not None and int(ids[-1]) == eos:
+            piece, ids = piece[:-1], ids[:-1]
+        return piece, ids
 
     def _sparse(
         self, spec: PoolingSpec, hidden: torch.Tensor, meta: AttentionMetadata, members: list[int], input_ids

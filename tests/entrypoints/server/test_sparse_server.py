@@ -127,13 +127,19 @@ def test_bge_m3_embed_all_gives_its_colbert_vectors(tmp_path, minilm_path):
     from tests.helpers import save_tiny_m3
 
     folder = save_tiny_m3(tmp_path / "m3", minilm_path)
-    want = LLM(str(folder), dtype="float32").token_embed(["the the wing"], use_tqdm=False)[0].outputs.data
+    llm = LLM(str(folder), dtype="float32")
+    want = llm.token_embed(["the the wing"], use_tqdm=False)[0].outputs.data
+    weights = llm.token_classify(["the the wing"], use_tqdm=False)[0].outputs.data
     s = Server(str(folder))
     try:
         got = torch.tensor(httpx.post(s.url + "/embed_all", json={"inputs": "the the wing"}).json()[0])
         pooled = httpx.post(s.url + "/pooling", json={"input": "the the wing", "task": "token_embed"}).json()
+        # vLLM's bge-m3 sparse request: /pooling token_classify, one weight per token
+        sparse = httpx.post(s.url + "/pooling", json={"input": "the the wing", "task": "token_classify"})
     finally:
         s.stop()
+    assert sparse.status_code == 200, sparse.text
+    assert torch.allclose(torch.tensor(sparse.json()["data"][0]["data"]), weights, atol=1e-6) and weights.shape == (5,)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
     assert torch.allclose(got.norm(dim=-1), torch.ones(len(got)), atol=1e-5)
     assert torch.allclose(torch.tensor(pooled["data"][0]["data"]), want, atol=1e-6)
