@@ -150,6 +150,8 @@ class CpuPlatform(Platform):
             # Input encoders (a vision tower) run on hundreds of rows per image: oneDNN's forms, no AMX copies.
             for tower in getattr(model.encoder, "towers", ()):
                 cast("Layer", tower).replace_projections(Projections(int8, amx=False))
+            # and the rest (a vision tower's patch embedding and merger): batch-invariant, as the heads
+            self.prepare_head(model.encoder)
         if native:
             for module in model.modules():  # LayerNorm, and layers with a native step of their own (`native`)
                 if isinstance(module, LayerNorm) or hasattr(module, "native"):
@@ -158,10 +160,10 @@ class CpuPlatform(Platform):
     def prepare_head(self, head: nn.Module) -> nn.Module:
         # MKL's result for a row depends on how many rows it is multiplied with (a query alone differs from
         # the same query in a batch by ~1e-5); oneDNN's packed form does not, so heads are batch-invariant.
-        if not (self.options.onednn and onednn_available(self.device, torch.float32)):
+        if not self.options.onednn:
             return head
         if isinstance(head, nn.Linear):  # ScoreHead too
-            return PackedLinear(head)
+            return PackedLinear(head) if onednn_available(self.device, head.weight.dtype) else head
         for name, child in head.named_children():
             setattr(head, name, self.prepare_head(child))
         return head

@@ -34,13 +34,16 @@ def test_tokens_per_request(strict_server):
     error = _error(s.post("/rerank", {"query": WORDS_60, "documents": [WORDS_60] * 161}, headers=AUTH))
     assert "10044 tokens" in error["message"] and "--max-tokens-per-request" in error["message"]
     assert s.post("/v1/embeddings", {"input": "still fine"}, headers=AUTH).status_code == 200
-    # /tokenize documents this 413 too (it counted any number of tokens): vLLM's body, and TEI's (its 422)
+    # /tokenize documents this 413 too (it counted any number of tokens): vLLM's body, and TEI's (its body)
     long = " ".join([WORDS_60] * 170)
     error = _error(s.post("/tokenize", {"prompt": long}, headers=AUTH))
     assert "the limit is 10000 tokens per request (--max-tokens-per-request)" in error["message"]
     assert error["param"] == "prompt"
-    r = s.post("/tokenize", {"inputs": [long]}, headers=AUTH)
-    assert r.status_code == 422 and "--max-tokens-per-request" in r.json()["error"]
+    # TEI's routes keep the limit's 413 (they answered 422), in TEI's body
+    for path, body in (("/tokenize", {"inputs": [long]}), ("/embed", {"inputs": [WORDS_60] * 162})):
+        r = s.post(path, body, headers=AUTH)
+        assert r.status_code == 413 and r.json()["error_type"] == "Validation", (path, r.text)
+        assert "--max-tokens-per-request" in r.json()["error"]
     assert s.post("/tokenize", {"prompt": WORDS_60}, headers=AUTH).json()["count"] == 62
 
 

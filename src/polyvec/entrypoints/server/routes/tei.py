@@ -86,10 +86,13 @@ def _not_embedding() -> TEIError:
 
 def _from_api_error(exc: APIError) -> TEIError:
     """polyvec's refusal (serving helpers, engine) in TEI's terms: an over-long input in TEI's words, anything else
-    (a token id outside the vocabulary, too many tokens per request, ...) a validation error."""
+    (a token id outside the vocabulary, an image over its pixel budget, ...) a validation error; a request over a
+    per-request limit (tokens, windows) keeps its 413, as on every route, in TEI's body."""
     if exc.too_long is not None:
         given, most, where = exc.too_long  # TEI's words, and which item (TEI names none)
         return invalid(f"`inputs` must have less than {most} tokens. Given: {given} ({where})")
+    if exc.status == 413:
+        return TEIError("Validation", f"Input validation error: {exc.message}", 413)
     return invalid(exc.message)
 
 
