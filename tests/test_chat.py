@@ -67,3 +67,60 @@ def test_template_sources(tmp_path):
     assert find_template(tmp_path / "missing") is None
     assert load_template(str(tmp_path / "chat_template.jinja")) == "J"
     assert load_template("{{ messages }}") == "{{ messages }}"
+
+
+def _transformers(template: str, conversation: list, **kwargs) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    ref = render_jinja_template([conversation], chat_template=template, **kwargs)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    return ref[0] if isinstance(ref, list) else ref
+
+
+@pytest.mark.parametrize("final", ["end", "I am ", "", "a<|im_end|> b"])
+def test_continue_final_message_cuts_at_transformers_marker(final):
+    """The text is cut where transformers' marker lands (it searched for the content: "end" was found inside
+    <|im_end|>, a trailing space was lost, an empty final message refused)."""
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": final}]
+    ours = render(CHATML, conversation, continue_final_message=True)
+    assert ours == _transformers(CHATML, conversation, continue_final_message=True)
+    assert ours.endswith("<|im_start|>assistant\n" + final)
+
+
+def test_messages_as_vllm_hands_them_to_the_template():
+    """Null content is empty text, tool-call arguments are objects, vLLM's other text parts are text, a
+    developer message is a system message where the template has no such role."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}}]
+    template = (
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% for t in m.tool_calls or [] %}[{{ t.function.name }}{{ t.function.arguments | tojson }}]{% endfor %}|"
+        "{% endfor %}"
+    )
+    conversation = [
+        {"role": "developer", "content": "Be brief"},
+        {"role": "user", "content": ["plain", {"type": "output_text", "text": "out"}, {"type": "text", "text": None}]},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}], "tool_calls": []},
+    ]
+    assert (
+        render(template, conversation)
+        == 'system:Be brief|user:plain\nout|assistant:[get{"city": "Paris"}]|assistant:no|'
+    )
+    named = template.replace("{{ m.role }}", "{{ 'developer' if m.role == 'developer' else m.role }}")
+    assert render(named, conversation[:1]) == "developer:Be brief|"  # a template that knows the role keeps it
+    # a developer message later on joins the first system message
+    late = [{"role": "system", "content": "A"}, {"role": "user", "content": "q"}, {"role": "developer", "content": "B"}]
+    assert render(template, late) == "system:A\n\nB|user:q|"
+
+
+def test_template_variables_and_names(tmp_path):
+    """Request variables override the special tokens (as transformers lets them); a list of named templates
+    gives "tool_use" to a request with tools; a --chat-template that looks like a path must exist."""
+    conversation = [{"role": "user", "content": "hello"}]
+    template = "{{ bos_token }}{{ messages[0].content }}"
+    assert render(template, conversation, special_tokens={"bos_token": "<s>"}, bos_token="there") == "therehello"
+    named = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
+    (tmp_path / "tokenizer_config.json").write_text(__import__("json").dumps({"chat_template": named}))
+    assert find_template(tmp_path) == "D" and find_template(tmp_path, tools=True) == "T"
+    with pytest.raises(ChatError, match="looks like a file path, but it cannot be read"):
+        load_template(str(tmp_path / "nope.jinja"))

@@ -11,16 +11,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-CONTENT_TYPES = ("text", "input_text")
+# vLLM's text part types, each with the field that holds its text
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+CONTENT_TYPES = tuple(TEXT_PARTS)
+# transformers' marker for continue_final_message: the text is cut where it lands
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 class ChatError(ValueError):
     """A conversation or template that cannot be rendered; the message names the message index."""
 
 
-def find_template(model_dir: Path, tokenizer_dir: Path | None = None) -> str | None:
+def find_template(model_dir: Path, tokenizer_dir: Path | None = None, tools: bool = False) -> str | None:
     """The checkpoint's own template: `chat_template.jinja`, else tokenizer_config.json's `chat_template`
-    (a string, or a list of named templates of which "default" is used)."""
+    (a string, or a list of named templates of which "default" is used, or "tool_use" for a request with
+    tools where there is one, as transformers picks)."""
     for folder in dict.fromkeys(d for d in (tokenizer_dir, model_dir) if d is not None):
         jinja = folder / "chat_template.jinja"
         if jinja.is_file():
@@ -29,25 +34,30 @@ def find_template(model_dir: Path, tokenizer_dir: Path | None = None) -> str | N
         if config.is_file():
             value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
             if isinstance(value, list):
-                value = next((t.get("template") for t in value if t.get("name") == "default"), None)
+                named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+                value = named.get("tool_use") if tools and "tool_use" in named else named.get("default")
             if isinstance(value, str):
                 return value
     return None
 
 
 def load_template(value: str) -> str:
-    """`--chat-template`: a file path, else the template itself (vLLM takes either)."""
+    """`--chat-template`: a file path, else the template itself (vLLM takes either); a value without any of
+    `{`, `}` or a newline is a path, and one that cannot be read is refused (as vLLM refuses it)."""
     path = Path(value).expanduser()
     try:
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    except OSError:  # a long inline template is not a path the OS can stat
-        pass
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:  # a long inline template is not a path the OS can stat
+        if not any(c in value for c in "{}\n"):
+            raise ChatError(
+                f"the chat template {value!r} looks like a file path, but it cannot be read: {exc}"
+            ) from None
     return value
 
 
 def text_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """Messages with their content as one string (text parts joined by newlines, vLLM's "string" content format)."""
+    """Messages as vLLM hands them to the template: content as one string (text parts joined by newlines, its
+    "string" content format; null content ""), assistant tool-call arguments parsed from JSON to objects."""
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -57,17 +67,68 @@ def text_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             texts = []
             for j, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind in CONTENT_TYPES and isinstance(part.get("text"), str):
-                    texts.append(part["text"])
+                if isinstance(part, str):  # a plain string part
+                    texts.append(part)
+                elif kind in TEXT_PARTS and isinstance(part.get(TEXT_PARTS[kind]), str):
+                    texts.append(part[TEXT_PARTS[kind]])
+                elif kind in ("text", "refusal") and part.get(TEXT_PARTS[kind]) is None:
+                    continue  # skipped, as vLLM skips a text part without text
                 elif kind in ("image_url", "input_image", "image", "image_embeds", "image_pil"):
                     raise ChatError(f"messages item {i} content part {j} is an image; this model reads text only")
                 else:
                     raise ChatError(f"messages item {i} content part {j} must be {{'type': 'text', 'text': str}}")
             content = "\n".join(texts)
-        elif content is not None and not isinstance(content, str):
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
             raise ChatError(f"messages item {i} 'content' must be a string or a list of content parts")
-        out.append({**message, "content": content})
+        message = {**message, "content": content}
+        if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
+            message = _with_parsed_tool_calls(i, message)
+        out.append(message)
     return out
+
+
+def _with_parsed_tool_calls(i: int, message: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's treatment of an assistant's tool_calls: none dropped; each a function whose `arguments` JSON text
+    becomes an object (what tool-use templates expect), anything else an empty object."""
+    calls = message["tool_calls"]
+    if not calls:
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    parsed_calls = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ChatError(f"messages item {i} tool_calls item {j} must be a function call object")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments else {}
+            except json.JSONDecodeError:
+                arguments = {}
+        arguments = arguments if isinstance(arguments, dict) else {}
+        parsed_calls.append({**call, "function": {**function, "arguments": arguments}})
+    return {**message, "tool_calls": parsed_calls}
+
+
+def _developer_as_system(template: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A template that never names the developer role gets those messages as system messages, merged into one
+    first system message (vLLM's rule)."""
+    if (
+        not any(m["role"] == "developer" for m in conversation)
+        or "'developer'" in template
+        or '"developer"' in template
+    ):
+        return conversation
+    converted = [{**m, "role": "system"} if m["role"] == "developer" else m for m in conversation]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if systems == [0]:
+        return converted
+    merged = {
+        "role": "system",
+        "content": "\n\n".join(converted[i]["content"] for i in systems if converted[i]["content"]),
+    }
+    return [merged, *(m for m in converted if m["role"] != "system")]
 
 
 @lru_cache(maxsize=32)
@@ -103,22 +164,23 @@ def render(
 
     if add_generation_prompt and continue_final_message:
         raise ChatError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    conversation = text_messages(messages)
+    conversation = _developer_as_system(template, text_messages(messages))
     if not conversation:
         raise ChatError("messages must not be empty")
+    if continue_final_message:  # transformers' way: a marker after the last message's text, the text cut there
+        conversation[-1] = {**conversation[-1], "content": conversation[-1]["content"] + _CONTINUE_TAG}
     try:
         text = _compile(template).render(
             messages=conversation,
             add_generation_prompt=add_generation_prompt,
-            **(special_tokens or {}),
-            **kwargs,
+            **{**(special_tokens or {}), **kwargs},  # the request's template variables may override them
         )
     except TemplateError as exc:
         raise ChatError(f"the chat template failed: {exc}") from None
-    if continue_final_message:  # end the text right after the last message's content, as transformers does
-        final = (conversation[-1].get("content") or "").strip()
-        at = text.rfind(final)
-        if not final or at < 0:
+    if continue_final_message:
+        at = text.rfind(_CONTINUE_TAG.strip())
+        if at < 0:
             raise ChatError("continue_final_message: the last message's content is not in the rendered text")
-        text = text[: at + len(final)]
+        # a template that keeps spacing keeps the final text's own trailing spaces; one that trims, does not
+        text = text[:at] if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
     return text

@@ -37,6 +37,19 @@ class LateChunkingMetadata:
     chunk_size: int
     input_tokens: int
     chunks: list[LateChunk] = field(default_factory=list)
+    strategy: str = "fixed_tokens"  # vLLM's only one
+
+
+def tokenization_changes(kwargs: dict | None) -> bool:
+    """Whether vLLM's `tokenization_kwargs` pad, truncate or lower-case the text (late chunking refuses them)."""
+    kwargs = kwargs or {}
+    return (
+        kwargs.get("truncation") not in (None, False, "do_not_truncate")
+        or kwargs.get("padding") not in (None, False, "do_not_pad")
+        or kwargs.get("truncate_prompt_tokens") is not None
+        or kwargs.get("pad_prompt_tokens") is not None
+        or bool(kwargs.get("do_lower_case"))
+    )
 
 
 def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
@@ -51,7 +64,7 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
     text = prompt.get("prompt") if isinstance(prompt, dict) and "multi_modal_data" not in prompt else prompt
     if not isinstance(text, str):
         raise ValueError("Late chunking requires plain-text input")
-    if not text.strip():  # as vLLM: whitespace alone is no text either
+    if not text:  # whitespace is text (its chunks have no characters: char_range None), as in vLLM
         raise ValueError("Late chunking requires nonempty plain-text input")
     return text
 

@@ -349,7 +349,31 @@ def test_offline_api_details_of_vllm_034(minilm_path):
     llm = LLM(str(minilm_path), dtype="float32", skip_tokenizer_init=False, hf_token=None, attention_config=None,
               enable_extensible_kv_cache=None, quantization_config=None, allowed_local_media_path="")  # fmt: skip
     late = PoolingParams(late_chunking_params=LateChunkingParams(4))
-    with pytest.raises(ValueError, match="nonempty plain-text"):
-        llm.encode("   ", late, pooling_task="token_embed", use_tqdm=False)
+    # whitespace is text, as in vLLM: [CLS] [SEP], one chunk without characters (it was refused)
+    (blank,) = llm.encode("   ", late, pooling_task="token_embed", use_tqdm=False)
+    assert blank.outputs.data.shape == (1, 384) and blank.late_chunking.strategy == "fixed_tokens"
+    assert [c.char_range for c in blank.late_chunking.chunks] == [None]
+    with pytest.raises(ValueError, match="no tokens"):  # without special tokens it has none
+        llm.encode("   ", late, pooling_task="token_embed", tokenization_kwargs={"add_special_tokens": False})
+    for kwargs in ({"truncation": True}, {"padding": True}, {"do_lower_case": True}, {"pad_prompt_tokens": 8}):
+        with pytest.raises(ValueError, match="does not support input padding, truncation"):  # they were ignored
+            llm.encode("abc", late, pooling_task="token_embed", tokenization_kwargs=kwargs)
     outs = llm.embed([TextPrompt(prompt="wing"), TokensPrompt(prompt_token_ids=[101, 3358, 102])], use_tqdm=False)
     assert torch.allclose(outs[0].outputs.data, outs[1].outputs.data, atol=1e-6)
+
+
+def test_chat_template_flag_and_special_tokens(tmp_path, minilm_path, capsys):
+    """A --chat-template that looks like a path and is not there stops the server (it became the template's
+    text); the template's special tokens include special_tokens_map.json's, as transformers reads them."""
+    from types import SimpleNamespace
+
+    from polyvec.entrypoints.server.serving import ServerState
+
+    code = main(["serve", str(minilm_path), "--chat-template", str(tmp_path / "nope.jinja")])
+    assert code == 2 and "looks like a file path, but it cannot be read" in capsys.readouterr().err
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|end|>"}}))
+    state = SimpleNamespace(
+        model_config=SimpleNamespace(tokenizer_path=tmp_path / "tokenizer.json"), _special_tokens=None
+    )
+    assert ServerState.special_tokens(state) == {"bos_token": "<s>", "eos_token": "<|end|>"}  # type: ignore[arg-type]

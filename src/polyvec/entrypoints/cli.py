@@ -1022,6 +1022,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
         args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.chat_template:  # a mistyped path is refused here, not used as the template's text
+        from ..chat import ChatError, load_template
+
+        try:
+            load_template(args.chat_template)
+        except ChatError as exc:
+            raise CommandError(str(exc)) from None
     if any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas, args.ray)):
         return cmd_serve_ray(args)
 

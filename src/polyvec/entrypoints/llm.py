@@ -208,6 +208,8 @@ class LLM:
         if truncate_prompt_tokens is not None:
             params = _with_truncation(params, truncate_prompt_tokens)
         late = self._late_chunking(prompts, params, task)
+        if late and late_chunking.tokenization_changes(tokenization_kwargs):
+            raise ValueError("Late chunking does not support input padding, truncation or renderer text normalization")
         if late:  # raw token vectors, whole documents; the chunks are pooled below
             per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
             params = [

@@ -279,9 +279,9 @@ CASES = [
     # chat bodies: the renderer's own names, lone surrogates in messages
     Bad(
         "/v1/embeddings",
-        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": True}},
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
         400,
-        "chat_template_kwargs cannot set add_generation_prompt",
+        "chat_template_kwargs cannot set chat_template",
         "chat_template_kwargs",
     ),  # fmt: skip
     Bad(

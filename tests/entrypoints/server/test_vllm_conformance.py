@@ -193,6 +193,16 @@ def test_vllm_metric_names(vllm_server):
     assert float(success.rsplit(" ", 1)[1]) >= 2
 
 
+def test_chat_fields_as_vllm_merges_them(vllm_server, minilm_llm):
+    """The request's own fields win over chat_template_kwargs of the same name (a 400 before); media_io_kwargs
+    is one of vLLM's chat fields (an unknown field before)."""
+    messages = [{"role": "user", "content": TEXT}]
+    want = post(vllm_server, "/v1/embeddings", {"messages": messages}).json()["data"][0]["embedding"]
+    for extra in ({"chat_template_kwargs": {"add_generation_prompt": True}}, {"media_io_kwargs": {"image": {}}}):
+        r = post(vllm_server, "/v1/embeddings", {"messages": messages, **extra})
+        assert r.status_code == 200 and r.json()["data"][0]["embedding"] == want, r.text
+
+
 def test_chat_style_embeddings(vllm_server, minilm_llm):
     from polyvec.chat import render
 

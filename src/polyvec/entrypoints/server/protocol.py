@@ -197,8 +197,9 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | list[dict[str, Any]] | None = None
-    """A string, or content parts: {"type": "text", "text": ...}; an image model (ColQwen2) takes one
+    content: str | list[dict[str, Any] | str] | None = None
+    """A string, or content parts: {"type": "text", "text": ...} (or vLLM's other text parts: input_text,
+    output_text, refusal, thinking, a plain string); null is empty text; an image model (ColQwen2) takes one
     {"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}} part instead, text models refuse it."""
 
 
@@ -215,7 +216,9 @@ class ChatFields(StrictModel):
     chat_template: str | None = None
     """A template for this request (only with --trust-request-chat-template)."""
     chat_template_kwargs: dict[str, Any] | None = None
-    """Extra variables for the template."""
+    """Extra variables for the template (the request's own fields win over the same names here)."""
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    """Accepted as vLLM's; images are decoded as polyvec decodes every image."""
 
     @model_validator(mode="after")
     def _input_or_messages(self) -> Any:

@@ -50,7 +50,7 @@ class ServerState:
     metrics: ServerMetrics
     names: list[str]
     """Served model names; the first is the one responses report."""
-    _chat_template: str | None = field(default=None, init=False, repr=False)
+    _chat_templates: dict[bool, str] = field(default_factory=dict, init=False, repr=False)
     _special_tokens: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -66,21 +66,26 @@ class ServerState:
     def model_config(self) -> ModelConfig:
         return self.engine.model_config
 
-    def chat_template(self) -> str | None:
-        """--chat-template, else the checkpoint's own (read once)."""
-        if self._chat_template is None:
+    def chat_template(self, tools: bool = False) -> str | None:
+        """--chat-template, else the checkpoint's own (read once): its "tool_use" template, where it names one,
+        for a request with tools (as transformers picks it)."""
+        if tools not in self._chat_templates:
             mc = self.model_config
             if self.config.chat_template is not None:
-                self._chat_template = load_template(self.config.chat_template)
+                self._chat_templates[tools] = load_template(self.config.chat_template)
             else:
-                self._chat_template = find_template(mc.path, mc.tokenizer_path.parent) or ""
-        return self._chat_template or None
+                self._chat_templates[tools] = find_template(mc.path, mc.tokenizer_path.parent, tools=tools) or ""
+        return self._chat_templates[tools] or None
 
     def special_tokens(self) -> dict[str, str]:
-        """bos_token, eos_token, ... as the template sees them (tokenizer_config.json; read once)."""
+        """bos_token, eos_token, ... as the template sees them (special_tokens_map.json, then tokenizer_config.json,
+        as transformers' special_tokens_map; read once)."""
         if self._special_tokens is None:
-            path = self.model_config.tokenizer_path.parent / "tokenizer_config.json"
-            config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            folder = self.model_config.tokenizer_path.parent
+            config: dict[str, Any] = {}
+            for name in ("special_tokens_map.json", "tokenizer_config.json"):
+                if (folder / name).is_file():
+                    config.update(json.loads((folder / name).read_text(encoding="utf-8")))
             tokens = {}
             for key, value in config.items():
                 if key.endswith("_token") and isinstance(value, dict):
@@ -253,21 +258,25 @@ def render_messages(state: ServerState, req: Any, conversation: list[Any] | None
         text_messages(messages)  # an image part is named before anything else is said
     except ChatError as exc:
         raise APIError(400, str(exc), "messages") from None
-    own = {"messages", "template", "add_generation_prompt", "continue_final_message", *state.special_tokens()}
-    clash = sorted(own & set(req.chat_template_kwargs or {}))
-    if clash:  # the renderer sets these itself
-        message = f"chat_template_kwargs cannot set {', '.join(clash)} (a field of the request, or set by the server)"
-        raise APIError(400, message, "chat_template_kwargs")
+    given = dict(req.chat_template_kwargs or {})
+    for name, why in (
+        ("chat_template", "a template by another name, refused as vLLM does"),
+        ("messages", "the conversation"),
+    ):
+        if name in given:
+            raise APIError(400, f"chat_template_kwargs cannot set {name} ({why})", "chat_template_kwargs")
+    for name in ("add_generation_prompt", "continue_final_message"):  # the request's own fields win, as in vLLM
+        given.pop(name, None)
     if req.chat_template is not None and not state.config.trust_request_chat_template:
         raise APIError(
             400,
             "a request's own chat_template needs the server flag --trust-request-chat-template",
             "chat_template",
         )
-    template_kwargs = dict(req.chat_template_kwargs or {})
+    template_kwargs = given
     if (tools := getattr(req, "tools", None)) is not None:  # /tokenize's field, as chat completions have it
         template_kwargs["tools"] = tools
-    template = req.chat_template or state.chat_template()
+    template = req.chat_template or state.chat_template(tools=bool(tools))
     if template is None:
         raise APIError(
             400, "this model has no chat template; start the server with --chat-template to embed messages", "messages"
