@@ -285,3 +285,68 @@ def test_tokenize_a_conversation(vllm_server, minilm_llm):
     assert got.json()["token_strs"] is None
     r = post(vllm_server, "/tokenize", {"messages": messages, "prompt": "x"})
     assert r.status_code == 400 and "either 'prompt' or 'messages'" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def token_server():
+    """`--pooler-config.task token_embed`: vLLM 0.34 serves its token-embed route on /v1/embeddings then."""
+    s = Server(MINILM, "--pooler-config.task", "token_embed")
+    yield s
+    s.stop()
+
+
+LATE_TEXTS = ["passage: Berlin has museums. They display art.", "passage: 中文 😀 e\u0301", "   "]
+
+
+def test_token_embed_server_answers_token_matrices(token_server):
+    """vLLM's test_embeddings_without_chunking_match_pooling: /v1/embeddings gives /pooling's token matrices."""
+    body = {"input": [TEXT, "Short."], "use_activation": False}
+    want = token_server.post("/pooling", {**body, "task": "token_embed"}).json()
+    got = token_server.post("/v1/embeddings", body).json()
+    assert got["usage"] == want["usage"] and "late_chunking" not in got["data"][0]
+    for a, b in zip(got["data"], want["data"]):
+        assert a["embedding"] == b["data"]
+
+
+@pytest.mark.parametrize("chunk_size,normalize", [(1, False), (5, True), (2**63 - 1, False)])
+def test_late_chunking_over_http(token_server, minilm_path, chunk_size, normalize):
+    """vLLM 0.34's test_late_chunking_vectors_and_source_ranges: chunk vectors are the means of the raw
+    token vectors (then normalized), with each chunk's token range and characters; usage as /pooling's."""
+    from tokenizers import Tokenizer
+
+    raw = token_server.post("/pooling", {"input": LATE_TEXTS, "task": "token_embed", "use_activation": False}).json()
+    body = {"input": LATE_TEXTS, "use_activation": normalize, "late_chunking_params": {"chunk_size": chunk_size}}
+    r = token_server.post("/v1/embeddings", body)
+    assert r.status_code == 200, r.text
+    result = r.json()
+    assert result["usage"] == raw["usage"]
+    tokenizer = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    tokenizer.no_padding()  # the file pads to 128, as sentence-transformers saved it
+    for text, tokens, item in zip(LATE_TEXTS, raw["data"], result["data"]):
+        want = torch.stack([part.mean(0) for part in torch.tensor(tokens["data"]).split(chunk_size)])
+        want = torch.nn.functional.normalize(want, dim=-1) if normalize else want
+        assert torch.allclose(torch.tensor(item["embedding"]), want, atol=1e-5)
+        meta, enc = item["late_chunking"], tokenizer.encode(text)
+        assert meta["strategy"] == "fixed_tokens" and meta["chunk_size"] == chunk_size
+        assert meta["input_tokens"] == len(enc.ids) == len(tokens["data"])
+        for k, chunk in enumerate(meta["chunks"]):
+            start, end = k * chunk_size, min((k + 1) * chunk_size, len(enc.ids))
+            spans = [(a, b) for a, b in enc.offsets[start:end] if a < b]
+            assert chunk["token_range"] == [start, end]
+            assert chunk["char_range"] == ([min(a for a, _ in spans), max(b for _, b in spans)] if spans else None)
+
+
+def test_late_chunking_refusals(token_server):
+    late = {"late_chunking_params": {"chunk_size": 4}}
+    for body, status, words, param in [
+        ({"input": "", **late}, 400, "nonempty plain-text", "input"),
+        ({"input": [101, 102], **late}, 400, "nonempty plain-text", "input"),
+        ({"input": "x", "dimensions": 8, **late}, 400, "dimension reduction", "late_chunking_params"),
+        ({"input": "x", "truncate_prompt_tokens": 2, **late}, 400, "does not support", "truncate_prompt_tokens"),
+        ({"input": "wing " * 300, **late}, 400, "302 tokens, more than max_model_len=256", "input"),
+        ({"input": "x", "late_chunking_params": {"chunk_size": 0}}, 400, "chunk_size", "late_chunking_params"),
+        ({"input": "x", "late_chunking_params": {"chunk_size": "4"}}, 400, "chunk_size", "late_chunking_params"),
+    ]:
+        r = token_server.post("/v1/embeddings", body)
+        error = r.json()["error"]
+        assert r.status_code == status and words in error["message"] and param in (error["param"] or ""), (body, r.text)

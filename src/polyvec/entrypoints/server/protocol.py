@@ -252,6 +252,13 @@ Conversations = Annotated[
 """One conversation, or a list of them."""
 
 
+class LateChunkingConfig(StrictModel):
+    """vLLM 0.34's late chunking: the whole input encoded once, its token vectors averaged per chunk_size tokens."""
+
+    chunk_size: Annotated[int, Field(gt=0, le=2**63 - 1, strict=True)]
+    """Tokens per chunk (special tokens included; the last chunk may be shorter)."""
+
+
 class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     """OpenAI `POST /v1/embeddings`, and vLLM's chat-style forms: `messages` holding one conversation or a list
     of them, or those in `input`."""
@@ -282,6 +289,10 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     pool_factor: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """token_embed of documents: token vectors clustered into len // pool_factor groups, one mean each (PyLate's
     hierarchical token pooling, the first vector kept); queries are not pooled."""
+    late_chunking_params: LateChunkingConfig | None = None
+    """vLLM's late chunking: each text's `embedding` is its chunk vectors, one per `chunk_size` tokens, each the
+    mean of the whole-context token vectors (normalized unless use_activation is false), with `late_chunking`
+    (the chunks' token and character ranges). Text input within max_model_len; encoding_format float."""
 
     @model_validator(mode="before")
     @classmethod
@@ -602,6 +613,18 @@ class Usage(BaseModel):
     prompt_tokens_details: dict[str, Any] | None = None
 
 
+class LateChunkItem(BaseModel):
+    token_range: tuple[int, int]
+    char_range: tuple[int, int] | None
+
+
+class LateChunkingItem(BaseModel):
+    chunk_size: int
+    input_tokens: int
+    chunks: list[LateChunkItem]
+    strategy: str = "fixed_tokens"
+
+
 class EmbeddingItem(BaseModel):
     index: int
     object: str
@@ -609,6 +632,8 @@ class EmbeddingItem(BaseModel):
     shape: list[int] | None = None
     """Multi-vector (late-interaction) outputs: [n_tokens, dim]."""
     input_type: str | None = None
+    late_chunking: LateChunkingItem | None = None
+    """With late_chunking_params: each chunk's token range and its characters in the text."""
 
 
 class SparseVector(BaseModel):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from .... import late_chunking
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
@@ -31,8 +33,11 @@ def _encoded(model: type) -> dict[int | str, dict[str, Any]]:
 @router.post("/v1/embeddings", summary="OpenAI embeddings", responses=_encoded(P.EmbeddingResponse))
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    multi = state.engine.is_late_interaction
-    # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode).
+    if req.late_chunking_params is not None:
+        return await _late_chunked(req, raw, state, model)
+    # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode), and so is any
+    # model's on a server whose pooling task is token_embed (vLLM serves its token-embed route here then).
+    multi = state.engine.is_late_interaction or state.model_config.pooler_config.task == "token_embed"
     prompts, add_special_tokens, locate = request_prompts(state, req)
     outputs = await run_pooling(
         state,
@@ -45,6 +50,60 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         locate=locate,
     )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
+
+
+async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, model: str) -> Response:
+    """vLLM 0.34's late chunking over HTTP: raw token vectors of each whole text, averaged per chunk."""
+    field = "late_chunking_params"
+    if state.engine.is_late_interaction or req.dimensions is not None:
+        raise APIError(400, "Late chunking does not support dimension reduction, late-interaction scoring", field)
+    if req.truncate_prompt_tokens is not None:
+        message = "Late chunking does not support input padding, truncation or renderer text normalization"
+        raise APIError(400, message, "truncate_prompt_tokens")
+    if req.encoding_format != "float" or req.pool_factor is not None or req.long_input == "window":
+        raise APIError(400, "late chunking returns float chunk vectors of whole inputs", field)
+    if "token_embed" not in state.engine.supported_tasks:
+        raise APIError(400, "Late chunking requires token_embed, which this model does not serve", field)
+    if state.model_config.do_lower_case:
+        message = "Late chunking does not support input padding, truncation or renderer text normalization"
+        raise APIError(400, message, field)
+    if req.messages is not None:
+        raise APIError(400, "Late chunking requires plain-text input", "messages")
+    prompts, add_special_tokens, _ = request_prompts(state, req)
+    for i, text in enumerate(prompts):
+        if not isinstance(text, str) or not text:
+            raise APIError(400, f"'input' item {i}: Late chunking requires nonempty plain-text input", "input")
+    # the chunks' character spans need the tokenizer's offsets; tokenized off the event loop, as every input is
+    base, limit = state.engine.tokenizer._base, state.model_config.max_model_len
+    encodings = await state.async_engine.call(base.encode_batch, prompts, add_special_tokens=add_special_tokens)
+    for i, enc in enumerate(encodings):
+        if len(enc.ids) > limit:  # never windows nor truncation: the chunks would not be the document's
+            message = f"'input' item {i} has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking"
+            raise APIError(400, message + " reads the whole input in one pass; shorten it", "input")
+    params = pooling_params(req, late_chunking_params=None, use_activation=False, normalize=None)
+    # normalized as the request resolves it: use_activation / normalize, else the pooler's default
+    asked = pooling_params(req, late_chunking_params=None)
+    normalize = bool(state.engine.input_processor.verify_params(asked, "token_embed").use_activation)
+    outputs = await run_pooling(
+        state,
+        raw,
+        prompts,
+        params,
+        "token_embed",
+        add_special_tokens=add_special_tokens,
+    )
+    chunk_size = req.late_chunking_params.chunk_size  # type: ignore[union-attr]
+    data = []
+    for i, (enc, out) in enumerate(zip(encodings, outputs)):
+        special = [bool(m) for m in enc.special_tokens_mask]
+        try:
+            chunks, meta = late_chunking.pool(out.outputs.data, list(enc.offsets), special, chunk_size, normalize)
+        except ValueError as exc:
+            raise APIError(400, f"'input' item {i}: {exc}", "input") from None
+        item = {"index": i, "object": "embedding", "embedding": float_array(chunks)}
+        data.append(item | {"late_chunking": dataclasses.asdict(meta)})
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return VectorJSONResponse(P.envelope("embd", model, data, tokens, req.request_id))
 
 
 # TEI serves the OpenAI route at /embeddings too
