@@ -358,6 +358,9 @@ def test_offline_api_details_of_vllm_034(minilm_path):
     for kwargs in ({"truncation": True}, {"padding": True}, {"do_lower_case": True}, {"pad_prompt_tokens": 8}):
         with pytest.raises(ValueError, match="does not support input padding, truncation"):  # they were ignored
             llm.encode("abc", late, pooling_task="token_embed", tokenization_kwargs=kwargs)
+    # tokenization_kwargs padding="max_length" pads as vLLM does (it was ignored with a warning)
+    (padded,) = llm.embed("wing", tokenization_kwargs={"padding": "max_length", "max_length": 8, "truncation": True})
+    assert padded.prompt_token_ids == [101, 3358, 102, 0, 0, 0, 0, 0]
     outs = llm.embed([TextPrompt(prompt="wing"), TokensPrompt(prompt_token_ids=[101, 3358, 102])], use_tqdm=False)
     assert torch.allclose(outs[0].outputs.data, outs[1].outputs.data, atol=1e-6)
 

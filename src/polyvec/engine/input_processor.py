@@ -103,14 +103,22 @@ class InputProcessor:
         add_special_tokens: bool = True,
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
+        padding: str | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
         `truncation` ("auto" / "error") overrides the engine's setting for these prompts; `truncation_side`
-        ("right", the default, or "left": keep the last tokens) is the end that truncation cuts. Several tasks
-        (a list) are all read from one forward pass of each prompt (`Request.extra`).
+        ("right", the default, or "left": keep the last tokens) is the end that truncation cuts. `padding`
+        "max_length" (vLLM's, for models trained on fixed-length input without an attention mask) fills each text
+        or token prompt with the pad token up to its maximum length (truncate_prompt_tokens, else max_model_len);
+        the pads are attended, as in vLLM. Several tasks (a list) are all read from one forward pass of each prompt
+        (`Request.extra`).
         """
+        if padding not in (None, False, "do_not_pad", "max_length"):
+            raise ValueError(f"padding must be 'max_length' or 'do_not_pad', got {padding!r}")
         if task is not None and not isinstance(task, str):
+            if padding == "max_length":
+                raise ValueError("padding='max_length' applies to one task per request")
             return self._process_multi(
                 prompts, params, list(task), request_ids, add_special_tokens, truncation, truncation_side
             )
@@ -234,6 +242,14 @@ class InputProcessor:
                         "(truncate_prompt_tokens; Cohere's max_tokens); images are not truncated: raise the limit "
                         "or send smaller images",
                     )
+            if padding == "max_length" and i not in pixels and not windowed[i] and not static[i]:
+                width = verified[i].truncate_prompt_tokens or limit
+                if len(ids) < width:
+                    pad = self.model_config.hf_config.get("pad_token_id")
+                    if not isinstance(pad, int):
+                        raise PromptError(i, ": padding='max_length' needs the model's pad_token_id (config.json)")
+                    ids = [*ids, *[pad] * (width - len(ids))]
+                    types = None if types is None else [*types, *[0] * (width - len(types))]
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
                     i,

@@ -511,6 +511,9 @@ def _tokenization_options(
             raise ValueError(f"truncation_side must be 'left' or 'right', got {kwargs['truncation_side']!r}")
         options["truncation_side"] = kwargs["truncation_side"]
     used = {"truncation", "max_length", "truncate_prompt_tokens", "add_special_tokens", "truncation_side"}
+    if kwargs.get("padding") in ("max_length", "do_not_pad", False, None):  # vLLM's; other values warned of
+        options["padding"] = kwargs.get("padding")
+        used.add("padding")
     ignored = sorted(set(kwargs) - used)
     if ignored:
         logger.warning("tokenization_kwargs with no effect in polyvec, ignored: %s", ", ".join(ignored))

@@ -159,10 +159,19 @@ def test_per_side_token_caps_on_score_and_rerank(vllm_server, minilm_llm):
 
 
 def test_padding_and_truncation_side(vllm_server, minilm_llm):
-    plain = post(vllm_server, "/v1/embeddings", {"input": TEXT}).json()["data"][0]["embedding"]
-    padded = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "max_length"}).json()["data"][0]
-    assert padded["embedding"] == plain
+    """vLLM's test_padding: "max_length" fills the input with the pad token up to the maximum length, the pads
+    attended (it was accepted and ignored); usage counts them; "do_not_pad" is the default."""
     ids = minilm_llm.embed(TEXT, use_tqdm=False)[0].prompt_token_ids
+    plain = post(vllm_server, "/v1/embeddings", {"input": TEXT}).json()
+    padded = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "max_length"}).json()
+    assert plain["usage"]["prompt_tokens"] == len(ids) and padded["usage"]["prompt_tokens"] == 256
+    want = minilm_llm.embed([ids + [0] * (256 - len(ids))], use_tqdm=False)[0].outputs.data
+    assert torch.allclose(torch.tensor(padded["data"][0]["embedding"]), want, atol=1e-5)
+    assert not torch.allclose(want, torch.tensor(plain["data"][0]["embedding"]), atol=1e-3)
+    cut = post(vllm_server, "/pooling", {"input": TEXT, "padding": "max_length", "truncate_prompt_tokens": 40})
+    assert cut.json()["usage"]["prompt_tokens"] == 40
+    unpadded = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "do_not_pad"}).json()
+    assert unpadded["data"][0]["embedding"] == plain["data"][0]["embedding"]
     body = {"input": TEXT, "truncate_prompt_tokens": 5, "truncation_side": "left", "task": "token_embed"}
     left = post(vllm_server, "/pooling", body).json()["data"][0]
     # [CLS] and the last four tokens of the text ([SEP] included), as transformers' truncation_side="left"

@@ -179,7 +179,9 @@ class PoolingBase(VLLMCompatFields):
     truncation_side: Literal["left", "right"] | None = None
     """Which end truncation cuts: right (the default) keeps the first tokens, left keeps the last ones."""
     padding: Literal["max_length", "do_not_pad"] | None = None
-    """Accepted for vLLM compatibility; polyvec never pads an input (outputs are the same either way)."""
+    """"max_length": each text is filled with the pad token up to truncate_prompt_tokens, else max_model_len, and
+    the pads are attended (vLLM's option for models trained on fixed-length input without an attention mask, such
+    as SigLIP's text tower); usage counts them."""
 
 
 class EncodingFields(StrictModel):

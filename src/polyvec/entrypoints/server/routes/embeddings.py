@@ -47,6 +47,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         "token_embed" if multi else "embed",
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        padding=req.padding,
         locate=locate,
     )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
@@ -57,9 +58,10 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
     field = "late_chunking_params"
     if state.engine.is_late_interaction or req.dimensions is not None:
         raise APIError(400, "Late chunking does not support dimension reduction, late-interaction scoring", field)
-    if req.truncate_prompt_tokens is not None:
-        message = "Late chunking does not support input padding, truncation or renderer text normalization"
-        raise APIError(400, message, "truncate_prompt_tokens")
+    for name in ("truncate_prompt_tokens", "padding"):
+        if getattr(req, name) not in (None, "do_not_pad"):
+            message = "Late chunking does not support input padding, truncation or renderer text normalization"
+            raise APIError(400, message, name)
     if req.encoding_format != "float" or req.pool_factor is not None or req.long_input == "window":
         raise APIError(400, "late chunking returns float chunk vectors of whole inputs", field)
     if "token_embed" not in state.engine.supported_tasks:
@@ -136,6 +138,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         task,
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        padding=req.padding,
         locate=locate,
         task_param="task" if req.task is not None else None,
     )
@@ -197,6 +200,7 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
         "classify",
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
+        padding=req.padding,
         locate=locate,
     )
     id2label = state.model_config.id2label

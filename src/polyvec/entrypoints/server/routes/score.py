@@ -76,6 +76,7 @@ async def score_pairs(
         locate=locate,
         truncation_side=req.truncation_side,
         add_special_tokens=req.add_special_tokens,
+        padding=req.padding,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
