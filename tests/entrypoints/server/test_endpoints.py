@@ -132,6 +132,9 @@ def test_rerank(server, minilm_llm, path):
     assert body["usage"]["total_tokens"] > 0
     bare = server.post(path, {"query": query, "documents": TEXTS, "return_documents": False}).json()
     assert len(bare["results"]) == 3 and "document" not in bare["results"][0]
+    # one document alone, as vLLM takes it (a 400 "must be a list" before)
+    one = server.post(path, {"query": query, "documents": TEXTS[1]})
+    assert one.status_code == 200 and abs(one.json()["results"][0]["relevance_score"] - ref[1]) < 1e-5, one.text
 
 
 def test_cohere_embed_v2(server, minilm_llm):

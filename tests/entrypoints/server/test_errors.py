@@ -180,7 +180,7 @@ CASES = [
     Bad("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 400, "field 'top_n'", "top_n"),
     Bad("/rerank", {"query": "q"}, 400, "field 'documents' is required", "documents"),
     Bad("/rerank", {"documents": ["a"]}, 400, "field 'query' is required", "query"),
-    Bad("/rerank", {"query": "q", "documents": "a"}, 400, "'documents' must be a list of strings, not a string"),
+    Bad("/rerank", {"query": "q", "documents": 7}, 400, "'documents' must be a list of strings"),
     Bad("/rerank", {"query": "q", "documents": ["a", None]}, 400, "'documents' item 1 is null", "documents"),
     Bad("/rerank", {"query": 5, "documents": ["a"]}, 400, "'query' must be a string, not a number", "query"),
     Bad("/rerank", {"query": "\ud800", "documents": ["a"]}, 400, "'query' is not valid UTF-8 text", "query"),
@@ -370,7 +370,7 @@ CASES = [
     ),  # fmt: skip
     # SageMaker: the error of the request shape the body means (it said only "Cannot find suitable handler")
     Bad("/invocations", {"input": [True, False]}, 400, "'input' item 0 is a boolean, not a token id", "input"),
-    Bad("/invocations", {"query": "q", "documents": "not a list"}, 400, "documents", "documents"),
+    Bad("/invocations", {"query": "q", "documents": 3.5}, 400, "documents", "documents"),
     Bad("/invocations", {"input": "x", "task": "bogus"}, 400, "invalid value for field 'task'", "task"),
     Bad(
         "/detokenize", {"tokens": [101, 7592, 30522]}, 400, "'tokens' item 2 is 30522, outside the vocabulary", "tokens"

@@ -463,10 +463,18 @@ class ScoreRequest(PoolingBase):
 
 def _document_texts(value: Any) -> Any:
     """Cohere v1's document objects (`{"text": ...}`, as its client sends them) as their text, the field Cohere
-    ranks by when no rank_fields are given."""
+    ranks by when no rank_fields are given; one document alone (vLLM's `documents: "text"`) as a list of it."""
+    if isinstance(value, (str, dict)):
+        value = [value]
     if isinstance(value, list):
         return [x["text"] if isinstance(x, dict) and isinstance(x.get("text"), str) else x for x in value]
     return value
+
+
+def _or_one_document(schema: dict[str, Any]) -> None:
+    """The schema of a list of documents that also takes one document alone (vLLM's `documents: "text"`)."""
+    array = {k: schema.pop(k) for k in list(schema) if k not in ("title", "description")}
+    schema["anyOf"] = [array, {"type": "string"}]
 
 
 class RerankRequest(PoolingBase):
@@ -474,10 +482,16 @@ class RerankRequest(PoolingBase):
 
     query: Annotated[str, BeforeValidator(_score_content), _inputs("text")]
     """The query text."""
-    documents: Annotated[Texts, BeforeValidator(_document_texts), BeforeValidator(_score_content), _inputs("texts")]
+    documents: Annotated[
+        Texts,
+        BeforeValidator(_document_texts),
+        BeforeValidator(_score_content),
+        _inputs("texts"),
+        Field(json_schema_extra=_or_one_document),
+    ]
     """Documents to order by relevance to the query: texts (for an image model, also base64 data: URLs of page
     images), Cohere v1's `{"text": ...}` objects, or vLLM's `{"content": [part]}` with one text or image_url
-    part."""
+    part; one document may be given alone, as vLLM takes it."""
     top_n: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Return only the best top_n documents (0: all)."""
     return_documents: bool = True
