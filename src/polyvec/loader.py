@@ -489,10 +489,23 @@ def load_model_config(
         tdir_note = str(tdir)
     if not tokenizer_path.is_file():
         raise ValueError(f"no tokenizer.json (or vocab.txt) in {tdir_note}")
-    if convert == "classify" and hf_config.get("classifier_from_token"):
+    # vLLM's LLM-as-reranker recipes: `method` (from_2_way_softmax; Qwen3-Reranker's is_original_qwen3_reranker
+    # means it) makes one label of two vocabulary tokens, and the pair is the two texts joined, no separator
+    method = hf_config.get("method") or ("from_2_way_softmax" if hf_config.get("is_original_qwen3_reranker") else None)
+    if method not in (None, "from_2_way_softmax", "no_post_processing"):
+        raise ValueError(f"method={method!r} is not supported; vLLM's: from_2_way_softmax, no_post_processing")
+    if (convert == "classify" or method) and hf_config.get("classifier_from_token"):
         hf_config["classifier_from_token_ids"] = _token_ids(tokenizer_path, hf_config["classifier_from_token"])
         hf_config["num_labels"] = len(hf_config["classifier_from_token_ids"])
         hf_config.pop("id2label", None)
+        if method == "from_2_way_softmax":
+            if hf_config["num_labels"] != 2:
+                raise ValueError("method='from_2_way_softmax' needs two classifier_from_token tokens (no, yes)")
+            hf_config["classifier_2_way"], hf_config["num_labels"] = True, 1
+    elif method:
+        raise ValueError(f"method={method!r} needs classifier_from_token (the label tokens, e.g. ['no', 'yes'])")
+    if method:
+        hf_config.setdefault("use_sep_token", False)
     do_lower_case = bool(st_cfg.get("do_lower_case", False))
 
     id2label = {int(k): v for k, v in (hf_config.get("id2label") or {}).items()}

@@ -163,6 +163,28 @@ def _items(side: Any) -> list[Any]:
     return [side] if isinstance(side, (str, dict)) or is_image_object(side) else list(side)
 
 
+Compose = Callable[[str, str], str]
+"""A cross-encoder's one text for a (query, document) pair of texts, where it is not the tokenizer's text pair."""
+
+
+def pair_composer(hf_config: dict[str, Any], template: str | None, **template_kwargs: Any) -> Compose | None:
+    """How a cross-encoder joins a pair of texts, as vLLM 0.34 does: through a chat template given explicitly
+    (`--chat-template`, `LLM.score(chat_template=)`: messages of roles "query" and "document", e.g. the
+    Qwen3-Reranker template), else, for an LLM served as reranker (`use_sep_token` false, what vLLM's `method`
+    recipes set), the two texts joined without a separator; None: the tokenizer's text pair."""
+    if template is not None:
+        from .chat import render
+
+        def rendered(query: str, document: str) -> str:
+            roles = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+            return render(template, roles, **template_kwargs)
+
+        return rendered
+    if not hf_config.get("use_sep_token", True):
+        return lambda query, document: query + document
+    return None
+
+
 def plan_scores(
     text_1,
     text_2,
@@ -170,15 +192,21 @@ def plan_scores(
     cross_encoder: bool,
     late_interaction: bool = False,
     names: tuple[str, str] = ("text_1", "text_2"),
+    compose: Compose | None = None,
 ) -> ScorePlan:
-    """`names`: the sides as the caller's request calls them, for SideError's messages."""
+    """`names`: the sides as the caller's request calls them, for SideError's messages; `compose`: a
+    cross-encoder's pair of texts as one text (see pair_composer)."""
     texts_1, texts_2 = _items(text_1), _items(text_2)
     for side, texts in enumerate((texts_1, texts_2)):
         if not texts:
             raise SideError(f"{names[side]} is empty: score needs at least one item on each side", side)
     pairs = pair_indices(len(texts_1), len(texts_2), names)
     if cross_encoder:
-        return ScorePlan([(texts_1[i], texts_2[j]) for i, j in pairs], "classify", pairs, len(texts_1))
+        joined = [
+            compose(q, d) if compose is not None and isinstance(q, str) and isinstance(d, str) else (q, d)
+            for q, d in ((texts_1[i], texts_2[j]) for i, j in pairs)
+        ]
+        return ScorePlan(joined, "classify", pairs, len(texts_1))
     if late_interaction:
         return ScorePlan(texts_1 + texts_2, "token_embed", pairs, len(texts_1))
     if "embed" not in supported_tasks:

@@ -180,6 +180,51 @@ def test_convert_classify_from_lm_head_tokens(tmp_path, minilm_path):
         LLM(str(tmp_path), dtype="float32", convert="classify")
 
 
+RERANK_TEMPLATE = (
+    "<Instruct>: {{ instruction | default('Given a web search query, retrieve relevant passages', true) }}\n"
+    "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
+)
+QWEN3_RERANKER = {
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"],
+    "is_original_qwen3_reranker": True,
+}
+
+
+def test_qwen3_reranker_recipe_of_vllm(tmp_path, minilm_path):
+    """vLLM 0.34's Qwen3-Reranker recipe (hf_overrides above, a ForCausalLM checkpoint): one label,
+    sigmoid(logit(yes) - logit(no)) at the last token; the pair is query + document joined without a separator,
+    or rendered through a chat template given explicitly (roles "query" and "document"). It did not load."""
+    model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    llm = LLM(str(tmp_path), dtype="float32", hf_overrides=QWEN3_RERANKER)
+    assert llm.model_config.num_labels == 1 and llm.is_cross_encoder
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    no, yes = tok.token_to_id("no"), tok.token_to_id("yes")
+    query, docs = "what is the capital of china?", ["the capital of china is beijing.", "gravity is a force."]
+
+    def reference(text: str) -> float:
+        ids = tok.encode(text).ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        return torch.sigmoid(logits[yes] - logits[no]).item()
+
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    assert got == pytest.approx([reference(query + d) for d in docs], abs=1e-5)
+    templated = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=RERANK_TEMPLATE)]
+    from polyvec.chat import render
+
+    pairs = [[{"role": "query", "content": query}, {"role": "document", "content": d}] for d in docs]
+    want = [reference(render(RERANK_TEMPLATE, pair)) for pair in pairs]
+    assert templated == pytest.approx(want, abs=1e-5) and templated != pytest.approx(got, abs=1e-4)
+    with pytest.raises(ValueError, match="from_2_way_softmax' needs two classifier_from_token tokens"):
+        LLM(str(tmp_path), dtype="float32", hf_overrides={**QWEN3_RERANKER, "classifier_from_token": ["yes"]})
+
+
 def _save_st_decoder(folder, minilm_path, pooling: dict) -> None:
     """A Qwen3 decoder as a sentence-transformers folder: `pooling` in 1_Pooling, Normalize, a query prompt."""
     save_decoder("qwen3", "ForCausalLM", folder, minilm_path)

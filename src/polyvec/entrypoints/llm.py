@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 
 from .. import late_chunking
+from ..chat import load_template
 from ..config import LongInput, PoolerConfig, Quantization, Truncation
 from ..engine.engine import Engine, Prompt
 from ..engine.factory import create_engine
@@ -36,7 +37,7 @@ from ..outputs import (
 )
 from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
-from ..scoring import SideError, check_token_limits, cut_side, plan_scores
+from ..scoring import SideError, check_token_limits, cut_side, pair_composer, plan_scores
 from . import vllm_compat
 
 logger = logging.getLogger(__name__)
@@ -449,10 +450,13 @@ class LLM:
         truncate_prompt_tokens: int | None = None,
         use_tqdm: bool | Callable = True,
         pooling_params: PoolingParams | None = None,
+        chat_template: str | None = None,
     ) -> list[ScoringRequestOutput]:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
         classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers),
-        MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models."""
+        MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models.
+        `chat_template` (vLLM's): a cross-encoder's pair rendered through it as messages of roles "query" and
+        "document" (the Qwen3-Reranker template), a file path or the template itself."""
         # vLLM's per-side caps, offline in PoolingParams.extra_kwargs: texts cut to their first N content tokens
         extra = (pooling_params.extra_kwargs if pooling_params is not None else None) or {}
         limits = {k: int(extra.get(k) or 0) for k in ("max_tokens_per_query", "max_tokens_per_doc")}
@@ -463,6 +467,7 @@ class LLM:
         tok = self.engine.tokenizer._base
         data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
+        template = None if chat_template is None else load_template(chat_template)
         plan = plan_scores(
             data_1,
             data_2,
@@ -470,6 +475,7 @@ class LLM:
             self.is_cross_encoder,
             late_interaction=self.engine.scores_by_maxsim,
             names=("data_1", "data_2"),
+            compose=pair_composer(self.model_config.hf_config, template if self.is_cross_encoder else None),
         )
         try:
             outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)

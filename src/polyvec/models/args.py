@@ -84,10 +84,13 @@ class DecoderArgs:
     """... and from this layer on."""
     model_type: str | None = None
     classifier_from_token_ids: tuple[int, ...] = ()
+    """vLLM's `classifier_from_token` as vocabulary ids (the loader sets them): LM-head rows → classifier."""
+    classifier_2_way: bool = False
+    """vLLM's method "from_2_way_softmax" (Qwen3-Reranker, mxbai-rerank): one label, the LM-head row of the second
+    token less that of the first (logit(yes) - logit(no), whose sigmoid is the softmax over the two)."""
     mrope_section: tuple[int, ...] | None = None
     """Qwen2-VL's multimodal rotary positions: how many of each head's d/2 frequencies turn with the temporal,
     height and width position (their sum is d/2); None: one position per token."""
-    """vLLM's `classifier_from_token` as vocabulary ids (the loader sets them): LM-head rows → classifier."""
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> DecoderArgs:
@@ -114,6 +117,7 @@ class DecoderArgs:
             max_window_layers=config.get("max_window_layers", 0),
             model_type=config.get("model_type"),
             classifier_from_token_ids=tuple(config.get("classifier_from_token_ids") or ()),
+            classifier_2_way=bool(config.get("classifier_2_way", False)),
             mrope_section=_mrope_section(config),
         )
 

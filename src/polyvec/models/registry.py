@@ -204,8 +204,11 @@ class PoolingModel(nn.Module):
         lm_head = state.get("lm_head.weight")
         if lm_head is None:  # tied embeddings
             lm_head = self.encoder.embed_tokens.weight
+        rows = lm_head[list(token_ids)].float()
+        if self.encoder.args.classifier_2_way:  # logit(second) - logit(first): vLLM's from_2_way_softmax
+            rows = rows[1:] - rows[:1]
         with torch.no_grad():
-            self.sequence_head.weight.copy_(lm_head[list(token_ids)])
+            self.sequence_head.weight.copy_(rows)
 
 
 def _materialize(model: nn.Module, device: str) -> None:

@@ -138,3 +138,34 @@ def test_colbert_over_http(colbert_server):
     capped = s.post("/score", {"text_1": query, "text_2": docs, "max_tokens_per_doc": 3}).json()["data"]
     want = [o.outputs.score for o in llm.score(query, ["a wing in", "heat transfer"], use_tqdm=False)]
     assert np.allclose([x["score"] for x in capped], want, rtol=1e-4) and abs(want[0] - want[1]) > 1e-3
+
+
+def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):
+    """`--hf-overrides` with vLLM's Qwen3-Reranker recipe and `--chat-template` its rerank template: /score and
+    /rerank render each pair through the template, `instruction` its variable (it was refused: no template)."""
+    import json
+
+    from tests.models.test_decoder_parity import QWEN3_RERANKER, RERANK_TEMPLATE, save_decoder
+
+    save_decoder("qwen3", "ForCausalLM", tmp_path / "m", minilm_path)
+    (tmp_path / "rerank.jinja").write_text(RERANK_TEMPLATE)
+    llm = LLM(str(tmp_path / "m"), dtype="float32", hf_overrides=QWEN3_RERANKER)
+    query, docs = "capital of china", ["beijing is the capital", "gravity is a force"]
+    want = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=RERANK_TEMPLATE)]
+    plain = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    s = Server(
+        str(tmp_path / "m"),
+        "--hf-overrides",
+        json.dumps(QWEN3_RERANKER),
+        "--chat-template",
+        str(tmp_path / "rerank.jinja"),
+    )
+    try:
+        scores = httpx.post(s.url + "/score", json={"text_1": query, "text_2": docs}).json()
+        assert [d["score"] for d in scores["data"]] == pytest.approx(want, abs=1e-5)
+        ranked = httpx.post(s.url + "/rerank", json={"query": query, "documents": docs, "instruction": "Find it"})
+        assert ranked.status_code == 200, ranked.text
+        assert {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}[0] != pytest.approx(want[0])
+    finally:
+        s.stop()
+    assert want != pytest.approx(plain, abs=1e-4)  # the template matters

@@ -442,7 +442,8 @@ class ScoreRequest(PoolingBase):
     max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     instruction: str | None = None
-    """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
+    """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
+    Qwen3-Reranker template reads it); refused when the server has no template."""
 
     def sides(self) -> tuple[tuple[str, ScoreInput], tuple[str, ScoreInput]]:
         """The two sides as (field name, value), from the first pair of field names the body gives."""
@@ -503,7 +504,8 @@ class RerankRequest(PoolingBase):
     max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
     """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
     instruction: str | None = None
-    """vLLM passes it to a reranker's chat template; polyvec's rerankers have none, so a value is refused."""
+    """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
+    Qwen3-Reranker template reads it); refused when the server has no template."""
 
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ....scoring import SideError, check_token_limits, cut_side, plan_scores
+from ....scoring import SideError, check_token_limits, cut_side, pair_composer, plan_scores
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse
@@ -36,7 +36,14 @@ async def score_pairs(
         raise APIError(400, str(exc), list(limits)[exc.side]) from None
     text_1 = cut_side(text_1, req.max_tokens_per_query, engine.tokenizer._base)
     text_2 = cut_side(text_2, req.max_tokens_per_doc, engine.tokenizer._base)
+    # vLLM renders a cross-encoder's pair through --chat-template only when one is given (its `instruction` a
+    # variable of it, as the Qwen3-Reranker template reads it)
+    template = state.chat_template() if state.config.chat_template is not None and engine.is_cross_encoder else None
+    if req.instruction is not None and template is None:  # it would change scores in vLLM; dropping it would not
+        raise APIError(400, "'instruction' needs a reranker served with a --chat-template that uses it", "instruction")
+    variables = {} if req.instruction is None else {"instruction": req.instruction}
     try:
+        compose = pair_composer(state.model_config.hf_config, template, **variables)
         plan = plan_scores(
             text_1,
             text_2,
@@ -44,6 +51,7 @@ async def score_pairs(
             engine.is_cross_encoder,
             late_interaction=engine.scores_by_maxsim,
             names=(name_1, name_2),
+            compose=compose,
         )
     except SideError as exc:  # an empty side, or lengths that do not pair (N:M)
         raise APIError(400, str(exc), (name_1, name_2)[exc.side]) from None
@@ -62,10 +70,6 @@ async def score_pairs(
 
     # A score body's use_activation is the cross-encoder's sigmoid; embedding scores keep the model's default.
     params = pooling_params(req, use_activation=req.use_activation if plan.task == "classify" else None)
-    if req.instruction is not None:  # it would change scores in vLLM; silently dropping it would not
-        raise APIError(
-            400, "'instruction' needs a reranker whose chat template uses it; this model has none", "instruction"
-        )
     per_prompt = plan.params(params)
     outputs = await run_pooling(
         state,

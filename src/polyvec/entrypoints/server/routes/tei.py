@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .... import __version__
 from ....engine.engine import Engine
 from ....pooling_params import PoolingParams
-from ....scoring import plan_scores
+from ....scoring import pair_composer, plan_scores
 from ....tokenizer import PolyTokenizer
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
@@ -519,12 +519,14 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         _check_batch(state, len(req.texts), "texts")
         engine = state.engine
         try:
+            template = state.chat_template() if state.config.chat_template and engine.is_cross_encoder else None
             plan = plan_scores(
                 req.query,
                 req.texts,
                 engine.supported_tasks,
                 engine.is_cross_encoder,
                 late_interaction=engine.scores_by_maxsim,
+                compose=pair_composer(state.model_config.hf_config, template),
             )
         except ValueError:
             raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
