@@ -124,3 +124,21 @@ def test_template_variables_and_names(tmp_path):
     assert find_template(tmp_path) == "D" and find_template(tmp_path, tools=True) == "T"
     with pytest.raises(ChatError, match="looks like a file path, but it cannot be read"):
         load_template(str(tmp_path / "nope.jinja"))
+
+
+def test_templates_that_iterate_content_get_parts():
+    """vLLM's "openai" content format: a template that loops over a message's content gets its parts as
+    {"type": "text", "text"} dicts (it got one string and wrote nothing of it), as transformers passes them."""
+    template = (
+        "{% for message in messages %}<|{{ message.role }}|>"
+        "{% for part in message.content %}{% if part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}\n"
+        "{% endfor %}"
+    )
+    parts = [{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "text", "text": "here"}]}]
+    assert render(template, parts) == _transformers(template, parts) == "<|user|>lookhere"
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert render(template, plain) == "<|system|>be brief<|user|>hi"  # a string is one text part
+    final = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b "}]}]
+    cut = render(template, final, continue_final_message=True)
+    assert cut == _transformers(template, final, continue_final_message=True) == "<|user|>ab "
+    assert render(CHATML, parts) == render(CHATML, [{"role": "user", "content": "look\nhere"}])  # still "string"

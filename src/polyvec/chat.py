@@ -55,9 +55,11 @@ def load_template(value: str) -> str:
     return value
 
 
-def text_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def text_messages(messages: Sequence[Any], parts: bool = False) -> list[dict[str, Any]]:
     """Messages as vLLM hands them to the template: content as one string (text parts joined by newlines, its
-    "string" content format; null content ""), assistant tool-call arguments parsed from JSON to objects."""
+    "string" content format; null content ""), or with `parts` as a list of {"type": "text", "text"} parts (its
+    "openai" format, for templates that iterate over the content); assistant tool-call arguments parsed from JSON
+    to objects."""
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -77,11 +79,13 @@ def text_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                     raise ChatError(f"messages item {i} content part {j} is an image; this model reads text only")
                 else:
                     raise ChatError(f"messages item {i} content part {j} must be {{'type': 'text', 'text': str}}")
-            content = "\n".join(texts)
+            content = [{"type": "text", "text": t} for t in texts] if parts else "\n".join(texts)
         elif content is None:
-            content = ""
+            content = [] if parts else ""
         elif not isinstance(content, str):
             raise ChatError(f"messages item {i} 'content' must be a string or a list of content parts")
+        elif parts:
+            content = [{"type": "text", "text": content}]
         message = {**message, "content": content}
         if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
             message = _with_parsed_tool_calls(i, message)
@@ -111,6 +115,27 @@ def _with_parsed_tool_calls(i: int, message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": parsed_calls}
 
 
+@lru_cache(maxsize=32)
+def content_format(template: str) -> str:
+    """vLLM's detection of a template's content format: "openai" when it loops over a message's content (each
+    part then a {"type", "text"} dict), else "string" (the parts joined as one text)."""
+    from jinja2 import nodes
+
+    try:
+        tree = _compile(template).environment.parse(template)
+    except Exception:
+        return "string"
+    for loop in tree.find_all(nodes.For):
+        it = loop.iter
+        if isinstance(it, nodes.Name) and it.name == "content":
+            return "openai"
+        if isinstance(it, nodes.Getattr) and it.attr == "content":
+            return "openai"
+        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content":
+            return "openai"
+    return "string"
+
+
 def _developer_as_system(template: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A template that never names the developer role gets those messages as system messages, merged into one
     first system message (vLLM's rule)."""
@@ -124,11 +149,11 @@ def _developer_as_system(template: str, conversation: list[dict[str, Any]]) -> l
     systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
     if systems == [0]:
         return converted
-    merged = {
-        "role": "system",
-        "content": "\n\n".join(converted[i]["content"] for i in systems if converted[i]["content"]),
-    }
-    return [merged, *(m for m in converted if m["role"] != "system")]
+    texts = [converted[i]["content"] for i in systems]
+    texts = [t if isinstance(t, str) else "\n".join(p["text"] for p in t) for t in texts]  # "openai" parts
+    joined = "\n\n".join(t for t in texts if t)
+    content: Any = joined if isinstance(converted[systems[0]]["content"], str) else [{"type": "text", "text": joined}]
+    return [{"role": "system", "content": content}, *(m for m in converted if m["role"] != "system")]
 
 
 @lru_cache(maxsize=32)
@@ -164,11 +189,19 @@ def render(
 
     if add_generation_prompt and continue_final_message:
         raise ChatError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    conversation = _developer_as_system(template, text_messages(messages))
+    parts = content_format(template) == "openai"
+    conversation = _developer_as_system(template, text_messages(messages, parts))
     if not conversation:
         raise ChatError("messages must not be empty")
     if continue_final_message:  # transformers' way: a marker after the last message's text, the text cut there
-        conversation[-1] = {**conversation[-1], "content": conversation[-1]["content"] + _CONTINUE_TAG}
+        final = conversation[-1]["content"]
+        if parts:
+            if not final:
+                raise ChatError("continue_final_message: the last message has no text to continue")
+            final = [*final[:-1], {**final[-1], "text": final[-1]["text"] + _CONTINUE_TAG}]
+        else:
+            final = final + _CONTINUE_TAG
+        conversation[-1] = {**conversation[-1], "content": final}
     try:
         text = _compile(template).render(
             messages=conversation,

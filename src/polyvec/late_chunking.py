@@ -69,6 +69,16 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
     return text
 
 
+def check_no_prompt(input_processor, text: str, verified_params) -> None:
+    """Chunks are spans of the text as sent: a model's instruction prompt (input_type, or its default prompt)
+    in front of it is refused, not misaligned."""
+    if input_processor._with_prompt(text, verified_params) != text:
+        raise ValueError(
+            "Late chunking does not support an instruction prompt (this request's input_type or the model's "
+            "default_prompt_name): the chunks are spans of the text as sent"
+        )
+
+
 def pool(
     tokens: torch.Tensor, offsets: list[tuple[int, int]], special: list[bool], chunk_size: int, normalize: bool
 ) -> tuple[torch.Tensor, LateChunkingMetadata]:

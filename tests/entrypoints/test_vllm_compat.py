@@ -333,7 +333,7 @@ def test_score_caps_from_extra_kwargs_offline(minilm_llm):
         minilm_llm.score("a", "b", pooling_params=PoolingParams(extra_kwargs={"max_tokens_per_doc": 256}))
 
 
-def test_offline_api_details_of_vllm_034(minilm_path):
+def test_offline_api_details_of_vllm_034(minilm_path, tmp_path):
     """PoolingParams' first positional field is use_activation and clone() is deep; LateChunkingParams bounds
     chunk_size and refuses blank text; TokensPrompt / TextPrompt import from polyvec; LLM() takes vLLM's other
     offline keywords (a warning when set)."""
@@ -355,6 +355,16 @@ def test_offline_api_details_of_vllm_034(minilm_path):
     assert [c.char_range for c in blank.late_chunking.chunks] == [None]
     with pytest.raises(ValueError, match="no tokens"):  # without special tokens it has none
         llm.encode("   ", late, pooling_task="token_embed", tokenization_kwargs={"add_special_tokens": False})
+    # a model's default instruction prompt would shift every chunk off its text: refused by name (it failed as
+    # "a fast tokenizer with offsets aligned" on a fast tokenizer)
+    import shutil
+
+    prompted = shutil.copytree(minilm_path, tmp_path / "prompted")
+    (prompted / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": "query"})
+    )
+    with pytest.raises(ValueError, match="Late chunking does not support an instruction prompt"):
+        LLM(str(prompted), dtype="float32").encode("wing flutter", late, pooling_task="token_embed")
     for kwargs in ({"truncation": True}, {"padding": True}, {"do_lower_case": True}, {"pad_prompt_tokens": 8}):
         with pytest.raises(ValueError, match="does not support input padding, truncation"):  # they were ignored
             llm.encode("abc", late, pooling_task="token_embed", tokenization_kwargs=kwargs)

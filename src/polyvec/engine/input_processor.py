@@ -242,7 +242,7 @@ class InputProcessor:
                         "(truncate_prompt_tokens; Cohere's max_tokens); images are not truncated: raise the limit "
                         "or send smaller images",
                     )
-            if padding == "max_length" and i not in pixels and not windowed[i] and not static[i]:
+            if padding == "max_length" and i not in pixels and not static[i]:  # an input that fits, windowed or not
                 width = verified[i].truncate_prompt_tokens or limit
                 if len(ids) < width:
                     pad = self.model_config.hf_config.get("pad_token_id")

@@ -279,7 +279,9 @@ class LLM:
                 lower_case=self.model_config.do_lower_case,
             )
             # normalized as the request resolves it: normalize, use_activation, else the pooler's default
-            normalize = bool(self.engine.input_processor.verify_params(p, task).use_activation)
+            verified = self.engine.input_processor.verify_params(p, task)
+            late_chunking.check_no_prompt(self.engine.input_processor, text, verified)
+            normalize = bool(verified.use_activation)
             found[i] = (text, p.late_chunking_params, normalize)
         return found
 

@@ -170,6 +170,9 @@ def test_padding_and_truncation_side(vllm_server, minilm_llm):
     assert not torch.allclose(want, torch.tensor(plain["data"][0]["embedding"]), atol=1e-3)
     cut = post(vllm_server, "/pooling", {"input": TEXT, "padding": "max_length", "truncate_prompt_tokens": 40})
     assert cut.json()["usage"]["prompt_tokens"] == 40
+    # an input that fits is padded in window mode too (it was left as it was)
+    windowed = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "max_length", "long_input": "window"})
+    assert windowed.json()["usage"]["prompt_tokens"] == 256
     unpadded = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "do_not_pad"}).json()
     assert unpadded["data"][0]["embedding"] == plain["data"][0]["embedding"]
     body = {"input": TEXT, "truncate_prompt_tokens": 5, "truncation_side": "left", "task": "token_embed"}

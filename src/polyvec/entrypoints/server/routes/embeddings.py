@@ -83,17 +83,15 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
             message = f"'input' item {i} has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking"
             raise APIError(400, message + " reads the whole input in one pass; shorten it", "input")
     params = pooling_params(req, late_chunking_params=None, use_activation=False, normalize=None)
-    # normalized as the request resolves it: use_activation / normalize, else the pooler's default
-    asked = pooling_params(req, late_chunking_params=None)
-    normalize = bool(state.engine.input_processor.verify_params(asked, "token_embed").use_activation)
-    outputs = await run_pooling(
-        state,
-        raw,
-        prompts,
-        params,
-        "token_embed",
-        add_special_tokens=add_special_tokens,
-    )
+    outputs = await run_pooling(state, raw, prompts, params, "token_embed", add_special_tokens=add_special_tokens)
+    # the request's own params, checked by now: normalized as they resolve (else the pooler's default), no prompt
+    asked = state.engine.input_processor.verify_params(pooling_params(req, late_chunking_params=None), "token_embed")
+    normalize = bool(asked.use_activation)
+    try:
+        for text in prompts:
+            late_chunking.check_no_prompt(state.engine.input_processor, text, asked)
+    except ValueError as exc:
+        raise APIError(400, str(exc), "input_type") from None
     chunk_size = req.late_chunking_params.chunk_size  # type: ignore[union-attr]
     data = []
     for i, (enc, out) in enumerate(zip(encodings, outputs)):
