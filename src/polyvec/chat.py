@@ -13,7 +13,6 @@ from typing import Any
 
 # vLLM's text part types, each with the field that holds its text
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
-CONTENT_TYPES = tuple(TEXT_PARTS)
 # transformers' marker for continue_final_message: the text is cut where it lands
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 

@@ -52,20 +52,31 @@ def tokenization_changes(kwargs: dict | None) -> bool:
     )
 
 
+class LateChunkingError(ValueError):
+    """What late chunking cannot take, and the request field it is about (`input` for the prompt itself)."""
+
+    def __init__(self, message: str, field: str = "late_chunking_params"):
+        super().__init__(message)
+        self.field = field
+
+
 def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
-    """The prompt's text, or ValueError with vLLM's wording for what late chunking cannot take."""
+    """The prompt's text, or LateChunkingError with vLLM's wording for what late chunking cannot take."""
     params.late_chunking_params.verify()
     if task != "token_embed":
-        raise ValueError("Late chunking requires token_embed")
+        raise LateChunkingError("Late chunking requires token_embed")
     if params.dimensions is not None or late_interaction:
-        raise ValueError("Late chunking does not support dimension reduction, late-interaction scoring")
+        raise LateChunkingError("Late chunking does not support dimension reduction, late-interaction scoring")
     if params.truncate_prompt_tokens is not None or lower_case:
-        raise ValueError("Late chunking does not support input padding, truncation or renderer text normalization")
+        raise LateChunkingError(
+            "Late chunking does not support input padding, truncation or renderer text normalization",
+            "truncate_prompt_tokens" if params.truncate_prompt_tokens is not None else "late_chunking_params",
+        )
     text = prompt.get("prompt") if isinstance(prompt, dict) and "multi_modal_data" not in prompt else prompt
     if not isinstance(text, str):
-        raise ValueError("Late chunking requires plain-text input")
+        raise LateChunkingError("Late chunking requires plain-text input", "input")
     if not text:  # whitespace is text (its chunks have no characters: char_range None), as in vLLM
-        raise ValueError("Late chunking requires nonempty plain-text input")
+        raise LateChunkingError("Late chunking requires nonempty plain-text input", "input")
     return text
 
 

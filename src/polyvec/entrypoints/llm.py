@@ -477,7 +477,7 @@ class LLM:
             self.is_cross_encoder,
             late_interaction=self.engine.scores_by_maxsim,
             names=("data_1", "data_2"),
-            compose=pair_composer(self.model_config.hf_config, template if self.is_cross_encoder else None),
+            compose=pair_composer(self.model_config.hf_config, template),
         )
         try:
             outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)

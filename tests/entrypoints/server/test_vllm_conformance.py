@@ -352,7 +352,7 @@ def test_late_chunking_refusals(token_server):
     late = {"late_chunking_params": {"chunk_size": 4}}
     for body, status, words, param in [
         ({"input": "", **late}, 400, "nonempty plain-text", "input"),
-        ({"input": [101, 102], **late}, 400, "nonempty plain-text", "input"),
+        ({"input": [101, 102], **late}, 400, "plain-text input", "input"),
         ({"input": "x", "dimensions": 8, **late}, 400, "dimension reduction", "late_chunking_params"),
         ({"input": "x", "truncate_prompt_tokens": 2, **late}, 400, "does not support", "truncate_prompt_tokens"),
         ({"input": "wing " * 300, **late}, 400, "302 tokens, more than max_model_len=256", "input"),

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from .... import late_chunking
+from ....late_chunking import LateChunkingParams
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
@@ -56,25 +57,29 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
 async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, model: str) -> Response:
     """vLLM 0.34's late chunking over HTTP: raw token vectors of each whole text, averaged per chunk."""
     field = "late_chunking_params"
-    if state.engine.is_late_interaction or req.dimensions is not None:
-        raise APIError(400, "Late chunking does not support dimension reduction, late-interaction scoring", field)
-    for name in ("truncate_prompt_tokens", "padding"):
-        if getattr(req, name) not in (None, "do_not_pad"):
-            message = "Late chunking does not support input padding, truncation or renderer text normalization"
-            raise APIError(400, message, name)
+    if late_chunking.tokenization_changes({"padding": req.padding}):
+        message = "Late chunking does not support input padding, truncation or renderer text normalization"
+        raise APIError(400, message, "padding")
     if req.encoding_format != "float" or req.pool_factor is not None or req.long_input == "window":
         raise APIError(400, "late chunking returns float chunk vectors of whole inputs", field)
     if "token_embed" not in state.engine.supported_tasks:
         raise APIError(400, "Late chunking requires token_embed, which this model does not serve", field)
-    if state.model_config.do_lower_case:
-        message = "Late chunking does not support input padding, truncation or renderer text normalization"
-        raise APIError(400, message, field)
     if req.messages is not None:
         raise APIError(400, "Late chunking requires plain-text input", "messages")
     prompts, add_special_tokens, _ = request_prompts(state, req)
-    for i, text in enumerate(prompts):
-        if not isinstance(text, str) or not text:
-            raise APIError(400, f"'input' item {i}: Late chunking requires nonempty plain-text input", "input")
+    chunking = LateChunkingParams(req.late_chunking_params.chunk_size)  # type: ignore[union-attr]
+    given = pooling_params(req, late_chunking_params=chunking)
+    for i, prompt in enumerate(prompts):  # the checks of offline late chunking, in the body's words
+        try:
+            late_chunking.check(
+                given,
+                "token_embed",
+                prompt,
+                late_interaction=state.engine.is_late_interaction,
+                lower_case=state.model_config.do_lower_case,
+            )
+        except late_chunking.LateChunkingError as exc:
+            raise APIError(400, (f"'input' item {i}: " if exc.field == "input" else "") + str(exc), exc.field) from None
     # the chunks' character spans need the tokenizer's offsets; tokenized off the event loop, as every input is
     base, limit = state.engine.tokenizer._base, state.model_config.max_model_len
     encodings = await state.async_engine.call(base.encode_batch, prompts, add_special_tokens=add_special_tokens)
@@ -92,7 +97,7 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
             late_chunking.check_no_prompt(state.engine.input_processor, text, asked)
     except ValueError as exc:
         raise APIError(400, str(exc), "input_type") from None
-    chunk_size = req.late_chunking_params.chunk_size  # type: ignore[union-attr]
+    chunk_size = chunking.chunk_size
     data = []
     for i, (enc, out) in enumerate(zip(encodings, outputs)):
         special = [bool(m) for m in enc.special_tokens_mask]

@@ -519,7 +519,7 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         _check_batch(state, len(req.texts), "texts")
         engine = state.engine
         try:
-            template = state.chat_template() if state.config.chat_template and engine.is_cross_encoder else None
+            template = state.chat_template() if state.config.chat_template else None
             plan = plan_scores(
                 req.query,
                 req.texts,
