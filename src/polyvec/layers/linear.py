@@ -144,7 +144,7 @@ def linear_mul(linear: nn.Module, x: torch.Tensor, other: torch.Tensor) -> torch
 
 
 # oneDNN ISAs (ONEDNN_MAX_CPU_ISA caps it) without an int8 dot-product instruction: there u8 x s8 products
-# go through int16 pair sums that saturate, and int8 outputs drift to cosine ~0.96 (0.997 with VNNI).
+# go through int16 pair sums that saturate, and int8 outputs drift far from float32.
 _ISAS_WITHOUT_VNNI = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
 
 
