@@ -449,8 +449,12 @@ def test_cli_refuses_replicas_that_cannot_fit(minilm_path):
         busy = str(taken.getsockname()[1])
         for flags, message in [
             (["--port", busy], f"cannot serve on 127.0.0.1:{busy}: Address already in use"),
-            (["--ray", "bogus_address"], "--ray bogus_address: not an address"),
-            (["--ray", f"127.0.0.1:{free_port()}"], "no Ray answers there (Connection refused)"),
+            # a fresh port each: the earlier replicas' proxy (or another test) may still hold the first one
+            (["--port", str(free_port()), "--ray", "bogus_address"], "--ray bogus_address: not an address"),
+            (
+                ["--port", str(free_port()), "--ray", f"127.0.0.1:{free_port()}"],
+                "no Ray answers there (Connection refused)",
+            ),
         ]:
             r = subprocess.run([*good, *flags], env=env, capture_output=True, text=True, timeout=60)
             assert r.returncode == 2 and message in r.stderr.splitlines()[-1], r.stderr[-2000:]
