@@ -142,3 +142,23 @@ def test_templates_that_iterate_content_get_parts():
     cut = render(template, final, continue_final_message=True)
     assert cut == _transformers(template, final, continue_final_message=True) == "<|user|>ab "
     assert render(CHATML, parts) == render(CHATML, [{"role": "user", "content": "look\nhere"}])  # still "string"
+
+
+def test_content_format_chosen_by_the_server_flag():
+    """--chat-template-content-format forces vLLM's format over the detection (it was accepted and ignored):
+    "openai" hands a template the typed parts even when it only prints the content, "string" the joined text."""
+    from polyvec.entrypoints.cli import build_parser, server_options
+
+    printing = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    looping = "{% for m in messages %}{% for p in m.content %}<{{ p }}>{% endfor %}{% endfor %}"
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert render(printing, conversation) == "[a\nb]"
+    assert (
+        render(printing, conversation, content_format_option="openai")
+        == "[[{'type': 'text', 'text': 'a'}, {'type': 'text', 'text': 'b'}]]"
+    )
+    assert render(looping, conversation) == "<{'type': 'text', 'text': 'a'}><{'type': 'text', 'text': 'b'}>"
+    assert render(looping, conversation, content_format_option="string") == "<a><\n><b>"
+    args = build_parser().parse_args(["serve", "m", "--chat-template-content-format", "openai"])
+    assert server_options(args)["chat_template_content_format"] == "openai"
+    assert server_options(build_parser().parse_args(["serve", "m"]))["chat_template_content_format"] == "auto"

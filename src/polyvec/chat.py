@@ -181,14 +181,17 @@ def render(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     special_tokens: dict[str, str] | None = None,
+    content_format_option: str = "auto",
     **kwargs: Any,
 ) -> str:
-    """The conversation as the template writes it; ChatError for a bad conversation or a failing template."""
+    """The conversation as the template writes it; ChatError for a bad conversation or a failing template.
+    `content_format_option` is vLLM's --chat-template-content-format: "string", "openai", or "auto" (detected)."""
     from jinja2 import TemplateError
 
     if add_generation_prompt and continue_final_message:
         raise ChatError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    parts = content_format(template) == "openai"
+    chosen = content_format(template) if content_format_option == "auto" else content_format_option
+    parts = chosen == "openai"
     conversation = _developer_as_system(template, text_messages(messages, parts))
     if not conversation:
         raise ChatError("messages must not be empty")

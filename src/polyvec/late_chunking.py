@@ -1,13 +1,12 @@
-"""Late chunking (vLLM 0.34's `LateChunkingParams`, offline): one document is encoded once, in full context, and
-its token vectors are mean-pooled per span of `chunk_size` consecutive tokens (special tokens included), each
-span then normalized, so every chunk's vector has seen the whole document."""
+"""Late chunking (vLLM 0.34's `LateChunkingParams`): one document is encoded once, in full context, and its
+hidden states are mean-pooled per span of `chunk_size` consecutive tokens (special tokens included), each mean
+then through the model's token head (projection, `dimensions`, normalization), so every chunk's vector has seen
+the whole document. The pooler computes the vectors (`PoolingSpec.chunk_size`); this module checks requests
+and maps chunks to the text."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
-import torch.nn.functional as F
 
 
 @dataclass
@@ -62,11 +61,16 @@ class LateChunkingError(ValueError):
 
 def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
     """The prompt's text, or LateChunkingError with vLLM's wording for what late chunking cannot take."""
-    params.late_chunking_params.verify()
+    chunking = params.late_chunking_params
+    if not isinstance(chunking, LateChunkingParams):
+        raise LateChunkingError(f"late_chunking_params must be LateChunkingParams, got {chunking!r}")
+    chunking.verify()
     if task != "token_embed":
         raise LateChunkingError("Late chunking requires token_embed")
-    if params.dimensions is not None or late_interaction:
-        raise LateChunkingError("Late chunking does not support dimension reduction, late-interaction scoring")
+    if late_interaction:  # its recipe adds marker tokens and drops skiplist ones: rows are not the text's tokens
+        raise LateChunkingError(
+            "Late chunking does not support a ColBERT model's query and document recipe (marker tokens, skiplist)"
+        )
     if params.truncate_prompt_tokens is not None or lower_case:
         raise LateChunkingError(
             "Late chunking does not support input padding, truncation or renderer text normalization",
@@ -90,19 +94,16 @@ def check_no_prompt(input_processor, text: str, verified_params) -> None:
         )
 
 
-def pool(
-    tokens: torch.Tensor, offsets: list[tuple[int, int]], special: list[bool], chunk_size: int, normalize: bool
-) -> tuple[torch.Tensor, LateChunkingMetadata]:
-    """[T, D] token vectors (before any activation) → [ceil(T / chunk_size), D] chunk vectors and their spans."""
-    if len(offsets) != tokens.shape[0]:
+def metadata(
+    num_tokens: int, offsets: list[tuple[int, int]], special: list[bool], chunk_size: int
+) -> LateChunkingMetadata:
+    """Each chunk's token range and its characters in the text (from the tokenizer's offsets)."""
+    if len(offsets) != num_tokens:
         raise ValueError("Late chunking requires a fast tokenizer with offsets aligned to all input tokens")
-    chunks = torch.stack([part.float().mean(0) for part in tokens.split(chunk_size)])
-    if normalize:
-        chunks = F.normalize(chunks, dim=-1)
-    meta = LateChunkingMetadata(chunk_size, tokens.shape[0])
-    for start in range(0, tokens.shape[0], chunk_size):
-        end = min(start + chunk_size, tokens.shape[0])
+    meta = LateChunkingMetadata(chunk_size, num_tokens)
+    for start in range(0, num_tokens, chunk_size):
+        end = min(start + chunk_size, num_tokens)
         spans = [offsets[i] for i in range(start, end) if not special[i]]
         chars = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
         meta.chunks.append(LateChunk((start, end), chars))
-    return chunks, meta
+    return meta

@@ -136,8 +136,11 @@ class PoolingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
-        if self.late_chunking_params is not None and task != "token_embed":
-            raise ValueError("Late chunking requires token_embed")
+        if self.late_chunking_params is not None:
+            if not isinstance(self.late_chunking_params, LateChunkingParams):
+                raise ValueError(f"late_chunking_params must be LateChunkingParams, got {self.late_chunking_params!r}")
+            if task != "token_embed":
+                raise ValueError("Late chunking requires token_embed")
         factor = self.pool_factor
         if factor is not None:
             if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
@@ -224,6 +227,10 @@ class PoolingParams:
         returned = self.returned_token_ids
         if returned is None and token_task:
             returned = pooler.returned_token_ids
+        if self.late_chunking_params is not None:
+            self.late_chunking_params.verify()  # a chunk_size set after construction, as vLLM checks it
+            if step_tag_id is not None:  # the request's or the pooler's: chunks are spans of every row
+                raise ValueError("Late chunking requires all token rows (no step_tag_id)")
         if (self.step_tag_id is not None or self.returned_token_ids is not None) and task in (
             "embed",
             "classify",

@@ -280,10 +280,13 @@ def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_t
     lc = PoolingParams(late_chunking_params=LateChunkingParams(4))
     for bad, prompt, task, message in [
         (lc, text, "embed", "Late chunking requires token_embed"),
-        (dataclasses.replace(lc, dimensions=8), text, "token_embed", "dimension reduction"),
+        # dimensions as for any token_embed request (refused as "dimension reduction" before, whatever the model)
+        (dataclasses.replace(lc, dimensions=8), text, "token_embed", "dimensions=8 is not allowed"),
         (dataclasses.replace(lc, truncate_prompt_tokens=8), text, "token_embed", "truncation"),
         (lc, [101, 102], "token_embed", "plain-text input"),
         (lc, "", "token_embed", "nonempty plain-text"),
+        (dataclasses.replace(lc, step_tag_id=1010), text, "token_embed", "requires all token rows"),
+        (PoolingParams(late_chunking_params={"chunk_size": 4}), text, "token_embed", "must be LateChunkingParams"),
         (lc, "wing " * 400, "token_embed", "402 tokens, more than max_model_len=256: late chunking reads the whole"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -390,3 +393,14 @@ def test_chat_template_flag_and_special_tokens(tmp_path, minilm_path, capsys):
         model_config=SimpleNamespace(tokenizer_path=tmp_path / "tokenizer.json"), _special_tokens=None
     )
     assert ServerState.special_tokens(state) == {"bos_token": "<s>", "eos_token": "<|end|>"}  # type: ignore[arg-type]
+
+
+def test_late_chunking_on_a_colbert_model_is_refused_by_its_reason(pylate_model):
+    """A ColBERT model's rows are not the text's tokens (a marker token added, skiplist tokens dropped): its
+    late chunking is refused saying so (the message spoke of late-interaction scoring, which it was not)."""
+    from polyvec import LateChunkingParams, PoolingParams
+
+    colbert = LLM(str(pylate_model[1]), dtype="float32")
+    params = PoolingParams(late_chunking_params=LateChunkingParams(2))
+    with pytest.raises(ValueError, match="ColBERT model's query and document recipe"):
+        colbert.token_embed("a wing in a slipstream", params, use_tqdm=False)

@@ -157,3 +157,34 @@ def test_long_input_windows_of_token_vectors(m3_folder):
     cut = llm.token_embed([text], use_tqdm=False)[0]  # the first window's tokens, truncated
     assert whole.outputs.data.shape == (len(whole.prompt_token_ids) - 1, 32)
     assert torch.allclose(whole.outputs.data[:60], cut.outputs.data[:60], atol=1e-6)
+
+
+def test_late_chunking_keeps_the_special_tokens(m3_folder):
+    """vLLM 0.34's test_bge_m3_late_chunking_keeps_special_tokens: each chunk is the mean of chunk_size hidden
+    rows, the first token's included (bge-m3's token vectors leave it out, which made every request fail on
+    misaligned offsets), then the ColBERT projection and normalization; dimensions as for a Matryoshka model."""
+    import transformers
+
+    from polyvec import LateChunkingParams
+
+    text = TEXTS[1]
+    llm = LLM(str(m3_folder), dtype="float32", hf_overrides={"is_matryoshka": True})
+    trunk = transformers.AutoModel.from_pretrained(m3_folder).eval()
+    colbert = torch.nn.Linear(32, 32)
+    colbert.load_state_dict(torch.load(m3_folder / "colbert_linear.pt"))
+    plain = llm.token_embed(text, use_tqdm=False)[0]
+    ids = plain.prompt_token_ids
+    with torch.no_grad():
+        hidden = trunk(torch.tensor([ids])).last_hidden_state[0]
+        for size, dims in ((1, None), (3, None), (5, 16), (128, None)):
+            means = torch.stack([part.mean(0) for part in hidden.split(size)])
+            want = torch.nn.functional.normalize(colbert(means)[:, :dims], dim=-1)
+            params = PoolingParams(late_chunking_params=LateChunkingParams(size), dimensions=dims)
+            out = llm.token_embed(text, params, use_tqdm=False)[0]
+            assert out.outputs.data.shape == want.shape and cosine_rows(out.outputs.data, want).min() >= 0.9999
+            assert out.late_chunking.input_tokens == len(ids) and out.late_chunking.chunks[0].token_range[0] == 0
+        # one-token chunks without normalization are the projected rows, the first token's before the others
+        rows = llm.token_embed(text, PoolingParams(use_activation=False, late_chunking_params=LateChunkingParams(1)),
+                               use_tqdm=False)[0].outputs.data  # fmt: skip
+        assert torch.allclose(rows, colbert(hidden), atol=1e-5)
+        assert torch.allclose(torch.nn.functional.normalize(rows[1:], dim=-1), plain.outputs.data, atol=1e-5)

@@ -350,3 +350,21 @@ def test_long_inputs_in_windows_as_vllm_chunked_processing(tmp_path, minilm_path
     assert cosine_rows(tokens.outputs.data, F.normalize(torch.cat(hidden), dim=-1)).min().item() >= 0.9999
     with pytest.raises(ValueError, match="200"):  # max_embed_len: longer inputs are refused
         llm.embed([{"prompt_token_ids": ids * 3}], use_tqdm=False)
+
+
+def test_late_chunking_over_chunked_prefill_and_a_cached_prefix(tmp_path, minilm_path):
+    """vLLM 0.34's test_late_chunking_recomputes_cached_prefix_with_chunked_prefill: a decoder's late chunks are
+    the means of its hidden rows whether the prompt went in pieces of 16 tokens or its prefix came from the
+    cache (the chunk means are taken in the pooler now, over every row the prefill carried)."""
+    from polyvec import LateChunkingParams
+
+    model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    text = "the flutter of a heated wing at supersonic speed, measured in a blowdown tunnel " * 3
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16)
+    params = PoolingParams(late_chunking_params=LateChunkingParams(7))
+    first = llm.token_embed(text, params, use_tqdm=False)[0]
+    ref = reference_hidden(model, first.prompt_token_ids)
+    want = F.normalize(torch.stack([part.mean(0) for part in ref.split(7)]), dim=-1)
+    assert first.outputs.data.shape == want.shape and cosine_rows(first.outputs.data, want).min() >= 0.9999
+    again = llm.token_embed(text, params, use_tqdm=False)[0]  # its prefix now cached
+    assert again.num_cached_tokens > 0 and torch.allclose(again.outputs.data, first.outputs.data, atol=1e-5)

@@ -467,6 +467,7 @@ class InputProcessor:
             returned_token_ids=tuple(params.returned_token_ids) if params.returned_token_ids else None,
             sparse_top_k=params.sparse_top_k,
             sparse_threshold=params.sparse_threshold,
+            chunk_size=params.late_chunking_params.chunk_size if params.late_chunking_params is not None else None,
         )
 
     def _long_input(self, params: PoolingParams) -> str:

@@ -887,6 +887,13 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
         "--trust-request-chat-template", action="store_true", help="let a request carry its own chat_template"
     )
     g.add_argument(
+        "--chat-template-content-format",
+        choices=("auto", "string", "openai"),
+        default="auto",
+        help="how a message's content reaches the template: string (its text joined), openai (a list of parts), "
+        "auto (what the template loops over)",
+    )
+    g.add_argument(
         "--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", help="the default; see --no-..."
     )
     for name in vllm_compat.PARALLEL:
@@ -1012,6 +1019,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "request_id_headers": args.enable_request_id_headers,
         "chat_template": args.chat_template,
         "trust_request_chat_template": args.trust_request_chat_template,
+        "chat_template_content_format": args.chat_template_content_format,
     }
 
 

@@ -211,16 +211,7 @@ class LLM:
         late = self._late_chunking(prompts, params, task)
         if late and late_chunking.tokenization_changes(tokenization_kwargs):
             raise ValueError("Late chunking does not support input padding, truncation or renderer text normalization")
-        if late:  # raw token vectors, whole documents; the chunks are pooled below
-            per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-            params = [
-                dataclasses.replace(
-                    p or PoolingParams(), use_activation=False, normalize=None, late_chunking_params=None
-                )
-                if i in late
-                else p or PoolingParams()
-                for i, p in enumerate(per_prompt)
-            ]
+        if late:  # whole documents: the pooler averages their rows per chunk
             options["truncation"] = "error"
         try:
             requests = self.engine.process(prompts, params, task, **options)
@@ -254,18 +245,17 @@ class LLM:
             if bar is not None:
                 bar.close()
         outputs = [done[r.request_id] for r in requests]
-        for i, (text, chunking, normalize) in late.items():
+        for i, (text, chunking) in late.items():
             out = outputs[i]
             enc = self.engine.tokenizer._base.encode(text, add_special_tokens=options.get("add_special_tokens", True))
             special = [bool(m) for m in enc.special_tokens_mask]
-            data, out.late_chunking = late_chunking.pool(
-                out.outputs.data, list(enc.offsets), special, chunking.chunk_size, normalize
+            out.late_chunking = late_chunking.metadata(
+                len(out.prompt_token_ids), list(enc.offsets), special, chunking.chunk_size
             )
-            out.outputs.data = data
         return outputs
 
-    def _late_chunking(self, prompts: list, params, task) -> dict[int, tuple[str, LateChunkingParams, bool]]:
-        """Prompts whose params ask for late chunking: index → (text, params, normalize); checked as vLLM does."""
+    def _late_chunking(self, prompts: list, params, task) -> dict[int, tuple[str, LateChunkingParams]]:
+        """Prompts whose params ask for late chunking: index → (text, params); checked as vLLM does."""
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         found = {}
         for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
@@ -278,11 +268,9 @@ class LLM:
                 late_interaction=self.engine.is_late_interaction,
                 lower_case=self.model_config.do_lower_case,
             )
-            # normalized as the request resolves it: normalize, use_activation, else the pooler's default
             verified = self.engine.input_processor.verify_params(p, task)
             late_chunking.check_no_prompt(self.engine.input_processor, text, verified)
-            normalize = bool(verified.use_activation)
-            found[i] = (text, p.late_chunking_params, normalize)
+            found[i] = (text, p.late_chunking_params)
         return found
 
     def iter_encode(

@@ -69,7 +69,6 @@ IGNORED_SERVER: dict[str, bool] = {
     "allowed_headers": True,
     "allow_credentials": False,
     "root_path": True,
-    "chat_template_content_format": True,
 }
 
 # Parallelism that would split the model or the data over devices: only 1 is accepted.

@@ -42,6 +42,7 @@ class PoolingSpec:
     skip_first: int = 0  # sequence pooling leaves out the first tokens (include_prompt: false: the prompt's)
     sparse_top_k: int | None = None
     sparse_threshold: float | None = None
+    chunk_size: int | None = None  # late chunking: every row (special tokens too) averaged per chunk, then the head
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -165,6 +166,12 @@ class Pooler(nn.Module):
                 continue
 
             starts = meta.cu_seqlens.tolist()
+            if spec.chunk_size is not None:  # one head call on the chunk means of the group, as on its tokens
+                means = [chunk_means(hidden[starts[i] : starts[i + 1]], spec.chunk_size) for i in members]
+                out = self._head(spec, torch.cat(means))
+                for i, piece in zip(members, out.split([len(m) for m in means])):
+                    results[i] = piece
+                continue
             if len(members) == meta.num_seqs:
                 tokens = hidden
             else:
@@ -263,6 +270,8 @@ class Pooler(nn.Module):
         spec = state.spec
         if spec.task in ("embed", "classify"):
             return self.apply_head(spec, state.vector())
+        if spec.chunk_size is not None:
+            return self._head(spec, chunk_means(torch.cat(state.tokens), spec.chunk_size))
         return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
 
     @staticmethod
@@ -309,6 +318,12 @@ class PoolingState:
         """The sequence task's pooled vector: its modes' vectors, concatenated."""
         parts = [self.pooled(mode) for mode in self.spec.pooling]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def chunk_means(rows: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """[T, H] float32 rows → [ceil(T / chunk_size), H]: the mean of each run of chunk_size rows (the last may be
+    shorter)."""
+    return torch.stack([part.mean(0) for part in rows.split(chunk_size)])
 
 
 def pool_rows(spec: PoolingSpec, rows: torch.Tensor) -> torch.Tensor:

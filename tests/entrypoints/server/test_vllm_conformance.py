@@ -353,7 +353,7 @@ def test_late_chunking_refusals(token_server):
     for body, status, words, param in [
         ({"input": "", **late}, 400, "nonempty plain-text", "input"),
         ({"input": [101, 102], **late}, 400, "plain-text input", "input"),
-        ({"input": "x", "dimensions": 8, **late}, 400, "dimension reduction", "late_chunking_params"),
+        ({"input": "x", "dimensions": 8, **late}, 400, "dimensions=8 is not allowed", "dimensions"),
         ({"input": "x", "truncate_prompt_tokens": 2, **late}, 400, "does not support", "truncate_prompt_tokens"),
         ({"input": "wing " * 300, **late}, 400, "302 tokens, more than max_model_len=256", "input"),
         ({"input": "x", "late_chunking_params": {"chunk_size": 0}}, 400, "chunk_size", "late_chunking_params"),
@@ -362,3 +362,23 @@ def test_late_chunking_refusals(token_server):
         r = token_server.post("/v1/embeddings", body)
         error = r.json()["error"]
         assert r.status_code == status and words in error["message"] and param in (error["param"] or ""), (body, r.text)
+    # /pooling has no late chunking (vLLM's ignores the field): refused, not token vectors unchunked (nor a 500)
+    r = token_server.post("/pooling", {"input": "x", "task": "token_embed", **late})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "late_chunking_params" and "/v1/embeddings" in r.text
+
+
+def test_chat_template_content_format_reaches_the_template(minilm_llm):
+    """A server started with --chat-template-content-format openai hands its template the parts list, which a
+    template that prints the content writes as such (the flag was accepted and ignored: the joined text)."""
+    from tests.entrypoints.server.conftest import in_process_server
+
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}], "add_special_tokens": False}
+    seen = {}
+    for option in ("auto", "openai"):
+        with in_process_server(minilm_llm.engine, chat_template=template, chat_template_content_format=option) as url:
+            r = httpx.post(url + "/tokenize", json={**body, "return_token_strs": True}, timeout=30)
+            assert r.status_code == 200, r.text
+            seen[option] = r.json()["token_strs"]
+    assert seen["auto"] == ["hello"]
+    assert seen["openai"][:5] == ["[", "{", "'", "type", "'"] and "hello" in seen["openai"]

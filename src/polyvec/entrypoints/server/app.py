@@ -69,6 +69,9 @@ class ServerConfig:
     """--chat-template: a file or the template itself, for chat-style requests (default: the model's own)."""
     trust_request_chat_template: bool = False
     """Let a request carry its own chat_template (vLLM's --trust-request-chat-template)."""
+    chat_template_content_format: str = "auto"
+    """How a message's content reaches the template (vLLM's --chat-template-content-format): "string" (its text
+    parts joined), "openai" (a list of typed parts), or "auto" (what the template loops over)."""
     request_id_headers: bool = False
     """Send X-Request-Id with every response: the client's own, else a new id (vLLM's
     --enable-request-id-headers)."""

@@ -288,6 +288,7 @@ def render_messages(state: ServerState, req: Any, conversation: list[Any] | None
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             special_tokens=state.special_tokens(),
+            content_format_option=state.config.chat_template_content_format,
             **template_kwargs,
         )
     except ChatError as exc:

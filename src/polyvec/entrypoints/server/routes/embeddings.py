@@ -87,25 +87,29 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
         if len(enc.ids) > limit:  # never windows nor truncation: the chunks would not be the document's
             message = f"'input' item {i} has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking"
             raise APIError(400, message + " reads the whole input in one pass; shorten it", "input")
-    params = pooling_params(req, late_chunking_params=None, use_activation=False, normalize=None)
-    outputs = await run_pooling(state, raw, prompts, params, "token_embed", add_special_tokens=add_special_tokens)
-    # the request's own params, checked by now: normalized as they resolve (else the pooler's default), no prompt
-    asked = state.engine.input_processor.verify_params(pooling_params(req, late_chunking_params=None), "token_embed")
-    normalize = bool(asked.use_activation)
-    try:
-        for text in prompts:
-            late_chunking.check_no_prompt(state.engine.input_processor, text, asked)
-    except ValueError as exc:
-        raise APIError(400, str(exc), "input_type") from None
-    chunk_size = chunking.chunk_size
-    data = []
-    for i, (enc, out) in enumerate(zip(encodings, outputs)):
+    try:  # the request's params resolved (a bad field is named by run_pooling below): no instruction prompt
+        asked = state.engine.input_processor.verify_params(given, "token_embed")
+    except ValueError:
+        asked = None
+    if asked is not None:
+        try:
+            for text in prompts:
+                late_chunking.check_no_prompt(state.engine.input_processor, text, asked)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "input_type") from None
+    metas = []
+    for i, enc in enumerate(encodings):
         special = [bool(m) for m in enc.special_tokens_mask]
         try:
-            chunks, meta = late_chunking.pool(out.outputs.data, list(enc.offsets), special, chunk_size, normalize)
+            metas.append(late_chunking.metadata(len(enc.ids), list(enc.offsets), special, chunking.chunk_size))
         except ValueError as exc:
             raise APIError(400, f"'input' item {i}: {exc}", "input") from None
-        item = {"index": i, "object": "embedding", "embedding": float_array(chunks)}
+    outputs = await run_pooling(
+        state, raw, prompts, given, "token_embed", add_special_tokens=add_special_tokens, truncation="error"
+    )
+    data = []
+    for i, (meta, out) in enumerate(zip(metas, outputs)):
+        item = {"index": i, "object": "embedding", "embedding": float_array(out.outputs.data)}
         data.append(item | {"late_chunking": dataclasses.asdict(meta)})
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
     return VectorJSONResponse(P.envelope("embd", model, data, tokens, req.request_id))
@@ -124,6 +128,9 @@ router.add_api_route(
 @router.post("/pooling", summary="vLLM pooling: any task", responses=_encoded(P.PoolingResponse))
 async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
+    if req.late_chunking_params is not None:  # vLLM's /pooling has no such field; its embeddings route does
+        message = "late chunking is served on /v1/embeddings (for any model with token_embed)"
+        raise APIError(400, message, "late_chunking_params")
     task = req.task or state.engine.pooling_task  # vLLM: a request without a task gets the model's own
     multi = not isinstance(task, str)
     if multi or task == "embed_sparse":  # JSON objects per item: refused before any work
