@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,9 +65,9 @@ def save_inference_free_splade(splade_path: Path, folder: Path, seed: int = 0) -
     return folder
 
 
-def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int, document_length: int):
+def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int, document_length: int, **recipe: Any):
     """A PyLate ColBERT on the transformer in `bare` with a seeded Dense (hidden → dim, no bias), written to `out` in
-    PyLate's layout; returns (the PyLate model in memory, out)."""
+    PyLate's layout; returns (the PyLate model in memory, out). `recipe`: more of models.ColBERT's options."""
     import importlib
 
     from pylate import models
@@ -78,7 +79,11 @@ def save_pylate(bare: Path, out: Path, hidden: int, dim: int, query_length: int,
     transformer = Transformer(str(bare))
     dense = dense_mod.Dense(in_features=hidden, out_features=dim, bias=False)
     model = models.ColBERT(
-        modules=[transformer, dense], device="cpu", query_length=query_length, document_length=document_length
+        modules=[transformer, dense],
+        device="cpu",
+        query_length=query_length,
+        document_length=document_length,
+        **recipe,
     )
     write_pylate(model, out)
     return model, out

@@ -162,3 +162,47 @@ def test_content_format_chosen_by_the_server_flag():
     args = build_parser().parse_args(["serve", "m", "--chat-template-content-format", "openai"])
     assert server_options(args)["chat_template_content_format"] == "openai"
     assert server_options(build_parser().parse_args(["serve", "m"]))["chat_template_content_format"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "template,expected",
+    [
+        # loops over content through a filter or a slice (Llama 4's templates): parts ("string" lost the text)
+        (
+            "{% for m in messages %}{% for p in m['content'] | selectattr('type', 'equalto', 'text') %}{{ p['text'] }}"
+            "{% endfor %}{% endfor %}",
+            "openai",
+        ),  # fmt: skip
+        ("{% for m in messages %}{% for p in m['content'][0:] %}{{ p['text'] }}{% endfor %}{% endfor %}", "openai"),
+        # messages under another name, and content through a macro parameter of any name
+        (
+            "{% set rest = messages[1:] %}{% for m in rest %}{% for c in m.content %}{{ c.text }}{% endfor %}"
+            "{% endfor %}",
+            "openai",
+        ),  # fmt: skip
+        (
+            "{% set ns = namespace(rest=messages) %}{% for m in ns.rest %}{% for c in m['content'] %}{{ c.text }}"
+            "{% endfor %}{% endfor %}",
+            "openai",
+        ),  # fmt: skip
+        (
+            "{% macro show(body) %}{% for c in body %}{{ c.text }}{% endfor %}{% endmacro %}"
+            "{% for m in messages %}{{ show(m.content) }}{% endfor %}",
+            "openai",
+        ),  # fmt: skip
+        # a loop over some other object's content is not the messages' ("openai" mangled {{ m['content'] }})
+        (
+            "{% set doc = {'content': ['a']} %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+            "{% for d in doc.content %}{% endfor %}",
+            "string",
+        ),  # fmt: skip
+        ("{% for m in messages %}{% for t in m.tool_calls %}{{ t }}{% endfor %}{{ m.content }}{% endfor %}", "string"),
+    ],
+)
+def test_content_format_detected_as_vllm_detects_it(template, expected):
+    """vLLM 0.34's _detect_content_format: the loops it follows, and the ones it does not."""
+    from polyvec.chat import content_format
+
+    assert content_format(template) == expected
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    assert "hello world" in render(template, conversation)  # the text reaches the output, whichever the format

@@ -117,21 +117,81 @@ def _with_parsed_tool_calls(i: int, message: dict[str, Any]) -> dict[str, Any]:
 @lru_cache(maxsize=32)
 def content_format(template: str) -> str:
     """vLLM's detection of a template's content format: "openai" when it loops over a message's content (each
-    part then a {"type", "text"} dict), else "string" (the parts joined as one text)."""
+    part then a {"type", "text"} dict), else "string" (the parts joined as one text). As vLLM reads it: loops
+    over `messages` or a name set from it, their items' `content` (through filters, tests and slices), a macro
+    parameter given that content, or a bare `content` outside macros."""
     from jinja2 import nodes
 
     try:
         tree = _compile(template).environment.parse(template)
     except Exception:
         return "string"
-    for loop in tree.find_all(nodes.For):
-        it = loop.iter
-        if isinstance(it, nodes.Name) and it.name == "content":
+
+    def name_of(node: nodes.Node, target: bool = False) -> str | None:
+        """`x` or `ns.rest` as a dotted name (read, or assigned when `target`)."""
+        if isinstance(node, nodes.Name):
+            return node.name if target or node.ctx == "load" else None
+        if isinstance(node, nodes.Getattr):
+            base = name_of(node.node)
+            return None if base is None else f"{base}.{node.attr}"
+        return None
+
+    def unwrap(node: nodes.Node) -> nodes.Node:  # messages | selectattr(...), x is defined, x[1:]
+        while True:
+            if isinstance(node, (nodes.Filter, nodes.Test)) and node.node is not None:
+                node = node.node
+            elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+                node = node.node
+            else:
+                return node
+
+    def reads(node: nodes.Node, names: set[str], key: str | None = None) -> bool:
+        node = unwrap(node)
+        if key is None:
+            return name_of(node) in names
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == key:
+            return name_of(node.node) in names
+        return isinstance(node, nodes.Getattr) and node.attr == key and name_of(node.node) in names
+
+    aliases, changed = {"messages"}, True
+    while changed:  # {% set rest = messages[1:] %}, namespace(rest=messages), ns.rest = messages
+        changed = False
+        for assign in tree.find_all(nodes.Assign):
+            targets = []
+            if isinstance(assign.node, nodes.Call) and name_of(assign.node.node) == "namespace":
+                base = name_of(assign.target, target=True)
+                targets = [f"{base}.{kw.key}" for kw in assign.node.kwargs if base and reads(kw.value, aliases)]
+            elif reads(assign.node, aliases):
+                targets = [t for t in [name_of(assign.target, target=True)] if t]
+                if isinstance(assign.target, nodes.NSRef):
+                    targets = [f"{assign.target.name}.{assign.target.attr}"]
+            for target in targets:
+                if target not in aliases:
+                    aliases.add(target)
+                    changed = True
+    loops = list(tree.find_all(nodes.For))
+    items = {loop.target.name for loop in loops if isinstance(loop.target, nodes.Name) and reads(loop.iter, aliases)}
+    in_macros: set[int] = set()
+    macro_params: dict[int, set[str]] = {}
+    for macro in tree.find_all(nodes.Macro):
+        params = set()
+        for call in tree.find_all(nodes.Call):
+            if name_of(call.node) != macro.name:
+                continue
+            params |= {macro.args[i].name for i, arg in enumerate(call.args[: len(macro.args)])
+                       if reads(arg, items, "content")}  # fmt: skip
+            params |= {kw.key for kw in call.kwargs if reads(kw.value, items, "content")}
+        for loop in macro.find_all(nodes.For):
+            in_macros.add(id(loop))
+            macro_params[id(loop)] = params
+    for loop in loops:
+        if reads(loop.iter, items, "content"):
             return "openai"
-        if isinstance(it, nodes.Getattr) and it.attr == "content":
-            return "openai"
-        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content":
-            return "openai"
+        if isinstance(loop.iter, nodes.Name):
+            if loop.iter.name in macro_params.get(id(loop), set()):
+                return "openai"
+            if id(loop) not in in_macros and loop.iter.name == "content":
+                return "openai"
     return "string"
 
 
@@ -177,15 +237,18 @@ def _compile(template: str) -> Any:
 def render(
     template: str,
     messages: Sequence[Any],
+    /,
     *,
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     special_tokens: dict[str, str] | None = None,
     content_format_option: str = "auto",
+    variables: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> str:
     """The conversation as the template writes it; ChatError for a bad conversation or a failing template.
-    `content_format_option` is vLLM's --chat-template-content-format: "string", "openai", or "auto" (detected)."""
+    `content_format_option` is vLLM's --chat-template-content-format: "string", "openai", or "auto" (detected).
+    `variables` (a request's chat_template_kwargs, whatever their names) and `kwargs` are the template's."""
     from jinja2 import TemplateError
 
     if add_generation_prompt and continue_final_message:
@@ -208,7 +271,8 @@ def render(
         text = _compile(template).render(
             messages=conversation,
             add_generation_prompt=add_generation_prompt,
-            **{**(special_tokens or {}), **kwargs},  # the request's template variables may override them
+            # the request's template variables may override the special tokens
+            **{**(special_tokens or {}), **(variables or {}), **kwargs},
         )
     except TemplateError as exc:
         raise ChatError(f"the chat template failed: {exc}") from None

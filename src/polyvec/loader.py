@@ -291,13 +291,9 @@ def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[st
     if hf_config.get("architectures", [""])[0] in ("ColQwen2", "ColPali"):  # flattened by _read_colqwen2/colpali
         return ColBERTConfig("colqwen2", "", "", 0, 0, do_query_expansion=False, dim=int(hf_config["embedding_dim"]))
     if hf_config.get("architectures", [""])[0] in VLLM_COLBERT:
+        # the size is the projection's, read with its weights where config.json does not say it (as in vLLM)
         dim = hf_config.get("colbert_dim") or hf_config.get("dim") or hf_config.get("projection_dim")
-        if not dim:
-            raise ValueError(
-                "ColBERT dimension not found in config.json (colbert_dim, dim or projection_dim); name it with "
-                "hf_overrides={'dim': 128}"
-            )
-        return ColBERTConfig("vllm", "", "", 0, 0, do_query_expansion=False, dim=int(dim))
+        return ColBERTConfig("vllm", "", "", 0, 0, do_query_expansion=False, dim=int(dim) if dim else None)
     if hf_config.get("architectures", [""])[0] == "HF_ColBERT":
         meta_path = next((p for p in (tdir / "artifact.metadata", root / "artifact.metadata") if p.is_file()), None)
         meta = _read_json(meta_path) if meta_path else {}

@@ -167,7 +167,12 @@ Compose = Callable[[str, str], str]
 """A cross-encoder's one text for a (query, document) pair of texts, where it is not the tokenizer's text pair."""
 
 
-def pair_composer(hf_config: dict[str, Any], template: str | None, **template_kwargs: Any) -> Compose | None:
+def pair_composer(
+    hf_config: dict[str, Any],
+    template: str | None,
+    special_tokens: dict[str, str] | None = None,
+    variables: dict[str, Any] | None = None,
+) -> Compose | None:
     """How a cross-encoder joins a pair of texts, as vLLM 0.34 does: through a chat template given explicitly
     (`--chat-template`, `LLM.score(chat_template=)`: messages of roles "query" and "document", e.g. the
     Qwen3-Reranker template), else, for an LLM served as reranker (`use_sep_token` false, what vLLM's `method`
@@ -177,7 +182,7 @@ def pair_composer(hf_config: dict[str, Any], template: str | None, **template_kw
 
         def rendered(query: str, document: str) -> str:
             roles = [{"role": "query", "content": query}, {"role": "document", "content": document}]
-            return render(template, roles, **template_kwargs)
+            return render(template, roles, special_tokens=special_tokens, variables=variables)
 
         return rendered
     if not hf_config.get("use_sep_token", True):

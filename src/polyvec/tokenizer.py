@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -60,8 +61,26 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
     }
 
 
+@lru_cache(maxsize=8)
+def special_tokens_map(folder: Path) -> dict[str, str]:
+    """bos_token, cls_token, mask_token, ... of the tokenizer in `folder` (special_tokens_map.json, then
+    tokenizer_config.json, as transformers' special_tokens_map)."""
+    config: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (folder / name).is_file():
+            config.update(json.loads((folder / name).read_text(encoding="utf-8")))
+    tokens = {}
+    for key, value in config.items():
+        if key.endswith("_token") and isinstance(value, dict):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            tokens[key] = value
+    return tokens
+
+
 class PolyTokenizer:
     def __init__(self, path: Path, do_lower_case: bool = False, model_max_length: int | None = None):
+        self.path = path
         if path.name == "vocab.txt":
             from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -85,6 +104,11 @@ class PolyTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._base.token_to_id(token)
+
+    def special_token_id(self, name: str) -> int | None:
+        """The id of the special token `name` (cls_token, mask_token, pad_token, ...), None where there is none."""
+        token = special_tokens_map(self.path.parent).get(name)
+        return None if token is None else self._base.token_to_id(token)
 
     def _truncating_copy(self, max_length: int, side: TruncationSide = "right") -> Tokenizer:
         key = (max_length, side)

@@ -374,6 +374,9 @@ def test_offline_api_details_of_vllm_034(minilm_path, tmp_path):
     # tokenization_kwargs padding="max_length" pads as vLLM does (it was ignored with a warning)
     (padded,) = llm.embed("wing", tokenization_kwargs={"padding": "max_length", "max_length": 8, "truncation": True})
     assert padded.prompt_token_ids == [101, 3358, 102, 0, 0, 0, 0, 0]
+    # max_length is the padded length without truncation too (it padded up to max_model_len, 256)
+    (padded,) = llm.embed("wing", tokenization_kwargs={"padding": "max_length", "max_length": 6}, use_tqdm=False)
+    assert padded.prompt_token_ids == [101, 3358, 102, 0, 0, 0]
     outs = llm.embed([TextPrompt(prompt="wing"), TokensPrompt(prompt_token_ids=[101, 3358, 102])], use_tqdm=False)
     assert torch.allclose(outs[0].outputs.data, outs[1].outputs.data, atol=1e-6)
 

@@ -188,3 +188,18 @@ def test_late_chunking_keeps_the_special_tokens(m3_folder):
                                use_tqdm=False)[0].outputs.data  # fmt: skip
         assert torch.allclose(rows, colbert(hidden), atol=1e-5)
         assert torch.allclose(torch.nn.functional.normalize(rows[1:], dim=-1), plain.outputs.data, atol=1e-5)
+
+
+def test_token_vectors_drop_only_a_leading_cls(m3_folder):
+    """vLLM's BOS filter: bge-m3 leaves out the first token's vector only where it is <s> (its cls token); an
+    input of token ids without it keeps every token (its first was dropped), and split into windows gives the
+    same rows (129 rows for 320 tokens: the windows were misaligned)."""
+    llm = LLM(str(m3_folder), dtype="float32")
+    ids = [7592, 2088, 1997, 1037] * 80  # 320 content tokens, no [CLS] / [SEP]; windows of 128
+    head = [{"prompt_token_ids": ids[:100]}]
+    assert llm.token_embed(head, use_tqdm=False)[0].outputs.data.shape == (100, 32)
+    cls = llm.token_embed([{"prompt_token_ids": [101, *ids[:100]]}], use_tqdm=False)[0].outputs.data
+    assert cls.shape == (100, 32)
+    whole = llm.token_embed([{"prompt_token_ids": ids}], PoolingParams(long_input="window"), use_tqdm=False)[0]
+    alone = llm.token_embed(head, use_tqdm=False)[0].outputs.data
+    assert whole.outputs.data.shape == (320, 32) and cosine_rows(whole.outputs.data[:60], alone[:60]).min() >= 0.9999

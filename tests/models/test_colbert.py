@@ -15,6 +15,7 @@ import json
 import shutil
 import string
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -98,6 +99,13 @@ def test_maxsim_scores_match_pylate(pylate_model):
     assert abs(one_one - ref[1, 2].item()) <= 1e-4 * abs(ref[1, 2].item())
     n_n = torch.tensor([o.outputs.score for o in llm.score(QUERIES, DOCS[:2], use_tqdm=False)])
     assert torch.allclose(n_n, torch.stack([ref[0, 0], ref[1, 1]]), rtol=1e-4)
+    # storage codes, MUVERA vectors and late chunks are not what MaxSim reads (int8 codes scored 3e6)
+    for params in (PoolingParams(token_encoding="int8"), PoolingParams(muvera={})):
+        with pytest.raises(ValueError, match="does not apply to score"):
+            llm.score(QUERIES[0], DOCS, pooling_params=params, use_tqdm=False)
+    # a cut that leaves no room beside the marker says so (it said "no tokens ... add_special_tokens is off")
+    with pytest.raises(ValueError, match="truncate_prompt_tokens=1 leaves no token of it: a ColBERT model's marker"):
+        llm.token_embed(DOCS[0], PoolingParams(truncate_prompt_tokens=1), use_tqdm=False)
     # embed() follows the pooling task, as vLLM's: a ColBERT model's token matrices (document mode)
     assert torch.equal(llm.embed(DOCS[:1], use_tqdm=False)[0].outputs.data, d[0])
 
@@ -158,3 +166,52 @@ def test_stanford_layout(pylate_model, tmp_path, minilm_path):
         assert d.prompt_token_ids == ids
         ref = reference_encode(bert, proj, ids, len(ids))[[i for i, t in enumerate(ids) if t not in punct]]
         assert d.outputs.data.shape == ref.shape and cosine_rows(d.outputs.data, ref).min() >= 0.9999
+
+
+def test_empty_prefixes_and_the_tokenizers_mask_token(tmp_path, minilm_path):
+    """PyLate's empty query / document prefix inserts no marker (polyvec refused to load: "'' is not in the
+    vocabulary"), and query expansion pads with the tokenizer's own mask token (it looked for "[MASK]" by name,
+    even with expansion off)."""
+    import transformers
+
+    from tests.helpers import save_pylate
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"):
+        shutil.copy(minilm_path / f, bare)
+    special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+    (bare / "tokenizer_config.json").write_text(
+        json.dumps({**special, "mask_token": "[unused5]", "do_lower_case": True})
+    )
+    model, folder = save_pylate(bare, tmp_path / "colbert", 384, 96, 24, 64, query_prefix="", document_prefix="")
+    llm = LLM(str(folder), dtype="float32")
+    mask = transformers.AutoTokenizer.from_pretrained(str(folder)).mask_token_id
+    docs = llm.token_embed(DOCS, PoolingParams(input_type="document"), use_tqdm=False)
+    for o, r in zip(docs, model.encode(DOCS, is_query=False)):
+        r = torch.as_tensor(r)
+        assert o.outputs.data.shape == r.shape and cosine_rows(o.outputs.data, r).min() >= 0.9999
+    assert docs[2].prompt_token_ids == model.tokenize([DOCS[2]], is_query=False)["input_ids"][0].tolist()
+    for q, r in zip(llm.token_embed(QUERIES, PoolingParams(input_type="query"), use_tqdm=False),
+                    model.encode(QUERIES, is_query=True)):  # fmt: skip
+        r = torch.as_tensor(r)
+        assert q.outputs.data.shape == (24, 96) and q.prompt_token_ids[-1] == mask != 103
+        assert cosine_rows(q.outputs.data[: r.shape[0]], r).min() >= 0.9999
+
+
+def test_vllm_colbert_architecture_on_a_pylate_folder(pylate_model):
+    """vLLM's documented way to serve a PyLate checkpoint, hf_overrides architectures ColBERTModel: every token
+    through the sentence-transformers Dense projection, normalized, no recipe (it was refused: no dimension in
+    config.json, then no linear.weight)."""
+    import transformers
+
+    model, folder = pylate_model
+    llm = LLM(str(folder), dtype="float32", hf_overrides={"architectures": ["ColBERTModel"]})
+    assert llm.model_config.colbert.layout == "vllm" and llm.model_config.token_dim == 96
+    bert = transformers.AutoModel.from_pretrained(str(folder)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    proj = model[1].linear.weight.detach()
+    for text, o in zip(DOCS, llm.token_embed(DOCS, use_tqdm=False)):
+        ids = o.prompt_token_ids
+        assert ids == tok(text)["input_ids"]  # no marker, no skiplist: every token
+        assert cosine_rows(o.outputs.data, reference_encode(bert, proj, ids, len(ids))).min() >= 0.9999

@@ -243,8 +243,11 @@ def test_vllm_colbert_layout(tmp_path, bare, minilm_path, trunk):
     config = json.loads((folder / "config.json").read_text())
     arch = "ColBERTModernBertModel" if trunk == "ModernBert" else "ColBERTModel"
     (folder / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
-    with pytest.raises(ValueError, match="ColBERT dimension not found"):
-        LLM(str(folder), dtype="float32")
+    # no size in config.json: the projection's own, as vLLM reads it (it was refused)
+    unsized = LLM(str(folder), dtype="float32")
+    assert (
+        unsized.model_config.token_dim == 24 and unsized.token_embed("a", use_tqdm=False)[0].outputs.data.shape[1] == 24
+    )
     (folder / "config.json").write_text(json.dumps({**config, "architectures": [arch], "colbert_dim": 24}))
     llm = LLM(str(folder), dtype="float32")
     assert llm.engine.is_late_interaction and llm.supported_tasks == ("token_embed",)

@@ -175,7 +175,7 @@ class Engine:
         add_special_tokens: bool = True,
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
-        padding: str | None = None,
+        padding: str | int | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts (see `InputProcessor.process`); thread-safe. Several tasks (a list): each
         output's data is a dict, task name → output, all from one forward pass."""

@@ -64,6 +64,11 @@ class InputProcessor:
             self.supported_tasks = ("token_embed",)
         self._prompt_lengths: dict[tuple[str, bool], int] = {}  # include_prompt: false
         self.special_ids = frozenset(i for i, tok in tokenizer._base.get_added_tokens_decoder().items() if tok.special)
+        # vLLM pads with the tokenizer's pad token; config.json's where the tokenizer names none
+        config_pad = model_config.hf_config.get("pad_token_id")
+        self.pad_token_id = tokenizer.special_token_id("pad_token")
+        if self.pad_token_id is None and isinstance(config_pad, int) and not isinstance(config_pad, bool):
+            self.pad_token_id = config_pad
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
         self.static_query: torch.Tensor | None = None  # inference-free SPLADE: a weight per vocabulary id
@@ -103,21 +108,26 @@ class InputProcessor:
         add_special_tokens: bool = True,
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
-        padding: str | None = None,
+        padding: str | int | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
         `truncation` ("auto" / "error") overrides the engine's setting for these prompts; `truncation_side`
         ("right", the default, or "left": keep the last tokens) is the end that truncation cuts. `padding`
         "max_length" (vLLM's, for models trained on fixed-length input without an attention mask) fills each text
-        or token prompt with the pad token up to its maximum length (truncate_prompt_tokens, else max_model_len);
-        the pads are attended, as in vLLM. Several tasks (a list) are all read from one forward pass of each prompt
-        (`Request.extra`).
+        or token prompt, once truncated, with the tokenizer's pad token up to max_model_len (a number: up to that
+        many tokens, offline tokenization_kwargs' max_length); the pads are attended, as in vLLM. Several tasks (a
+        list) are all read from one forward pass of each prompt (`Request.extra`).
         """
-        if padding not in (None, False, "do_not_pad", "max_length"):
+        limit = self.model_config.max_model_len
+        if isinstance(padding, int) and not isinstance(padding, bool):
+            if not 1 <= padding <= limit:
+                raise ValueError(f"padding to max_length={padding}: it must be between 1 and max_model_len={limit}")
+        elif padding not in (None, False, "do_not_pad", "max_length"):
             raise ValueError(f"padding must be 'max_length' or 'do_not_pad', got {padding!r}")
+        pad_width = limit if padding == "max_length" else padding if isinstance(padding, int) else None
         if task is not None and not isinstance(task, str):
-            if padding == "max_length":
+            if pad_width is not None:
                 raise ValueError("padding='max_length' applies to one task per request")
             return self._process_multi(
                 prompts, params, list(task), request_ids, add_special_tokens, truncation, truncation_side
@@ -159,8 +169,15 @@ class InputProcessor:
                 max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
                 if self.model_config.pooler_config.max_embed_len:  # vLLM's cap on chunked inputs: longer is an error
                     max_len = self.model_config.pooler_config.max_embed_len
-            if self.colbert is not None and self.colbert.inserts_marker:  # its length, less the marker after [CLS]
-                max_len = min(max_len, self.colbert.length(p.input_type)) - 1
+            if self.colbert is not None and self.colbert.inserts_marker:  # its length, less a marker after [CLS]
+                max_len = min(max_len, self.colbert.length(p.input_type))
+                max_len -= int(self.colbert.marker(p.input_type) is not None)
+                if max_len < 1:
+                    raise PromptError(
+                        i,
+                        f": truncate_prompt_tokens={p.truncate_prompt_tokens} leaves no token of it: a ColBERT model's "
+                        "marker token takes one (2 at least)",
+                    )
             # An explicit truncate_prompt_tokens or long_input="truncate" asks for truncation even when the engine
             # rejects long input; a ColBERT recipe always truncates to its query/document length, as its reference
             # does.
@@ -242,14 +259,13 @@ class InputProcessor:
                         "(truncate_prompt_tokens; Cohere's max_tokens); images are not truncated: raise the limit "
                         "or send smaller images",
                     )
-            if padding == "max_length" and i not in pixels and not static[i]:  # an input that fits, windowed or not
-                width = verified[i].truncate_prompt_tokens or limit
-                if len(ids) < width:
-                    pad = self.model_config.hf_config.get("pad_token_id")
-                    if not isinstance(pad, int):
-                        raise PromptError(i, ": padding='max_length' needs the model's pad_token_id (config.json)")
-                    ids = [*ids, *[pad] * (width - len(ids))]
-                    types = None if types is None else [*types, *[0] * (width - len(types))]
+            if pad_width is not None and i not in pixels and not static[i]:  # an input that fits, windowed or not
+                if len(ids) < pad_width:
+                    pad = self.pad_token_id
+                    if pad is None:
+                        raise PromptError(i, ": padding='max_length' needs a pad token (the tokenizer has none)")
+                    ids = [*ids, *[pad] * (pad_width - len(ids))]
+                    types = None if types is None else [*types, *[0] * (pad_width - len(types))]
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it
                 raise PromptError(
                     i,

@@ -79,8 +79,8 @@ def merge_windows(parent: Request, pooler: Pooler, special_ids: Collection[int])
         ids = parent.prompt_token_ids
         n_head = 1 if ids[0] in special_ids else 0
         n_tail = 1 if ids[-1] in special_ids and len(ids) > n_head else 0
-        # bge-m3's token vectors leave out each window's first row, as they leave out the input's
-        at = n_head - int(pooler.token_drop_first and parent.spec.task == "token_embed")
+        # bge-m3's token vectors leave out a window's leading <s>, as they leave out the input's
+        at = n_head - pooler.drops_first(parent.spec, ids)
         pieces = [results[0][:at]]  # [CLS] from the first window, [SEP] from the last
         for (s, lo, hi), rows in zip(spans, results):
             pieces.append(rows[at + lo - s : at + hi - s])

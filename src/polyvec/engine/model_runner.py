@@ -11,6 +11,7 @@ its context offset, reads/writes the request's KV cache, and its hidden states g
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator
@@ -73,22 +74,21 @@ def _load_linear(path, device: torch.device) -> nn.Linear:
     return layer.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
 
 
-def _unused_token_ids(model_config: ModelConfig) -> tuple[int, ...]:
-    """The ids of the tokenizer's cls, eos, pad and unk tokens, which bge-m3's sparse output leaves out."""
-    import json
-
+def _token_ids(model_config: ModelConfig, keys: tuple[str, ...]) -> list[int]:
+    """The ids of the tokenizer's special tokens named by `keys` (cls_token, ...), those it has."""
     from tokenizers import Tokenizer
 
-    path = model_config.tokenizer_path.parent / "tokenizer_config.json"
-    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    from ..tokenizer import special_tokens_map
+
+    tokens = special_tokens_map(model_config.tokenizer_path.parent)
     tokenizer = Tokenizer.from_file(str(model_config.tokenizer_path))
-    ids = []
-    for key in ("cls_token", "eos_token", "pad_token", "unk_token"):
-        value = config.get(key)
-        value = value.get("content") if isinstance(value, dict) else value
-        if isinstance(value, str) and (i := tokenizer.token_to_id(value)) is not None:
-            ids.append(i)
-    return tuple(sorted(set(ids)))
+    found = (tokenizer.token_to_id(tokens[key]) for key in keys if key in tokens)
+    return [i for i in found if i is not None]
+
+
+def _unused_token_ids(model_config: ModelConfig) -> tuple[int, ...]:
+    """The ids of the tokenizer's cls, eos, pad and unk tokens, which bge-m3's sparse output leaves out."""
+    return tuple(sorted(set(_token_ids(model_config, ("cls_token", "eos_token", "pad_token", "unk_token")))))
 
 
 class ModelRunner:
@@ -115,14 +115,17 @@ class ModelRunner:
             # trunk's weights.
             names = [p + n for p in ("", "model.", "bert.") for n in ("linear.weight", "colbert_linear.weight")]
             key = next((k for k in names if k in state), None)
-            if key is None:
+            if key is not None:
+                weight = state[key]
+                token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+                token_projection.weight.data.copy_(weight)
+                token_projection = token_projection.to(self.device).eval().requires_grad_(False)
+                model_config.colbert = dataclasses.replace(model_config.colbert, dim=weight.shape[0])
+            elif token_projection is None:  # else a sentence-transformers Dense folder, vLLM's fallback
                 raise ValueError(
-                    f"{model_config.transformer_dir}: the checkpoint has no ColBERT projection (linear.weight)"
+                    f"{model_config.transformer_dir}: the checkpoint has no ColBERT projection (linear.weight, or a "
+                    "sentence-transformers Dense module)"
                 )
-            weight = state[key]
-            token_projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-            token_projection.weight.data.copy_(weight)
-            token_projection = token_projection.to(self.device).eval().requires_grad_(False)
         del state
         sparse_head: nn.Module | None = None
         skip_ids: tuple[int, ...] = ()
@@ -151,7 +154,10 @@ class ModelRunner:
             splade=model_config.splade,
             sparse_head=None if sparse_head is None else head(sparse_head),
             sparse_skip_ids=skip_ids,
-            token_drop_first=model_config.bge_m3 is not None,
+            # bge-m3's token vectors leave out a leading <s> (its cls token), as vLLM's BOS filter does
+            token_drop_first=next(iter(_token_ids(model_config, ("cls_token", "bos_token"))), None)
+            if model_config.bge_m3 is not None
+            else None,
             sparse_filter_ids=(model_config.hf_config.get("bos_token_id"), model_config.hf_config.get("eos_token_id")),
             vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
             logit_mean=model_config.pooler_config.logit_mean,

@@ -38,6 +38,7 @@ from ..outputs import (
 from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
 from ..scoring import SideError, check_token_limits, cut_side, pair_composer, plan_scores
+from ..tokenizer import special_tokens_map
 from . import vllm_compat
 
 logger = logging.getLogger(__name__)
@@ -447,6 +448,9 @@ class LLM:
         MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models.
         `chat_template` (vLLM's): a cross-encoder's pair rendered through it as messages of roles "query" and
         "document" (the Qwen3-Reranker template), a file path or the template itself."""
+        for name in ("token_encoding", "muvera", "late_chunking_params"):  # codes or chunks would be scored as vectors
+            if pooling_params is not None and getattr(pooling_params, name) is not None:
+                raise ValueError(f"{name} does not apply to score(): scores are computed from the float vectors")
         # vLLM's per-side caps, offline in PoolingParams.extra_kwargs: texts cut to their first N content tokens
         extra = (pooling_params.extra_kwargs if pooling_params is not None else None) or {}
         limits = {k: int(extra.get(k) or 0) for k in ("max_tokens_per_query", "max_tokens_per_doc")}
@@ -465,7 +469,9 @@ class LLM:
             self.is_cross_encoder,
             late_interaction=self.engine.scores_by_maxsim,
             names=("data_1", "data_2"),
-            compose=pair_composer(self.model_config.hf_config, template),
+            compose=pair_composer(
+                self.model_config.hf_config, template, special_tokens_map(self.model_config.tokenizer_path.parent)
+            ),
         )
         try:
             outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
@@ -510,6 +516,8 @@ def _tokenization_options(
     if kwargs.get("padding") in ("max_length", "do_not_pad", False, None):  # vLLM's; other values warned of
         options["padding"] = kwargs.get("padding")
         used.add("padding")
+        if kwargs.get("padding") == "max_length" and kwargs.get("max_length") is not None:
+            options["padding"] = int(kwargs["max_length"])  # pads up to max_length, as vLLM's with_kwargs
     ignored = sorted(set(kwargs) - used)
     if ignored:
         logger.warning("tokenization_kwargs with no effect in polyvec, ignored: %s", ", ".join(ignored))

@@ -12,6 +12,7 @@ vLLM's names); several sequence modes are concatenated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ class Pooler(nn.Module):
         splade: SpladeSpec | None = None,
         sparse_head: nn.Module | None = None,
         sparse_skip_ids: tuple[int, ...] = (),
-        token_drop_first: bool = False,
+        token_drop_first: int | None = None,
         sparse_filter_ids: tuple[int | None, int | None] = (None, None),
         vocab_size: int | None = None,
         logit_mean: float | None = None,
@@ -86,7 +87,7 @@ class Pooler(nn.Module):
         self.splade = splade or SpladeSpec()
         self.sparse_head = sparse_head  # bge-m3: one weight per token, [T, H] → [T, 1]
         self.sparse_skip_ids = sparse_skip_ids
-        self.token_drop_first = token_drop_first  # bge-m3's multi-vector output leaves out the first token
+        self.token_drop_first = token_drop_first  # bge-m3's token vectors leave out a first token of this id
         # bge-m3's token_classify (vLLM's BOSEOSFilter): a leading BOS and a trailing EOS row left out
         self.sparse_filter_ids = sparse_filter_ids
         self.vocab_size: int | None = vocab_size
@@ -178,15 +179,20 @@ class Pooler(nn.Module):
                 tokens = torch.cat([hidden[starts[i] : starts[i + 1]] for i in members])
             out = self._head(spec, tokens)
             lens = [meta.seq_lens[i] for i in members]
-            drop = int(self.token_drop_first and spec.task == "token_embed")
             filtered = spec.task == "token_classify" and self.sparse_head is not None and self.token_head is None
             for i, piece in zip(members, out.split(lens)):
-                ids = input_ids[starts[i] + drop : starts[i + 1]]
-                piece = piece[drop:]
+                ids = input_ids[starts[i] : starts[i + 1]]
+                drop = self.drops_first(spec, ids)
+                ids, piece = ids[drop:], piece[drop:]
                 if filtered:
                     piece, ids = self._filter_bos_eos(piece, ids)
                 results[i] = self._select(piece, ids, spec, keep[i] if keep is not None else None)
         return results
+
+    def drops_first(self, spec: PoolingSpec, ids: Sequence[int] | torch.Tensor) -> int:
+        """1 where a token task's output leaves out the input's first row (bge-m3's leading <s>), else 0."""
+        first = self.token_drop_first
+        return int(first is not None and spec.task == "token_embed" and len(ids) > 0 and int(ids[0]) == first)
 
     def _filter_bos_eos(self, piece: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bos, eos = self.sparse_filter_ids

@@ -169,3 +169,51 @@ def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):
     finally:
         s.stop()
     assert want != pytest.approx(plain, abs=1e-4)  # the template matters
+
+
+STRICT_RERANK = (
+    "{% if instruction is not defined %}{{ raise_exception('an instruction is required') }}{% endif %}"
+    "{{ cls_token }}<I>{{ instruction }}<Q>{{ messages[0].content }}<D>{{ messages[1].content }}"
+)
+
+
+def test_a_rerank_template_gets_special_tokens_and_its_variables(tmp_path, minilm_path):
+    """vLLM 0.34's scoring requests take chat_template_kwargs (their "instruction" over `instruction`; a 400
+    'unknown field' before), the template sees the special tokens as transformers passes them (it saw none), and
+    a template that fails is a 400 naming the variables (TEI's /rerank said 'not a re-ranker model')."""
+    from tests.entrypoints.server.conftest import in_process_server
+    from tests.models.test_decoder_parity import QWEN3_RERANKER, save_decoder
+
+    save_decoder("qwen3", "ForCausalLM", tmp_path / "m", minilm_path)
+    (tmp_path / "strict.jinja").write_text(STRICT_RERANK)
+    llm = LLM(str(tmp_path / "m"), dtype="float32", hf_overrides=QWEN3_RERANKER)
+    query, docs = "capital of china", ["beijing is the capital", "gravity is a force"]
+    body = STRICT_RERANK.split("{% endif %}")[1].replace("{{ instruction }}", "find it")
+    literal = body.replace("{{ cls_token }}", "[CLS]")
+    want = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=literal)]
+    bare = body.replace("{{ cls_token }}", "")
+    assert [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=body)] == pytest.approx(want)
+    assert want != pytest.approx([o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=bare)])
+    with in_process_server(llm.engine, chat_template=str(tmp_path / "strict.jinja")) as url:
+        for extra in (
+            {"instruction": "find it"},
+            {"chat_template_kwargs": {"instruction": "find it"}},
+            {"chat_template_kwargs": {"instruction": "find it"}, "instruction": "something else"},
+        ):
+            r = httpx.post(url + "/score", json={"text_1": query, "text_2": docs, **extra}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert [d["score"] for d in r.json()["data"]] == pytest.approx(want, abs=1e-5), extra
+        r = httpx.post(url + "/rerank", json={"query": query, "documents": docs}, timeout=60)
+        error = r.json()["error"]
+        assert (
+            r.status_code == 400
+            and "an instruction is required" in error["message"]
+            and error["param"] == "instruction"
+        )
+        r = httpx.post(url + "/rerank", json={"query": query, "texts": docs}, timeout=60)  # TEI's body
+        assert r.status_code == 422 and "an instruction is required" in r.json()["error"], r.text
+        # a request's template variables are variables, whatever their names (render()'s own names gave a 500)
+        for name in ("template", "special_tokens", "variables", "content_format_option"):
+            body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: "x"}}
+            r = httpx.post(url + "/tokenize", json=body, timeout=60)
+            assert r.status_code != 500, (name, r.text)

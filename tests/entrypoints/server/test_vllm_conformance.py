@@ -168,8 +168,12 @@ def test_padding_and_truncation_side(vllm_server, minilm_llm):
     want = minilm_llm.embed([ids + [0] * (256 - len(ids))], use_tqdm=False)[0].outputs.data
     assert torch.allclose(torch.tensor(padded["data"][0]["embedding"]), want, atol=1e-5)
     assert not torch.allclose(want, torch.tensor(plain["data"][0]["embedding"]), atol=1e-3)
-    cut = post(vllm_server, "/pooling", {"input": TEXT, "padding": "max_length", "truncate_prompt_tokens": 40})
-    assert cut.json()["usage"]["prompt_tokens"] == 40
+    # truncated first, then padded up to max_model_len as vLLM pads (it stopped at the truncation length)
+    cut = post(vllm_server, "/pooling", {"input": "wing " * 300, "padding": "max_length", "truncate_prompt_tokens": 40})
+    assert cut.json()["usage"]["prompt_tokens"] == 256
+    head = minilm_llm.embed("wing " * 300, truncate_prompt_tokens=40, use_tqdm=False)[0].prompt_token_ids
+    want = minilm_llm.embed([head + [0] * (256 - 40)], use_tqdm=False)[0].outputs.data
+    assert torch.allclose(torch.tensor(cut.json()["data"][0]["data"]), want, atol=1e-5)
     # an input that fits is padded in window mode too (it was left as it was)
     windowed = post(vllm_server, "/v1/embeddings", {"input": TEXT, "padding": "max_length", "long_input": "window"})
     assert windowed.json()["usage"]["prompt_tokens"] == 256

@@ -444,6 +444,9 @@ class ScoreRequest(PoolingBase):
     instruction: str | None = None
     """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
     Qwen3-Reranker template reads it); refused when the server has no template."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables of a reranker's --chat-template (its "instruction" wins over `instruction`); refused when the
+    server has no template."""
 
     def sides(self) -> tuple[tuple[str, ScoreInput], tuple[str, ScoreInput]]:
         """The two sides as (field name, value), from the first pair of field names the body gives."""
@@ -506,6 +509,9 @@ class RerankRequest(PoolingBase):
     instruction: str | None = None
     """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
     Qwen3-Reranker template reads it); refused when the server has no template."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables of a reranker's --chat-template (its "instruction" wins over `instruction`); refused when the
+    server has no template."""
 
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]

@@ -28,6 +28,7 @@ from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
 from ...pooling_params import PoolingParams, TaskError
+from ...tokenizer import special_tokens_map
 from . import protocol as P
 from .async_engine import AsyncEngine
 from .encoding import VectorJSONResponse, encode_bytes, encode_json
@@ -51,7 +52,6 @@ class ServerState:
     names: list[str]
     """Served model names; the first is the one responses report."""
     _chat_templates: dict[bool, str] = field(default_factory=dict, init=False, repr=False)
-    _special_tokens: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
@@ -78,22 +78,8 @@ class ServerState:
         return self._chat_templates[tools] or None
 
     def special_tokens(self) -> dict[str, str]:
-        """bos_token, eos_token, ... as the template sees them (special_tokens_map.json, then tokenizer_config.json,
-        as transformers' special_tokens_map; read once)."""
-        if self._special_tokens is None:
-            folder = self.model_config.tokenizer_path.parent
-            config: dict[str, Any] = {}
-            for name in ("special_tokens_map.json", "tokenizer_config.json"):
-                if (folder / name).is_file():
-                    config.update(json.loads((folder / name).read_text(encoding="utf-8")))
-            tokens = {}
-            for key, value in config.items():
-                if key.endswith("_token") and isinstance(value, dict):
-                    value = value.get("content")
-                if key.endswith("_token") and isinstance(value, str):
-                    tokens[key] = value
-            self._special_tokens = tokens
-        return self._special_tokens
+        """bos_token, eos_token, ... as the template sees them."""
+        return special_tokens_map(self.model_config.tokenizer_path.parent)
 
 
 async def json_body(raw: Request) -> Any:
@@ -289,7 +275,7 @@ def render_messages(state: ServerState, req: Any, conversation: list[Any] | None
             continue_final_message=req.continue_final_message,
             special_tokens=state.special_tokens(),
             content_format_option=state.config.chat_template_content_format,
-            **template_kwargs,
+            variables=template_kwargs,
         )
     except ChatError as exc:
         raise APIError(400, str(exc), "messages") from None

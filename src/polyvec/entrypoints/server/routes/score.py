@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ....chat import ChatError
 from ....scoring import SideError, check_token_limits, cut_side, pair_composer, plan_scores
 from .. import protocol as P
 from .. import protocol_tei as T
@@ -39,11 +40,15 @@ async def score_pairs(
     # vLLM renders a cross-encoder's pair through --chat-template only when one is given (its `instruction` a
     # variable of it, as the Qwen3-Reranker template reads it)
     template = state.chat_template() if state.config.chat_template is not None and engine.is_cross_encoder else None
-    if req.instruction is not None and template is None:  # it would change scores in vLLM; dropping it would not
-        raise APIError(400, "'instruction' needs a reranker served with a --chat-template that uses it", "instruction")
-    variables = {} if req.instruction is None else {"instruction": req.instruction}
+    for name in ("instruction", "chat_template_kwargs"):  # they would change scores in vLLM; dropped, they would not
+        if getattr(req, name) is not None and template is None:
+            raise APIError(400, f"'{name}' needs a reranker served with a --chat-template that uses it", name)
+    # vLLM's: `instruction` is chat_template_kwargs' "instruction" unless those name one
+    variables = dict(req.chat_template_kwargs or {})
+    if req.instruction is not None:
+        variables.setdefault("instruction", req.instruction)
     try:
-        compose = pair_composer(state.model_config.hf_config, template, **variables)
+        compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), variables)
         plan = plan_scores(
             text_1,
             text_2,
@@ -55,6 +60,8 @@ async def score_pairs(
         )
     except SideError as exc:  # an empty side, or lengths that do not pair (N:M)
         raise APIError(400, str(exc), (name_1, name_2)[exc.side]) from None
+    except ChatError as exc:  # the template failed on a pair: most often a variable it needs was not sent
+        raise APIError(400, str(exc), "chat_template_kwargs" if req.chat_template_kwargs else "instruction") from None
     except ValueError as exc:  # a model that cannot score
         raise APIError(400, str(exc)) from None
     for name, value in side_1, side_2:

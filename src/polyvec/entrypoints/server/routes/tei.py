@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .... import __version__
+from ....chat import ChatError
 from ....engine.engine import Engine
 from ....pooling_params import PoolingParams
 from ....scoring import pair_composer, plan_scores
@@ -526,8 +527,10 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
                 engine.supported_tasks,
                 engine.is_cross_encoder,
                 late_interaction=engine.scores_by_maxsim,
-                compose=pair_composer(state.model_config.hf_config, template),
+                compose=pair_composer(state.model_config.hf_config, template, state.special_tokens()),
             )
+        except ChatError as exc:  # the --chat-template failed on a pair (a ValueError too: named first)
+            raise TEIError("Validation", f"Input validation error: {exc}") from None
         except ValueError:
             raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
         cross = plan.task == "classify"
