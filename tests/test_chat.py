@@ -206,3 +206,16 @@ def test_content_format_detected_as_vllm_detects_it(template, expected):
     assert content_format(template) == expected
     conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
     assert "hello world" in render(template, conversation)  # the text reaches the output, whichever the format
+
+
+def test_score_templates_get_their_texts_as_strings():
+    """vLLM hands a score template its query and document as plain strings, whatever the template loops over
+    (the detected "openai" format gave it part dicts)."""
+    from polyvec.scoring import pair_composer
+
+    template = (
+        "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}"
+        "{% else %}{% for p in m.content %}{{ p }}{% endfor %}{% endif %}{% endfor %}"
+    )
+    compose = pair_composer({}, template)
+    assert compose is not None and compose("what is x", "x is y") == "<query>what is x<document>x is y"

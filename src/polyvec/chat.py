@@ -268,11 +268,10 @@ def render(
             final = final + _CONTINUE_TAG
         conversation[-1] = {**conversation[-1], "content": final}
     try:
+        # the request's variables may override the special tokens, never the conversation or the prompt flag
+        context = {**(special_tokens or {}), **(variables or {}), **kwargs}
         text = _compile(template).render(
-            messages=conversation,
-            add_generation_prompt=add_generation_prompt,
-            # the request's template variables may override the special tokens
-            **{**(special_tokens or {}), **(variables or {}), **kwargs},
+            {**context, "messages": conversation, "add_generation_prompt": add_generation_prompt}
         )
     except TemplateError as exc:
         raise ChatError(f"the chat template failed: {exc}") from None

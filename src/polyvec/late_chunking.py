@@ -71,6 +71,10 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
         raise LateChunkingError(
             "Late chunking does not support a ColBERT model's query and document recipe (marker tokens, skiplist)"
         )
+    if params.long_input == "window":
+        raise LateChunkingError(
+            "Late chunking reads the whole document in one pass: no long_input windows", "long_input"
+        )
     if params.truncate_prompt_tokens is not None or lower_case:
         raise LateChunkingError(
             "Late chunking does not support input padding, truncation or renderer text normalization",

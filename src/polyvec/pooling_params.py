@@ -257,8 +257,10 @@ class PoolingParams:
             if input_type not in INPUT_TYPES and input_type not in declared:
                 allowed = ", ".join([*INPUT_TYPES, *(n for n in declared if n not in INPUT_TYPES)])
                 raise ValueError(f"input_type={input_type!r} is not valid; allowed: {allowed}")
-            if INPUT_TYPES.get(input_type, input_type) is not None or input_type not in declared:
-                input_type = INPUT_TYPES.get(input_type, input_type)  # Cohere's names as the modes they mean
+            # a prompt the model declares by that name is its own (vLLM's task instructions); else Cohere's names are
+            # the modes they mean (a ColBERT model's modes are query and document whatever it declares)
+            if input_type not in declared or model_config.colbert is not None:
+                input_type = INPUT_TYPES.get(input_type, input_type)
 
         if self.long_input is not None and self.long_input not in LONG_INPUT_MODES:
             raise ValueError(f"long_input={self.long_input!r} is not valid; allowed: {', '.join(LONG_INPUT_MODES)}")

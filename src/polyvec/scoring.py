@@ -182,7 +182,10 @@ def pair_composer(
 
         def rendered(query: str, document: str) -> str:
             roles = [{"role": "query", "content": query}, {"role": "document", "content": document}]
-            return render(template, roles, special_tokens=special_tokens, variables=variables)
+            # plain string content, as vLLM hands score templates their texts (no content-format conversion)
+            return render(
+                template, roles, special_tokens=special_tokens, variables=variables, content_format_option="string"
+            )
 
         return rendered
     if not hf_config.get("use_sep_token", True):

@@ -286,6 +286,7 @@ def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_t
         (lc, [101, 102], "token_embed", "plain-text input"),
         (lc, "", "token_embed", "nonempty plain-text"),
         (dataclasses.replace(lc, step_tag_id=1010), text, "token_embed", "requires all token rows"),
+        (dataclasses.replace(lc, long_input="window"), text, "token_embed", "no long_input windows"),
         (PoolingParams(late_chunking_params={"chunk_size": 4}), text, "token_embed", "must be LateChunkingParams"),
         (lc, "wing " * 400, "token_embed", "402 tokens, more than max_model_len=256: late chunking reads the whole"),
     ]:
@@ -407,3 +408,53 @@ def test_late_chunking_on_a_colbert_model_is_refused_by_its_reason(pylate_model)
     params = PoolingParams(late_chunking_params=LateChunkingParams(2))
     with pytest.raises(ValueError, match="ColBERT model's query and document recipe"):
         colbert.token_embed("a wing in a slipstream", params, use_tqdm=False)
+
+
+def test_late_chunking_on_an_engine_that_windows_long_input(minilm_path, minilm_llm):
+    """An engine whose long input goes in windows still reads a late-chunked document whole: a short one as
+    elsewhere, a long one refused (its windows' chunk rows were merged as token rows: wrong vectors)."""
+    from polyvec import LateChunkingParams, PoolingParams
+
+    windowed = LLM(str(minilm_path), dtype="float32", long_input="window")
+    params = PoolingParams(late_chunking_params=LateChunkingParams(4))
+    short = windowed.token_embed("flutter of a heated wing", params, use_tqdm=False)[0].outputs.data
+    assert torch.equal(
+        short, minilm_llm.token_embed("flutter of a heated wing", params, use_tqdm=False)[0].outputs.data
+    )
+    with pytest.raises(ValueError, match="402 tokens, more than max_model_len=256: late chunking reads the whole"):
+        windowed.token_embed("wing " * 400, params, use_tqdm=False)
+    assert windowed.token_embed("wing " * 400, use_tqdm=False)[0].outputs.data.shape[0] == 402  # windows as usual
+
+
+def test_padding_false_with_several_tasks_and_a_colbert_model(minilm_llm, pylate_model):
+    """padding=False is vLLM's "do not pad", also for several tasks (refused as max_length); max_length on a
+    ColBERT model is refused (the marker went in after padding: max_model_len + 1 tokens, an IndexError)."""
+    (out,) = minilm_llm.encode(
+        "wing", pooling_task=["embed", "token_embed"], tokenization_kwargs={"padding": False}, use_tqdm=False
+    )
+    assert set(out.outputs.data) == {"embed", "token_embed"}
+    colbert = LLM(str(pylate_model[1]), dtype="float32")
+    with pytest.raises(ValueError, match="padding='max_length' does not apply to a ColBERT model"):
+        colbert.token_embed("wing", tokenization_kwargs={"padding": "max_length"}, use_tqdm=False)
+
+
+def test_cohere_input_types_a_model_declares_are_its_prompts(minilm_path, minilm_llm, tmp_path):
+    """A model with prompts named search_query / search_document (nomic-style) gets them for those input types, as
+    vLLM reads task instructions by name (they became "query" / "document", found no prompt: the bare text)."""
+    import json
+    import shutil
+
+    from polyvec import PoolingParams
+
+    folder = shutil.copytree(minilm_path, tmp_path / "cohere-prompts")
+    prompts = {"search_query": "search_query: ", "search_document": "search_document: ", "query": "q: "}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+    llm = LLM(str(folder), dtype="float32")
+    for name, prefix in (
+        ("search_query", "search_query: "),
+        ("search_document", "search_document: "),
+        ("query", "q: "),
+    ):
+        got = llm.embed("wing flutter", PoolingParams(input_type=name), use_tqdm=False)[0].outputs.data
+        want = minilm_llm.embed(prefix + "wing flutter", use_tqdm=False)[0].outputs.data
+        assert torch.allclose(got, want, atol=1e-6), name

@@ -203,3 +203,8 @@ def test_token_vectors_drop_only_a_leading_cls(m3_folder):
     whole = llm.token_embed([{"prompt_token_ids": ids}], PoolingParams(long_input="window"), use_tqdm=False)[0]
     alone = llm.token_embed(head, use_tqdm=False)[0].outputs.data
     assert whole.outputs.data.shape == (320, 32) and cosine_rows(whole.outputs.data[:60], alone[:60]).min() >= 0.9999
+    # a [CLS] id inside the text that starts a window is a content token there too (319 rows, shifted, before)
+    inner = [*ids[:128], 101, *ids[129:]]
+    windows = llm.token_embed([{"prompt_token_ids": inner}], PoolingParams(long_input="window"), use_tqdm=False)[0]
+    assert windows.outputs.data.shape == (320, 32)
+    assert cosine_rows(windows.outputs.data[:60], whole.outputs.data[:60]).min() >= 0.9999

@@ -39,6 +39,8 @@ def split_windows(request: Request, max_model_len: int, overlap: int, special_id
     spec = request.spec
     if spec.task in ("embed", "classify"):  # windows return raw pooled vectors; the head runs once on their mean
         spec = PoolingSpec(task=spec.task, pooling=spec.pooling, raw=True)
+    elif not head:  # a window then starts inside the text: its first row is a content token, whatever its id
+        spec = dataclasses.replace(spec, first_kept=True)
     # an instruction prompt left out of pooling (include_prompt: false) is in the first window only
     first = dataclasses.replace(spec, skip_first=request.spec.skip_first) if spec is not request.spec else spec
     windows, spans = [], []

@@ -212,18 +212,24 @@ class LLM:
         late = self._late_chunking(prompts, params, task)
         if late and late_chunking.tokenization_changes(tokenization_kwargs):
             raise ValueError("Late chunking does not support input padding, truncation or renderer text normalization")
-        if late:  # whole documents: the pooler averages their rows per chunk
-            options["truncation"] = "error"
-        try:
-            requests = self.engine.process(prompts, params, task, **options)
-        except PromptError as exc:
-            if exc.index not in late or exc.num_tokens is None:
-                raise
-            raise PromptError(  # the usual advice (truncate, windows) is what late chunking cannot take
-                exc.index,
-                f" has {exc.num_tokens} tokens, more than max_model_len={exc.max_len}: late chunking reads the "
-                "whole document in one pass (no truncation or windows); shorten it or raise max_model_len",
-            ) from None
+        encodings = {}
+        if late:  # whole documents, never cut nor windowed: the pooler averages their rows per chunk
+            limit = self.model_config.max_model_len
+            special_tokens = options.get("add_special_tokens", True)
+            for i, (text, _) in late.items():
+                encodings[i] = enc = self.engine.tokenizer._base.encode(text, add_special_tokens=special_tokens)
+                if len(enc.ids) > limit:
+                    raise PromptError(
+                        i,
+                        f" has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking reads the "
+                        "whole document in one pass (no truncation or windows); shorten it or raise max_model_len",
+                    )
+            per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+            params = [  # within max_model_len: "truncate" keeps them whole, and out of a server's window mode
+                dataclasses.replace(p or PoolingParams(), long_input="truncate") if i in late else p or PoolingParams()
+                for i, p in enumerate(per_prompt)
+            ]
+        requests = self.engine.process(prompts, params, task, **options)
         self.engine.add_requests(requests)
         done: dict[str, PoolingRequestOutput] = {}
         bar = None
@@ -246,9 +252,8 @@ class LLM:
             if bar is not None:
                 bar.close()
         outputs = [done[r.request_id] for r in requests]
-        for i, (text, chunking) in late.items():
-            out = outputs[i]
-            enc = self.engine.tokenizer._base.encode(text, add_special_tokens=options.get("add_special_tokens", True))
+        for i, (_, chunking) in late.items():
+            out, enc = outputs[i], encodings[i]
             special = [bool(m) for m in enc.special_tokens_mask]
             out.late_chunking = late_chunking.metadata(
                 len(out.prompt_token_ids), list(enc.offsets), special, chunking.chunk_size
@@ -449,7 +454,7 @@ class LLM:
         `chat_template` (vLLM's): a cross-encoder's pair rendered through it as messages of roles "query" and
         "document" (the Qwen3-Reranker template), a file path or the template itself."""
         for name in ("token_encoding", "muvera", "late_chunking_params"):  # codes or chunks would be scored as vectors
-            if pooling_params is not None and getattr(pooling_params, name) is not None:
+            if pooling_params is not None and getattr(pooling_params, name) not in (None, False):
                 raise ValueError(f"{name} does not apply to score(): scores are computed from the float vectors")
         # vLLM's per-side caps, offline in PoolingParams.extra_kwargs: texts cut to their first N content tokens
         extra = (pooling_params.extra_kwargs if pooling_params is not None else None) or {}

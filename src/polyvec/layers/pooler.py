@@ -44,6 +44,7 @@ class PoolingSpec:
     sparse_top_k: int | None = None
     sparse_threshold: float | None = None
     chunk_size: int | None = None  # late chunking: every row (special tokens too) averaged per chunk, then the head
+    first_kept: bool = False  # a window inside a text: bge-m3 keeps its first row, whatever token it is
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -192,7 +193,9 @@ class Pooler(nn.Module):
     def drops_first(self, spec: PoolingSpec, ids: Sequence[int] | torch.Tensor) -> int:
         """1 where a token task's output leaves out the input's first row (bge-m3's leading <s>), else 0."""
         first = self.token_drop_first
-        return int(first is not None and spec.task == "token_embed" and len(ids) > 0 and int(ids[0]) == first)
+        if first is None or spec.task != "token_embed" or spec.first_kept or not len(ids):
+            return 0
+        return int(int(ids[0]) == first)
 
     def _filter_bos_eos(self, piece: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bos, eos = self.sparse_filter_ids

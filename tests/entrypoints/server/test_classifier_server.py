@@ -138,6 +138,12 @@ def test_colbert_over_http(colbert_server):
     capped = s.post("/score", {"text_1": query, "text_2": docs, "max_tokens_per_doc": 3}).json()["data"]
     want = [o.outputs.score for o in llm.score(query, ["a wing in", "heat transfer"], use_tqdm=False)]
     assert np.allclose([x["score"] for x in capped], want, rtol=1e-4) and abs(want[0] - want[1]) > 1e-3
+    # Cohere v1 has one vector per text: token matrices are refused there (its client failed to parse them)
+    r = s.post("/v1/embed", {"texts": docs})
+    assert (
+        r.status_code == 400 and "/v2/embed" in r.json()["error"]["message"] and r.json()["error"]["param"] == "texts"
+    )
+    assert s.post("/v2/embed", {"texts": docs}).json()["shapes"][1][1] == 96
 
 
 def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):
@@ -212,6 +218,10 @@ def test_a_rerank_template_gets_special_tokens_and_its_variables(tmp_path, minil
         )
         r = httpx.post(url + "/rerank", json={"query": query, "texts": docs}, timeout=60)  # TEI's body
         assert r.status_code == 422 and "an instruction is required" in r.json()["error"], r.text
+        for reserved in ({"messages": []}, {"add_generation_prompt": True}, {"chat_template": "x"}):  # 500 / ignored
+            body = {"text_1": query, "text_2": docs, "chat_template_kwargs": reserved}
+            r = httpx.post(url + "/score", json=body, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
         # a request's template variables are variables, whatever their names (render()'s own names gave a 500)
         for name in ("template", "special_tokens", "variables", "content_format_option"):
             body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: "x"}}

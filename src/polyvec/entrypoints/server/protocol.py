@@ -153,7 +153,7 @@ class StrictModel(BaseModel):
 class VLLMCompatFields(StrictModel):
     """Fields vLLM clients may send that change nothing here (scheduling and multimodal hints)."""
 
-    priority: Annotated[int, INTEGRAL] = 0
+    priority: Annotated[int, INTEGRAL] | None = 0
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
@@ -437,10 +437,12 @@ class ScoreRequest(PoolingBase):
     items: ScoreInput | None = None
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
-    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
-    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
+    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
+    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0, null: no
+    limit)."""
+    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
+    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0, null: no
+    limit)."""
     instruction: str | None = None
     """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
     Qwen3-Reranker template reads it); refused when the server has no template."""
@@ -496,22 +498,50 @@ class RerankRequest(PoolingBase):
     """Documents to order by relevance to the query: texts (for an image model, also base64 data: URLs of page
     images), Cohere v1's `{"text": ...}` objects, or vLLM's `{"content": [part]}` with one text or image_url
     part; one document may be given alone, as vLLM takes it."""
-    top_n: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Return only the best top_n documents (0: all)."""
-    return_documents: bool = True
-    """Include each document's text in the results."""
+    top_n: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
+    """Return only the best top_n documents (0 or null: all)."""
+    return_documents: bool | None = True
+    """Include each document's text in the results (null: the default, true)."""
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
-    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
-    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] = 0
-    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0: no limit)."""
+    max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
+    """Cut each query text to at most this many tokens, not counting special tokens or prompts (0, null: no
+    limit)."""
+    max_tokens_per_doc: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
+    """Cut each document text to at most this many tokens, not counting special tokens or prompts (0, null: no
+    limit)."""
     instruction: str | None = None
     """A reranker's instruction, the `instruction` variable of its --chat-template (as vLLM passes it; the
     Qwen3-Reranker template reads it); refused when the server has no template."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables of a reranker's --chat-template (its "instruction" wins over `instruction`); refused when the
     server has no template."""
+    rank_fields: Annotated[list[str], Field(min_length=1)] | None = None
+    """Cohere v1: the fields of object documents to rank by, in order: one field's value alone, several as
+    "field: value" lines (default: "text")."""
+    max_chunks_per_doc: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    """Cohere v1: accepted; a document longer than the model's input is cut (see max_tokens_per_doc), not split
+    into chunks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rank_fields(cls, data: Any) -> Any:
+        """Cohere v1's object documents read through rank_fields, before the documents are validated."""
+        if not isinstance(data, dict) or not isinstance(data.get("documents"), list):
+            return data
+        fields = data.get("rank_fields")
+        if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+            return data
+        documents = []
+        for doc in data["documents"]:
+            if isinstance(doc, dict) and "content" not in doc:
+                values = [(f, doc[f]) for f in fields if isinstance(doc.get(f), str)]
+                if len(fields) == 1 and values:
+                    doc = values[0][1]
+                elif values:
+                    doc = "\n".join(f"{name}: {value}" for name, value in values)
+            documents.append(doc)
+        return {**data, "documents": documents}
 
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -558,9 +588,9 @@ class CohereEmbedV1Request(StrictModel):
     """Output types to return. v1 without it: the `embeddings_floats` response; v2 default ["float"]. int8 and
     uint8 are scaled per vector (127 * x / max|x|, rounded; uint8 adds 128); binary and ubinary pack the sign
     bits (set where x >= 0), most significant bit first, binary as the byte minus 128."""
-    truncate: Literal["NONE", "START", "END"] = "END"
-    """Over-long input: END cuts its end, START its beginning (keeping the last tokens), each to max_tokens or the
-    model's maximum input length; NONE rejects it."""
+    truncate: Literal["NONE", "START", "END"] | None = "END"
+    """Over-long input: END (the default, also for null) cuts its end, START its beginning (keeping the last
+    tokens), each to max_tokens or the model's maximum input length; NONE rejects it."""
 
 
 class CohereEmbedRequest(CohereEmbedV1Request):
@@ -573,7 +603,7 @@ class CohereEmbedRequest(CohereEmbedV1Request):
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """At most this many tokens per input, special tokens included (at most the model's maximum input length);
     longer input is cut as `truncate` says, or rejected with NONE."""
-    priority: Annotated[int, INTEGRAL] = 0
+    priority: Annotated[int, INTEGRAL] | None = 0
     """Accepted for compatibility; ignored."""
 
 

@@ -37,7 +37,7 @@ async def cohere_embed_v1(req: P.CohereEmbedV1Request, raw: Request, state: Stat
 
 async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, version: str) -> Response:
     check_model(state, req.model)
-    field, texts = _texts(req, state.model_config.colqwen2 is not None)
+    field, texts, is_image = _texts(req, state.model_config.colqwen2 is not None)
     images = state.model_config.colqwen2 is not None
     if req.input_type == "image" and not images:
         raise APIError(400, f"input_type 'image' is for images; {_NO_IMAGES}", "input_type")
@@ -48,6 +48,9 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
         raise APIError(400, f"max_tokens={max_tokens} is more than the model's max_model_len ({limit})", "max_tokens")
     kinds = list(dict.fromkeys(req.embedding_types or ["float"]))
     multi = state.engine.is_late_interaction
+    if multi and version == "1":  # its response schema has one vector per text: Cohere's v1 client fails on matrices
+        raise APIError(400, "a late-interaction model's token matrices are served on /v2/embed (or /pooling), not v1",
+                       field)  # fmt: skip
     if multi and set(kinds) - {"float", "base64"}:
         raise APIError(400, "a late-interaction model returns float or base64 token matrices only", "embedding_types")
     # END and START always cut (to max_tokens, else the model's maximum), whatever the server's --long-input.
@@ -96,15 +99,18 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
         body |= {"shapes": [list(t.shape) for t in tensors], "input_types": types}
         if len(set(types)) == 1:
             body["input_type"] = types[0]
-    tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    body["meta"] = {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
+    # vLLM's: an image's tokens are image_tokens, a text's input_tokens
+    image_tokens = sum(len(o.prompt_token_ids) for o, image in zip(outputs, is_image) if image)
+    tokens = sum(len(o.prompt_token_ids) for o in outputs) - image_tokens
+    billed = {"input_tokens": tokens, "image_tokens": image_tokens}
+    body["meta"] = {"api_version": {"version": version}, "billed_units": billed}
     return VectorJSONResponse(body)
 
 
-def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list[Any]]:
-    """The texts to embed and the field they come from: `texts`, `images` (data: URLs, for an image model), or v2
-    `inputs` (each item's text parts joined with a newline, as vLLM joins text parts; for an image model an item
-    of one image part is that image); other images are refused."""
+def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list[Any], list[bool]]:
+    """The texts to embed, the field they come from, and which are images: `texts`, `images` (data: URLs, for an
+    image model), or v2 `inputs` (each item's text parts joined with a newline, as vLLM joins text parts; for an
+    image model an item of one image part is that image); other images are refused."""
     inputs = req.inputs if isinstance(req, P.CohereEmbedRequest) else None
     if req.images is not None:
         if not images:
@@ -113,15 +119,20 @@ def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list
             raise APIError(400, "give one of 'texts', 'images' and 'inputs'", "images")
         if not req.images:
             raise APIError(400, "'images' must not be empty", "images")
-        return "images", [image_url(u, f"'images' item {i}", "images") for i, u in enumerate(req.images)]
+        return (
+            "images",
+            [image_url(u, f"'images' item {i}", "images") for i, u in enumerate(req.images)],
+            [True] * len(req.images),
+        )
     if req.texts is not None:
         if inputs is not None:
             raise APIError(400, "give one of 'texts' and 'inputs', not both", "inputs")
-        return "texts", req.texts
+        return "texts", req.texts, [False] * len(req.texts)
     if inputs is None:
         needed = "one of 'texts' and 'inputs' is" if isinstance(req, P.CohereEmbedRequest) else "field 'texts' is"
         raise APIError(400, f"{needed} required", "texts")
     texts: list[Any] = []
+    is_image: list[bool] = []
     for i, item in enumerate(inputs):
         parts = []
         image: Any = None
@@ -141,4 +152,5 @@ def _texts(req: P.CohereEmbedV1Request, images: bool = False) -> tuple[str, list
                 raise APIError(400, f"{where} is not valid UTF-8 text (lone surrogate)", "inputs") from None
             parts.append(part.text)
         texts.append(image if image is not None else "\n".join(parts))
-    return "inputs", texts
+        is_image.append(image is not None)
+    return "inputs", texts, is_image

@@ -30,13 +30,13 @@ async def score_pairs(
     engine = state.engine
     (name_1, text_1), (name_2, text_2) = side_1, side_2
     # vLLM's per-side limits: each text cut to its first N content tokens before anything is added to it
-    limits = {"max_tokens_per_query": req.max_tokens_per_query, "max_tokens_per_doc": req.max_tokens_per_doc}
+    limits = {"max_tokens_per_query": req.max_tokens_per_query or 0, "max_tokens_per_doc": req.max_tokens_per_doc or 0}
     try:
         check_token_limits(limits, state.model_config.max_model_len)
     except SideError as exc:
         raise APIError(400, str(exc), list(limits)[exc.side]) from None
-    text_1 = cut_side(text_1, req.max_tokens_per_query, engine.tokenizer._base)
-    text_2 = cut_side(text_2, req.max_tokens_per_doc, engine.tokenizer._base)
+    text_1 = cut_side(text_1, limits["max_tokens_per_query"], engine.tokenizer._base)
+    text_2 = cut_side(text_2, limits["max_tokens_per_doc"], engine.tokenizer._base)
     # vLLM renders a cross-encoder's pair through --chat-template only when one is given (its `instruction` a
     # variable of it, as the Qwen3-Reranker template reads it)
     template = state.chat_template() if state.config.chat_template is not None and engine.is_cross_encoder else None
@@ -45,6 +45,9 @@ async def score_pairs(
             raise APIError(400, f"'{name}' needs a reranker served with a --chat-template that uses it", name)
     # vLLM's: `instruction` is chat_template_kwargs' "instruction" unless those name one
     variables = dict(req.chat_template_kwargs or {})
+    reserved = ("chat_template", "tools", "tokenize", "messages", "add_generation_prompt", "continue_final_message")
+    if given := [name for name in reserved if name in variables]:  # vLLM refuses the first three; the rest are ours
+        raise APIError(400, f"chat_template_kwargs cannot set {', '.join(given)}", "chat_template_kwargs")
     if req.instruction is not None:
         variables.setdefault("instruction", req.instruction)
     try:
@@ -115,7 +118,7 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     results = []
     for i in order:
         item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-        if req.return_documents:
+        if req.return_documents is not False:
             item["document"] = {"text": req.documents[i]}
         results.append(item)
     return VectorJSONResponse(
