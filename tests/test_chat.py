@@ -219,3 +219,14 @@ def test_score_templates_get_their_texts_as_strings():
     )
     compose = pair_composer({}, template)
     assert compose is not None and compose("what is x", "x is y") == "<query>what is x<document>x is y"
+
+
+def test_generation_blocks_render_their_body():
+    """transformers' {% generation %} blocks (SmolLM3's and others' templates mark the assistant's turns with them)
+    render as their body, as transformers renders them (a 400 'the chat template failed' before)."""
+    template = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<a>{{ m.content }}</a>"
+        "{% endgeneration %}{% else %}<u>{{ m.content }}</u>{% endif %}{% endfor %}"
+    )
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert render(template, conversation) == _transformers(template, conversation) == "<u>hi</u><a>hello</a>"

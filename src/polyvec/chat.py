@@ -215,6 +215,23 @@ def _developer_as_system(template: str, conversation: list[dict[str, Any]]) -> l
     return [{"role": "system", "content": content}, *(m for m in converted if m["role"] != "system")]
 
 
+def _generation_extension() -> Any:
+    """transformers' `{% generation %} ... {% endgeneration %}` blocks (they mark the assistant's tokens for
+    training masks): rendered as their body."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str) -> Any:
     from jinja2 import TemplateError
@@ -227,7 +244,8 @@ def _compile(template: str) -> Any:
     def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    extensions = [loopcontrols, _generation_extension()]
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=extensions)
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
