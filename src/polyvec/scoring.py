@@ -180,11 +180,19 @@ def pair_composer(
     if template is not None:
         from .chat import render
 
+        given = dict(variables or {})  # apply_chat_template's own options among them, as vLLM passes them on
+        options = {k: bool(given.pop(k)) for k in ("add_generation_prompt", "continue_final_message") if k in given}
+
         def rendered(query: str, document: str) -> str:
             roles = [{"role": "query", "content": query}, {"role": "document", "content": document}]
             # plain string content, as vLLM hands score templates their texts (no content-format conversion)
             return render(
-                template, roles, special_tokens=special_tokens, variables=variables, content_format_option="string"
+                template,
+                roles,
+                special_tokens=special_tokens,
+                variables=given,
+                content_format_option="string",
+                **options,
             )
 
         return rendered

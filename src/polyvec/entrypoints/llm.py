@@ -454,7 +454,8 @@ class LLM:
         `chat_template` (vLLM's): a cross-encoder's pair rendered through it as messages of roles "query" and
         "document" (the Qwen3-Reranker template), a file path or the template itself."""
         for name in ("token_encoding", "muvera", "late_chunking_params"):  # codes or chunks would be scored as vectors
-            if pooling_params is not None and getattr(pooling_params, name) not in (None, False):
+            value = None if pooling_params is None else getattr(pooling_params, name)
+            if value is not None and not (name == "muvera" and value is False):
                 raise ValueError(f"{name} does not apply to score(): scores are computed from the float vectors")
         # vLLM's per-side caps, offline in PoolingParams.extra_kwargs: texts cut to their first N content tokens
         extra = (pooling_params.extra_kwargs if pooling_params is not None else None) or {}

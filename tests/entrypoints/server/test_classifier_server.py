@@ -218,10 +218,21 @@ def test_a_rerank_template_gets_special_tokens_and_its_variables(tmp_path, minil
         )
         r = httpx.post(url + "/rerank", json={"query": query, "texts": docs}, timeout=60)  # TEI's body
         assert r.status_code == 422 and "an instruction is required" in r.json()["error"], r.text
-        for reserved in ({"messages": []}, {"add_generation_prompt": True}, {"chat_template": "x"}):  # 500 / ignored
-            body = {"text_1": query, "text_2": docs, "chat_template_kwargs": reserved}
+        for reserved in ({"messages": []}, {"chat_template": "x"}, {"tools": []}):  # a 500, or ignored
+            body = {"text_1": query, "text_2": docs, "chat_template_kwargs": {"instruction": "find it", **reserved}}
             r = httpx.post(url + "/score", json=body, timeout=60)
-            assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+            error = r.json()["error"]
+            assert (
+                r.status_code == 400 and error["param"] == "chat_template_kwargs" and "cannot set" in error["message"]
+            )
+        # apply_chat_template's own options pass on to the template, as vLLM passes them (a 500 before)
+        body = {
+            "text_1": query,
+            "text_2": docs,
+            "chat_template_kwargs": {"instruction": "find it", "add_generation_prompt": True},
+        }
+        r = httpx.post(url + "/score", json=body, timeout=60)
+        assert r.status_code == 200 and [d["score"] for d in r.json()["data"]] == pytest.approx(want, abs=1e-5)
         # a request's template variables are variables, whatever their names (render()'s own names gave a 500)
         for name in ("template", "special_tokens", "variables", "content_format_option"):
             body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: "x"}}

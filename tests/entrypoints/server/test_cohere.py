@@ -217,8 +217,17 @@ def test_cohere_rank_fields_and_null_options(co_v1, server, minilm_llm):
         (i, round(w, 5)) for i, w in enumerate(want)
     ]
     titles = [o.outputs.score for o in minilm_llm.score(query, [d["title"] for d in docs], use_tqdm=False)]
-    got = co_v1.rerank(query=query, documents=docs, rank_fields=["title"])
+    got = co_v1.rerank(query=query, documents=docs, rank_fields=["title"], return_documents=True)
     assert {r.index: r.relevance_score for r in got.results} == pytest.approx(dict(enumerate(titles)), abs=1e-5)
+    # the documents come back as sent, all their fields (not the text they were ranked by)
+    assert {r.index: r.document.text for r in got.results} == {0: docs[0]["text"], 1: docs[1]["text"]}
+    r = server.post("/v1/rerank", {"query": query, "documents": docs[0], "rank_fields": ["title"]}).json()
+    assert r["results"][0]["document"] == docs[0]  # one object alone, read through rank_fields too
+    assert r["results"][0]["relevance_score"] == pytest.approx(titles[0], abs=1e-5)
+    numbers = [{"text": "the dog ran", "year": 2020}]
+    want_year = minilm_llm.score(query, ["text: the dog ran\nyear: 2020"], use_tqdm=False)[0].outputs.score
+    r = server.post("/v1/rerank", {"query": query, "documents": numbers, "rank_fields": ["text", "year"]}).json()
+    assert r["results"][0]["relevance_score"] == pytest.approx(want_year, abs=1e-5)  # a number was dropped
     nulls = {"truncate": None, "priority": None}
     r = server.post("/v2/embed", {"texts": ["wing"], "input_type": "search_document", **nulls})
     assert r.status_code == 200, r.text

@@ -69,6 +69,15 @@ def test_cohere_images_and_inputs(served):
     inputs = [{"content": [{"type": "image_url", "image_url": {"url": _url(images[1])}}]}]
     body = s.post("/v2/embed", {"inputs": inputs, "input_type": "search_document"}).json()
     _close(body["embeddings"]["float"][0], want[1])
+    # vLLM's billing: a request with images bills its tokens as image_tokens, one of text as input_tokens
+    tokens = sum(len(o.prompt_token_ids) for o in llm.token_embed(images, use_tqdm=False))
+    with_text = [*inputs, {"content": [{"type": "text", "text": "flutter"}]}]
+    billed = s.post("/v2/embed", {"inputs": with_text, "input_type": "search_document"}).json()["meta"]["billed_units"]
+    assert billed["input_tokens"] == 0 and billed["image_tokens"] > 0
+    billed = s.post("/v2/embed", {"images": [_url(im) for im in images]}).json()["meta"]["billed_units"]
+    assert billed == {"input_tokens": 0, "image_tokens": tokens}
+    text = s.post("/v2/embed", {"texts": ["flutter"], "input_type": "search_query"}).json()["meta"]["billed_units"]
+    assert text["input_tokens"] > 0 and text["image_tokens"] == 0
 
 
 def test_score_and_rerank_text_against_images(served):

@@ -8,6 +8,7 @@ and a lone surrogate is not text; each refusal names the field and the item inde
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextvars import ContextVar
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     StrictInt,
     Tag,
     ValidationError,
@@ -478,9 +480,11 @@ def _document_texts(value: Any) -> Any:
 
 
 def _or_one_document(schema: dict[str, Any]) -> None:
-    """The schema of a list of documents that also takes one document alone (vLLM's `documents: "text"`)."""
+    """The schema of a list of documents that also takes one document alone (vLLM's `documents: "text"`); a
+    document is a text or an object (Cohere v1's, read through rank_fields; vLLM's `{"content": [part]}`)."""
     array = {k: schema.pop(k) for k in list(schema) if k not in ("title", "description")}
-    schema["anyOf"] = [array, {"type": "string"}]
+    document = [{"type": "string"}, {"type": "object"}]
+    schema["anyOf"] = [{**array, "items": {"anyOf": document}}, *document]
 
 
 class RerankRequest(PoolingBase):
@@ -523,25 +527,35 @@ class RerankRequest(PoolingBase):
     """Cohere v1: accepted; a document longer than the model's input is cut (see max_tokens_per_doc), not split
     into chunks."""
 
-    @model_validator(mode="before")
+    _given_documents: list[Any] | None = PrivateAttr(default=None)
+    """The object documents as sent, where rank_fields read them (returned as they came)."""
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _rank_fields(cls, data: Any) -> Any:
+    def _rank_fields(cls, data: Any, handler: Any) -> Any:
         """Cohere v1's object documents read through rank_fields, before the documents are validated."""
-        if not isinstance(data, dict) or not isinstance(data.get("documents"), list):
-            return data
-        fields = data.get("rank_fields")
+        fields = data.get("rank_fields") if isinstance(data, dict) else None
+        documents = data.get("documents") if isinstance(data, dict) else None
         if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
-            return data
-        documents = []
-        for doc in data["documents"]:
-            if isinstance(doc, dict) and "content" not in doc:
-                values = [(f, doc[f]) for f in fields if isinstance(doc.get(f), str)]
-                if len(fields) == 1 and values:
-                    doc = values[0][1]
-                elif values:
-                    doc = "\n".join(f"{name}: {value}" for name, value in values)
-            documents.append(doc)
-        return {**data, "documents": documents}
+            return handler(data)
+        if isinstance(documents, dict):  # one document alone, as for texts
+            documents = [documents]
+        if not isinstance(documents, list):
+            return handler(data)
+        model = handler({**data, "documents": [_ranked_text(doc, fields) for doc in documents]})
+        model._given_documents = documents
+        return model
+
+
+def _ranked_text(document: Any, fields: list[str]) -> Any:
+    """An object document's text to rank by: the value of the one rank field, or "field: value" lines of several
+    (values that are not strings as JSON); other documents as they are."""
+    if not isinstance(document, dict) or "content" in document:
+        return document
+    values = [(f, v if isinstance(v, str) else json.dumps(v)) for f in fields if (v := document.get(f)) is not None]
+    if len(fields) == 1:
+        return values[0][1] if values else document
+    return "\n".join(f"{name}: {value}" for name, value in values) if values else document
 
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]

@@ -99,10 +99,11 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
         body |= {"shapes": [list(t.shape) for t in tensors], "input_types": types}
         if len(set(types)) == 1:
             body["input_type"] = types[0]
-    # vLLM's: an image's tokens are image_tokens, a text's input_tokens
-    image_tokens = sum(len(o.prompt_token_ids) for o, image in zip(outputs, is_image) if image)
-    tokens = sum(len(o.prompt_token_ids) for o in outputs) - image_tokens
-    billed = {"input_tokens": tokens, "image_tokens": image_tokens}
+    # vLLM's: a request with images bills all its tokens as image_tokens, one without as input_tokens
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    billed = (
+        {"input_tokens": 0, "image_tokens": tokens} if any(is_image) else {"input_tokens": tokens, "image_tokens": 0}
+    )
     body["meta"] = {"api_version": {"version": version}, "billed_units": billed}
     return VectorJSONResponse(body)
 

@@ -45,8 +45,8 @@ async def score_pairs(
             raise APIError(400, f"'{name}' needs a reranker served with a --chat-template that uses it", name)
     # vLLM's: `instruction` is chat_template_kwargs' "instruction" unless those name one
     variables = dict(req.chat_template_kwargs or {})
-    reserved = ("chat_template", "tools", "tokenize", "messages", "add_generation_prompt", "continue_final_message")
-    if given := [name for name in reserved if name in variables]:  # vLLM refuses the first three; the rest are ours
+    reserved = ("chat_template", "tools", "tokenize", "messages")  # vLLM refuses the first three; the last is ours
+    if given := [name for name in reserved if name in variables]:
         raise APIError(400, f"chat_template_kwargs cannot set {', '.join(given)}", "chat_template_kwargs")
     if req.instruction is not None:
         variables.setdefault("instruction", req.instruction)
@@ -116,10 +116,13 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     if req.top_n:
         order = order[: req.top_n]
     results = []
+    given = req._given_documents  # Cohere v1's objects read through rank_fields: returned as sent
     for i in order:
         item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
         if req.return_documents is not False:
-            item["document"] = {"text": req.documents[i]}
+            item["document"] = (
+                given[i] if given is not None and isinstance(given[i], dict) else {"text": req.documents[i]}
+            )
         results.append(item)
     return VectorJSONResponse(
         {
