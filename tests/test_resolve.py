@@ -29,7 +29,8 @@ def test_offline_unknown_id_names_the_fix_and_only_installed_packages(tmp_path, 
         resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
     msg = str(info.value)
     assert "\n" not in msg and "'no-such-org/no-such-model'" in msg and "HF_HUB_OFFLINE=1" in msg
-    assert "(models in installed packages: sentence-transformers/all-MiniLM-L6-v2)" in msg
+    shipped = "(models in installed packages, used when no revision is given: sentence-transformers/all-MiniLM-L6-v2)"
+    assert shipped in msg
     monkeypatch.setattr(resolve, "_installed", lambda dist: False)
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path("no-such-org/no-such-model", download_dir=str(tmp_path))
@@ -232,6 +233,8 @@ print(json.dumps(out))
     assert "has no revision 'v9'" in msgs["revision"]
     assert "'acme/bad name!' is neither a local folder nor a hub id" in msgs["invalid"]
     assert "could not be reached" in msgs["unreachable"] and "'acme/minilm'" in msgs["unreachable"]
+    # the models that need no hub are named there too, as offline (they were not)
+    assert "used when no revision is given: sentence-transformers/all-MiniLM-L6-v2" in msgs["unreachable"]
 
 
 def test_cli_failure_is_one_line_without_traceback(tmp_path):

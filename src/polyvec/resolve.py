@@ -192,8 +192,14 @@ def _unreachable(model: str, exc: Exception) -> str:
     why = f"{type(exc).__name__}: {first[0][:200]}" if first else type(exc).__name__
     return (
         f"model {model!r} is not in the Hugging Face cache and the hub could not be reached ({why}); "
-        f"connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder"
+        f"connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder" + _shipped_hint()
     )
+
+
+def _shipped_hint() -> str:
+    """The models installed packages ship, which need neither the hub nor a revision."""
+    shipped = installed_packaged_models()
+    return f" (models in installed packages, used when no revision is given: {', '.join(shipped)})" if shipped else ""
 
 
 def resolve_model_path(model: str | os.PathLike, revision: str | None = None, download_dir: str | None = None) -> Path:
@@ -222,10 +228,8 @@ def resolve_model_path(model: str | os.PathLike, revision: str | None = None, do
     if packaged is not None and revision is None and packaged.installed() and (found := packaged.locate()):
         return found
     if _offline():
-        shipped = installed_packaged_models()
         raise ModelNotFoundError(
             f"model {model!r} is not in the Hugging Face cache and HF_HUB_OFFLINE=1 stops downloads: unset it "
-            f"to download, or pass a local folder"
-            + (f" (models in installed packages: {', '.join(shipped)})" if shipped else "")
+            f"to download, or pass a local folder" + _shipped_hint()
         )
     return _download(model, revision, download_dir)

@@ -102,6 +102,20 @@ def test_cli_names_what_is_wrong_in_a_collection(tmp_path, capsys, name, edit, m
     assert message in err and err.count("\n") == 1, err
 
 
+def test_cli_names_a_missing_eval_extra_before_any_work(tmp_path, capsys, monkeypatch):
+    """Without the eval extra's libraries, one line naming them and the extra (a traceback after encoding the
+    whole corpus before)."""
+    import importlib.util
+
+    from polyvec.entrypoints.cli import main
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ir_measures" else find(name, *a))
+    assert main(["eval-retrieval", "--data", str(DATA / "cranfield"), "--mode", "bm25", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "eval-retrieval needs ir_measures: pip install 'polyvec[eval]'" in err and err.count("\n") == 1, err
+
+
 def test_blank_lines_and_ids_named_id_are_read(tmp_path):
     folder = _edited_vaswani(tmp_path, "corpus.jsonl", lambda ls: [ls[0].replace('"_id"', '"id"'), "", *ls[1:], ""])
     assert load_beir(folder).doc_ids == load_beir(DATA / "vaswani").doc_ids

@@ -1306,7 +1306,17 @@ def _haproxy_408(body_timeout: float) -> str:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from ..eval.retrieval import KINDS, load_beir, run_hybrid, run_retrieval
+
+    # the eval extra's libraries are named before anything is encoded (a traceback after the corpus, before)
+    needed = ["ir_measures"]
+    if args.mode == "bm25" or any(str(s).split(":")[0] == "bm25" for s in args.hybrid or ()):
+        needed.append("bm25s")
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CommandError(f"eval-retrieval needs {', '.join(missing)}: pip install 'polyvec[eval]'")
 
     try:
         data = load_beir(args.data)
