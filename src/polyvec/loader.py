@@ -362,10 +362,10 @@ def _classifier_activation(hf_config: dict[str, Any], num_labels: int, root: Pat
         explicit = st_model.get("activation_fn") if st_model.get("model_type") == "CrossEncoder" else None
     if explicit:
         return _activation_name(explicit)
+    if hf_config.get("problem_type") == "regression":  # before the one-label rule, as vLLM and transformers
+        return "identity"
     if hf_config.get("problem_type") == "multi_label_classification" or num_labels == 1:
         return "sigmoid"
-    if hf_config.get("problem_type") == "regression":
-        return "identity"
     return "softmax"
 
 

@@ -12,6 +12,7 @@ vLLM's names); several sequence modes are concatenated.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,7 @@ class Pooler(nn.Module):
         self.token_projection = token_projection
         self.sequence_head = sequence_head
         self.token_head = token_head
+        self.classifier_activation_name = classifier_activation_name
         self.classifier_act = classifier_activation(classifier_activation_name)
         self.splade = splade or SpladeSpec()
         self.sparse_head = sparse_head  # bge-m3: one weight per token, [T, H] → [T, 1]
@@ -178,7 +180,7 @@ class Pooler(nn.Module):
                 tokens = hidden
             else:
                 tokens = torch.cat([hidden[starts[i] : starts[i + 1]] for i in members])
-            out = self._head(spec, tokens)
+            out = self._head(_logits_first(spec), tokens)
             lens = [meta.seq_lens[i] for i in members]
             filtered = spec.task == "token_classify" and self.sparse_head is not None and self.token_head is None
             for i, piece in zip(members, out.split(lens)):
@@ -189,6 +191,15 @@ class Pooler(nn.Module):
                     piece, ids = self._filter_bos_eos(piece, ids)
                 results[i] = self._select(piece, ids, spec, keep[i] if keep is not None else None)
         return results
+
+    def _after_select(self, spec: PoolingSpec, rows: torch.Tensor) -> torch.Tensor:
+        """The activation of asked-for columns (returned_token_ids), over those columns only, as vLLM applies it:
+        softmax, or a sigmoid where one column is left."""
+        if _logits_first(spec) is spec:
+            return rows
+        if self.classifier_activation_name == "softmax" and rows.shape[-1] == 1:
+            return torch.sigmoid(rows)
+        return self.classifier_act(rows)
 
     def drops_first(self, spec: PoolingSpec, ids: Sequence[int] | torch.Tensor) -> int:
         """1 where a token task's output leaves out the input's first row (bge-m3's leading <s>), else 0."""
@@ -281,12 +292,15 @@ class Pooler(nn.Module):
             return self.apply_head(spec, state.vector())
         if spec.chunk_size is not None:
             return self._head(spec, chunk_means(torch.cat(state.tokens), spec.chunk_size))
-        return self._select(self._head(spec, torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
+        return self._select(self._head(_logits_first(spec), torch.cat(state.tokens)), torch.cat(state.ids), spec, keep)
 
-    @staticmethod
-    def _select(piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec, keep: list[int] | None) -> torch.Tensor:
-        """A token task's rows to return: its token method's selection, then the ColBERT skiplist's `keep`."""
+    def _select(
+        self, piece: torch.Tensor, ids: torch.Tensor, spec: PoolingSpec, keep: list[int] | None
+    ) -> torch.Tensor:
+        """A token task's rows to return: its token method's selection (then the activation of the asked-for
+        columns), then the ColBERT skiplist's `keep`."""
         piece = TOKEN_METHODS[spec.pooling[0]].select(piece, ids, spec.returned_token_ids, spec.step_tag_id)
+        piece = self._after_select(spec, piece)
         return piece[keep] if keep is not None else piece
 
 
@@ -350,3 +364,11 @@ def prune_sparse(spec: PoolingSpec, out: torch.Tensor) -> torch.Tensor:
         kth = out.topk(spec.sparse_top_k, dim=1).values[:, -1:]
         out = torch.where(out >= kth, out, torch.zeros_like(out))
     return out
+
+
+def _logits_first(spec: PoolingSpec) -> PoolingSpec:
+    """The spec a token head runs with: without its activation where columns are picked after it (token_classify
+    with returned_token_ids), which then runs over the picked columns."""
+    if spec.task == "token_classify" and spec.returned_token_ids is not None and spec.use_activation:
+        return dataclasses.replace(spec, use_activation=False)
+    return spec

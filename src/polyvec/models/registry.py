@@ -51,10 +51,11 @@ from .weights import Rule, load_mapped
 
 
 class ScoreHead(nn.Linear):
-    """Decoders' `*ForSequenceClassification` head: a bias-free linear layer on the last token."""
+    """Decoders' `*ForSequenceClassification` head: a linear layer on the last token; transformers' has no bias,
+    but a checkpoint's `score.bias` is added, as vLLM adds it (zero where there is none)."""
 
     def __init__(self, hidden: int, num_labels: int):
-        super().__init__(hidden, num_labels, bias=False)
+        super().__init__(hidden, num_labels, bias=True)
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,8 @@ class PoolingModel(nn.Module):
             and not any(k.endswith("score.weight") for k in state)
         )
         optional = ("token_head.decoder.weight",) if tied else ("sequence_head.",) if from_tokens else ()
+        if isinstance(self.sequence_head, ScoreHead) and not any(k.endswith("score.bias") for k in state):
+            state = {**state, "score.bias": torch.zeros(self.sequence_head.out_features)}
         load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,), optional=optional)
         if from_tokens:
             self._score_from_lm_head(state)
@@ -209,6 +212,7 @@ class PoolingModel(nn.Module):
             rows = rows[1:] - rows[:1]
         with torch.no_grad():
             self.sequence_head.weight.copy_(rows)
+            self.sequence_head.bias.zero_()
 
 
 def _materialize(model: nn.Module, device: str) -> None:
