@@ -239,9 +239,14 @@ class Engine:
         if not batch:
             return finished
         start = time.perf_counter()
-        if self.causal:
-            self._prepare_caches(batch)
-        results, hidden = self.runner.execute(batch)
+        try:
+            if self.causal:
+                self._prepare_caches(batch)
+            results, hidden = self.runner.execute(batch)
+        except BaseException:  # the outputs that needed no forward pass go with the next batch
+            with self._ready_lock:
+                self._ready[:0] = ready
+            raise
         if self.prefix_cache is not None:
             offset = 0
             for c in batch:

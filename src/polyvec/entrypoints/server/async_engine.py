@@ -195,6 +195,34 @@ class AsyncEngine:
         self._warmup = None
         self.warmed_up.set()
 
+    def _after_fault(
+        self, batch: list[Any], exc: Exception
+    ) -> tuple[list[PoolingRequestOutput], list[tuple[list[str], Exception]]]:
+        """A batch raised: an encoder's requests run again one at a time, so that only the one at fault fails and
+        the others are answered (a decoder's chunks carry caches from step to step: its batch fails whole).
+        Returns the outputs and, per failure, the request ids to fail and the error."""
+        if self.engine.causal or len(batch) < 2:
+            with self._cond:
+                return [], [(self.engine.fail(batch), exc)]
+        outputs: list[PoolingRequestOutput] = []
+        failures: list[tuple[list[str], Exception]] = []
+        failed: set[str] = set()
+        for chunk in batch:
+            request = chunk.request.parent or chunk.request
+            if request.request_id in failed:  # a window whose sibling failed: its request failed already
+                with self._cond:
+                    self.engine.fail([chunk])
+                continue
+            try:
+                outputs += self.engine.run([chunk])
+            except Exception as alone:
+                with self._cond:
+                    ids = self.engine.fail([chunk])
+                failed.update(ids)
+                failures.append((ids, alone))
+        logger.info("after the fault, %d of %d requests failed alone", len(failed), len(batch))
+        return outputs, failures
+
     def _loop(self) -> None:
         _name_os_thread("polyvec-engine")
         while True:
@@ -212,14 +240,15 @@ class AsyncEngine:
             start = time.perf_counter()
             try:
                 outputs = self.engine.run(batch)
-            except Exception as exc:  # an engine fault fails this batch only; the loop keeps serving
+            except Exception as exc:  # an engine fault fails its requests only; the loop keeps serving
                 logger.exception("engine step failed for %d requests", len(batch))
-                with self._cond:
-                    entries = [self._pending.pop(rid, None) for rid in self.engine.fail(batch)]
-                for entry in entries:
-                    if entry is not None:
-                        entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=exc))
-                continue
+                outputs, failures = self._after_fault(batch, exc)
+                for failed_ids, error in failures:
+                    with self._cond:
+                        entries = [self._pending.pop(rid, None) for rid in failed_ids]
+                    for entry in entries:
+                        if entry is not None:
+                            entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=error))
             if self.on_batch is not None:
                 self.on_batch(sum(c.num_tokens for c in batch), len(batch), time.perf_counter() - start)
             with self._cond:
