@@ -88,6 +88,16 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
     return text
 
 
+def too_long(num_tokens: int, max_model_len: int) -> str | None:
+    """What is wrong with a document of `num_tokens` (None: nothing): it is read whole, never cut nor windowed."""
+    if num_tokens <= max_model_len:
+        return None
+    return (
+        f" has {num_tokens} tokens, more than max_model_len={max_model_len}: late chunking reads the whole document "
+        "in one pass (no truncation or windows); shorten it or raise max_model_len"
+    )
+
+
 def check_no_prompt(input_processor, text: str, verified_params) -> None:
     """Chunks are spans of the text as sent: a model's instruction prompt (input_type, or its default prompt)
     in front of it is refused, not misaligned."""

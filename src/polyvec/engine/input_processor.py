@@ -120,14 +120,14 @@ class InputProcessor:
         list) are all read from one forward pass of each prompt (`Request.extra`).
         """
         limit = self.model_config.max_model_len
-        if isinstance(padding, int) and not isinstance(padding, bool):
+        if isinstance(padding, int) and not isinstance(padding, bool):  # a length (False is vLLM's "do not pad")
             if not 1 <= padding <= limit:
                 raise ValueError(f"padding to max_length={padding}: it must be between 1 and max_model_len={limit}")
-        elif padding not in (None, False, "do_not_pad", "max_length"):
+            pad_width: int | None = padding
+        elif padding in (None, False, "do_not_pad", "max_length"):
+            pad_width = limit if padding == "max_length" else None
+        else:
             raise ValueError(f"padding must be 'max_length' or 'do_not_pad', got {padding!r}")
-        pad_width = limit if padding == "max_length" else None
-        if isinstance(padding, int) and not isinstance(padding, bool):  # False is vLLM's "do not pad"
-            pad_width = padding
         if pad_width is not None and self.colbert is not None and self.colbert.inserts_marker:
             raise ValueError("padding='max_length' does not apply to a ColBERT model: its recipe sets the lengths")
         if task is not None and not isinstance(task, str):

@@ -74,21 +74,15 @@ def _load_linear(path, device: torch.device) -> nn.Linear:
     return layer.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
 
 
-def _token_ids(model_config: ModelConfig, keys: tuple[str, ...]) -> list[int]:
-    """The ids of the tokenizer's special tokens named by `keys` (cls_token, ...), those it has."""
-    from tokenizers import Tokenizer
+def _bge_m3_ids(model_config: ModelConfig) -> tuple[tuple[int, ...], int | None]:
+    """bge-m3's special ids: those its sparse output leaves out (cls, eos, pad, unk), and the leading one its token
+    vectors leave out (<s>, its cls token), as vLLM's BOS filter does."""
+    from ..tokenizer import PolyTokenizer
 
-    from ..tokenizer import special_tokens_map
-
-    tokens = special_tokens_map(model_config.tokenizer_path.parent)
-    tokenizer = Tokenizer.from_file(str(model_config.tokenizer_path))
-    found = (tokenizer.token_to_id(tokens[key]) for key in keys if key in tokens)
-    return [i for i in found if i is not None]
-
-
-def _unused_token_ids(model_config: ModelConfig) -> tuple[int, ...]:
-    """The ids of the tokenizer's cls, eos, pad and unk tokens, which bge-m3's sparse output leaves out."""
-    return tuple(sorted(set(_token_ids(model_config, ("cls_token", "eos_token", "pad_token", "unk_token")))))
+    tokenizer = PolyTokenizer(model_config.tokenizer_path)
+    unused = (tokenizer.special_token_id(k) for k in ("cls_token", "eos_token", "pad_token", "unk_token"))
+    first = (tokenizer.special_token_id(k) for k in ("cls_token", "bos_token"))
+    return tuple(sorted({i for i in unused if i is not None})), next((i for i in first if i is not None), None)
 
 
 class ModelRunner:
@@ -129,10 +123,11 @@ class ModelRunner:
         del state
         sparse_head: nn.Module | None = None
         skip_ids: tuple[int, ...] = ()
+        drop_first: int | None = None
         if model_config.bge_m3 is not None:  # FlagEmbedding's bge-m3 heads: multi-vector and sparse
             token_projection = _load_linear(model_config.bge_m3.colbert_path, self.device)
             sparse_head = _load_linear(model_config.bge_m3.sparse_path, self.device)
-            skip_ids = _unused_token_ids(model_config)
+            skip_ids, drop_first = _bge_m3_ids(model_config)
         args = self.model.encoder.args
         self.packed_attention = not self.causal and self.platform.packed_attention(
             model_config.dtype, args.hidden_size // args.num_attention_heads
@@ -154,10 +149,7 @@ class ModelRunner:
             splade=model_config.splade,
             sparse_head=None if sparse_head is None else head(sparse_head),
             sparse_skip_ids=skip_ids,
-            # bge-m3's token vectors leave out a leading <s> (its cls token), as vLLM's BOS filter does
-            token_drop_first=next(iter(_token_ids(model_config, ("cls_token", "bos_token"))), None)
-            if model_config.bge_m3 is not None
-            else None,
+            token_drop_first=drop_first,
             sparse_filter_ids=(model_config.hf_config.get("bos_token_id"), model_config.hf_config.get("eos_token_id")),
             vocab_size=int(model_config.hf_config.get("vocab_size", 0)) or None,
             logit_mean=model_config.pooler_config.logit_mean,

@@ -218,12 +218,8 @@ class LLM:
             special_tokens = options.get("add_special_tokens", True)
             for i, (text, _) in late.items():
                 encodings[i] = enc = self.engine.tokenizer._base.encode(text, add_special_tokens=special_tokens)
-                if len(enc.ids) > limit:
-                    raise PromptError(
-                        i,
-                        f" has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking reads the "
-                        "whole document in one pass (no truncation or windows); shorten it or raise max_model_len",
-                    )
+                if (detail := late_chunking.too_long(len(enc.ids), limit)) is not None:
+                    raise PromptError(i, detail)
             per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
             params = [  # within max_model_len: "truncate" keeps them whole, and out of a server's window mode
                 dataclasses.replace(p or PoolingParams(), long_input="truncate") if i in late else p or PoolingParams()

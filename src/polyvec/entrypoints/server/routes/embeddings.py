@@ -60,7 +60,7 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
     if late_chunking.tokenization_changes({"padding": req.padding}):
         message = "Late chunking does not support input padding, truncation or renderer text normalization"
         raise APIError(400, message, "padding")
-    if req.encoding_format != "float" or req.pool_factor is not None or req.long_input == "window":
+    if req.encoding_format != "float" or req.pool_factor is not None:
         raise APIError(400, "late chunking returns float chunk vectors of whole inputs", field)
     if "token_embed" not in state.engine.supported_tasks:
         raise APIError(400, "Late chunking requires token_embed, which this model does not serve", field)
@@ -84,9 +84,8 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
     base, limit = state.engine.tokenizer._base, state.model_config.max_model_len
     encodings = await state.async_engine.call(base.encode_batch, prompts, add_special_tokens=add_special_tokens)
     for i, enc in enumerate(encodings):
-        if len(enc.ids) > limit:  # never windows nor truncation: the chunks would not be the document's
-            message = f"'input' item {i} has {len(enc.ids)} tokens, more than max_model_len={limit}: late chunking"
-            raise APIError(400, message + " reads the whole input in one pass; shorten it", "input")
+        if (detail := late_chunking.too_long(len(enc.ids), limit)) is not None:
+            raise APIError(400, f"'input' item {i}{detail}", "input")
     try:  # the request's params resolved (a bad field is named by run_pooling below): no instruction prompt
         asked = state.engine.input_processor.verify_params(given, "token_embed")
     except ValueError:
