@@ -314,6 +314,7 @@ class PoolingState:
     def __init__(self, spec: PoolingSpec):
         self.spec = spec
         self.count = 0
+        self.end = 0  # rows [0, end) of the request are in
         self.states: dict[str, Any] = (
             {mode: sequence_method(mode).start() for mode in spec.pooling} if PoolingTask(spec.task).is_sequence else {}
         )
@@ -321,7 +322,11 @@ class PoolingState:
         self.ids: list[torch.Tensor] = []
 
     def update(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
-        """Add rows [start, start + len(hidden)) of the request (float32 hidden states)."""
+        """Add rows [start, start + len(hidden)) of the request (float32 hidden states), unless they are in
+        already: a batch that failed after pooling runs again, one request at a time."""
+        if start < self.end:
+            return
+        self.end = start + hidden.shape[0]
         if not PoolingTask(self.spec.task).is_sequence:
             self.tokens.append(hidden)
             self.ids.append(ids)

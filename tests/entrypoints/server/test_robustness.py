@@ -289,3 +289,47 @@ def test_a_faulting_request_fails_alone_not_its_batch(minilm_llm):
         want = minilm_llm.embed([[101, 7592, 102]], use_tqdm=False)[0].outputs.data.tolist()
         assert good.json()["data"][0]["embedding"] == pytest.approx(want, abs=1e-6)
         assert httpx.post(url + "/v1/embeddings", json=OK, timeout=60).status_code == 200
+
+
+def test_a_decoder_batch_that_faults_after_pooling_fails_its_faulting_request_only(tmp_path, minilm_path):
+    """A decoder's batch holding a chunk of a long prompt and a request at fault: the fault comes after the
+    forward pass wrote the KV cache and the chunk's pooling state, the chunk runs again alone, and the long
+    prompt's vector is still the one it has alone (its batch failed whole before)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polyvec import LLM, PoolerConfig
+    from tests.models.test_decoder_parity import save_decoder
+
+    save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    make = lambda: LLM(  # noqa: E731
+        str(tmp_path), dtype="float32", max_num_batched_tokens=16, pooler_config=PoolerConfig(pooling_type="MEAN")
+    )
+    long = [1000 + 7 * k for k in range(40)]  # three chunks of a 16-token budget
+    want = make().embed([{"prompt_token_ids": long}], use_tqdm=False)[0].outputs.data
+    llm = make()
+    engine, execute = _PoisonedEngine(llm.engine), llm.engine.runner.execute
+    engine.run = llm.engine.run  # the fault is the runner's, after its work
+
+    def execute_then_fault(chunks):
+        out = execute(chunks)
+        if any(_PoisonedEngine.POISON in c.request.prompt_token_ids for c in chunks):
+            engine.held = False
+            raise RuntimeError("injected fault")
+        return out
+
+    llm.engine.runner.execute = execute_then_fault
+    with in_process_server(engine) as url:
+        with ThreadPoolExecutor(2) as pool:
+            good_f = pool.submit(httpx.post, url + "/v1/embeddings", json={"input": [long]}, timeout=60)
+            deadline = time.monotonic() + 30
+            while not len(llm.engine.scheduler):  # the long prompt first: the poisoned one joins its last chunk
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            poisoned = {"input": [[1001, _PoisonedEngine.POISON, 1002]]}
+            bad, good = (
+                pool.submit(httpx.post, url + "/v1/embeddings", json=poisoned, timeout=60).result(),
+                good_f.result(),
+            )
+        assert bad.status_code == 500 and good.status_code == 200, (good.text, bad.text)
+        assert good.json()["data"][0]["embedding"] == pytest.approx(want.tolist(), abs=1e-5)
+        assert httpx.post(url + "/v1/embeddings", json={"input": [[1001, 1002]]}, timeout=60).status_code == 200

@@ -198,10 +198,10 @@ class AsyncEngine:
     def _after_fault(
         self, batch: list[Any], exc: Exception
     ) -> tuple[list[PoolingRequestOutput], list[tuple[list[str], Exception]]]:
-        """A batch raised: an encoder's requests run again one at a time, so that only the one at fault fails and
-        the others are answered (a decoder's chunks carry caches from step to step: its batch fails whole).
+        """A batch raised: its requests run again one at a time, so that only the one at fault fails and the
+        others are answered (a decoder's chunk rewrites its own KV rows and pooling state skips rows it has).
         Returns the outputs and, per failure, the request ids to fail and the error."""
-        if self.engine.causal or len(batch) < 2:
+        if len(batch) < 2:
             with self._cond:
                 return [], [(self.engine.fail(batch), exc)]
         outputs: list[PoolingRequestOutput] = []
