@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .config import EMBED_TASKS, POOLING_TASKS, TOKEN_POOLING_TYPES, ModelConfig
 from .late_chunking import LateChunkingParams
@@ -109,10 +109,11 @@ class PoolingParams:
         """A deep copy, as vLLM's (a clone's extra_kwargs or token lists are its own)."""
         return copy.deepcopy(self)
 
+    SPARSE_OPTIONS: ClassVar[tuple[str, ...]] = ("sparse_top_k", "sparse_threshold", "return_tokens")
+
     def sparse_options(self) -> list[str]:
         """The embed_sparse options given, by name (each applies to that task only)."""
-        values = {"sparse_top_k": self.sparse_top_k, "sparse_threshold": self.sparse_threshold}
-        return [n for n, v in {**values, "return_tokens": self.return_tokens or None}.items() if v is not None]
+        return [n for n in self.SPARSE_OPTIONS if getattr(self, n) is not None and getattr(self, n) is not False]
 
     def verify(self, task: str | None, model_config: ModelConfig, supported_tasks: tuple[str, ...]) -> PoolingParams:
         """Check against the task and model; return a copy with `task` and `use_activation` resolved."""

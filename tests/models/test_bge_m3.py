@@ -144,6 +144,26 @@ def test_three_outputs_from_one_pass_equal_single_tasks(m3_folder):
             assert torch.equal(o.outputs.data[task], singles[task][i].outputs.data), task
     with pytest.raises(ValueError, match="without repeats"):
         llm.encode(TEXTS, pooling_task=["embed", "embed"], use_tqdm=False)
+
+
+def test_options_of_some_tasks_leave_the_others_alone(m3_folder):
+    """dimensions (the full size here), normalize=False and use_activation=False apply to the dense tasks of a
+    list and leave embed_sparse alone, as its sparse options leave the dense ones (they refused the whole
+    request); an option that fits none of the tasks is still refused."""
+    llm = LLM(str(m3_folder), dtype="float32")
+    tasks = ["embed_sparse", "embed", "token_embed"]
+    sparse = llm.embed_sparse(TEXTS, use_tqdm=False)
+    for options in ({"dimensions": 32}, {"normalize": False}, {"use_activation": False}):
+        multi = llm.encode(TEXTS, PoolingParams(**options), pooling_task=tasks, use_tqdm=False)
+        dense = {t: llm.encode(TEXTS, PoolingParams(**options), pooling_task=t, use_tqdm=False) for t in tasks[1:]}
+        for i, o in enumerate(multi):
+            assert torch.equal(o.outputs.data["embed_sparse"], sparse[i].outputs.data), options
+            for task in tasks[1:]:
+                assert torch.equal(o.outputs.data[task], dense[task][i].outputs.data), (options, task)
+    with pytest.raises(ValueError, match="dimensions is only valid for the embed and token_embed tasks"):
+        llm.encode(TEXTS, PoolingParams(dimensions=32), pooling_task=["embed_sparse", "token_classify"], use_tqdm=False)
+    with pytest.raises(ValueError, match="activation is only valid for the classify, token_classify tasks"):
+        llm.encode(TEXTS, PoolingParams(activation=False), pooling_task=["embed", "token_embed"], use_tqdm=False)
     with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
         llm.encode(TEXTS, pooling_task=["embed", "classify"], use_tqdm=False)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from ..config import EngineConfig, ModelConfig
+from ..config import EMBED_TASKS, EngineConfig, ModelConfig
 from ..layers.pooler import PoolingSpec, prune_sparse
 from ..multimodal.image import is_image_prompt
 from ..pooling_params import PoolingParams, TaskError, token_pooling_type
@@ -431,9 +431,15 @@ class InputProcessor:
 
         def for_task(p: PoolingParams | None, task: str) -> PoolingParams:
             p = dataclasses.replace(p or PoolingParams(), task=None)
-            if task != "embed_sparse":  # a sparse output's options leave the other tasks alone
-                p = dataclasses.replace(p, sparse_top_k=None, sparse_threshold=None, return_tokens=False)
-            return p
+            # an option that fits some of the tasks leaves the others alone; verify refuses one that fits none
+            unset: dict[str, Any] = {}
+            for name in _SOME_TASKS_OPTIONS:
+                value = getattr(p, name)
+                if value is None or (name == "return_tokens" and value is False):
+                    continue
+                if not _fits(name, value, task) and any(_fits(name, value, t) for t in tasks):
+                    unset[name] = False if name == "return_tokens" else None
+            return dataclasses.replace(p, **unset)
 
         requests = self.process(
             prompts,
@@ -556,6 +562,20 @@ class InputProcessor:
             else:  # keep a closing special token ([SEP], </s>) as tokenizer truncation would
                 ids = ids[: max_len - 1] + ids[-1:] if ids[-1] in self.special_ids and max_len > 1 else ids[:max_len]
         return ids, None, num_input
+
+
+_SOME_TASKS_OPTIONS = ("dimensions", "normalize", "activation", "use_activation", *PoolingParams.SPARSE_OPTIONS)
+
+
+def _fits(name: str, value: Any, task: str) -> bool:
+    """Whether a pooling option applies to the task (in a request for several)."""
+    if name in PoolingParams.SPARSE_OPTIONS:
+        return task == "embed_sparse"
+    if name in ("dimensions", "normalize"):
+        return task in EMBED_TASKS
+    if name == "activation":
+        return task in ("classify", "token_classify")
+    return not (value is False and task == "embed_sparse")  # use_activation: embed_sparse's is part of it
 
 
 def skip_prompt(spec: PoolingSpec, skip: int) -> PoolingSpec:
