@@ -225,8 +225,8 @@ def test_openapi_documents_the_statuses_and_the_error_schema(server):
     assert posts == 14  # + /v1/embed, /invocations and /embeddings
     assert {"/embed", "/embed_all", "/predict", "/similarity", "/decode", "/info"} <= set(doc["paths"])
     health = doc["paths"]["/health"]["get"]["responses"]
-    assert list(health) == ["200"] and "content" not in health["200"]
-    assert "empty" in health["200"]["description"]
+    assert list(health) == ["200", "503"] and "content" not in health["200"] and "content" not in health["503"]
+    assert "empty" in health["200"]["description"] and "engine stopped" in health["503"]["description"]
 
 
 def _arrays(schema: dict) -> list[dict]:
@@ -333,3 +333,33 @@ def test_a_decoder_batch_that_faults_after_pooling_fails_its_faulting_request_on
         assert bad.status_code == 500 and good.status_code == 200, (good.text, bad.text)
         assert good.json()["data"][0]["embedding"] == pytest.approx(want.tolist(), abs=1e-5)
         assert httpx.post(url + "/v1/embeddings", json={"input": [[1001, 1002]]}, timeout=60).status_code == 200
+
+
+class _SchedulerBug:
+    """The real engine, except that scheduling raises (a bug outside the forward pass ends the engine loop)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def schedule(self):
+        raise RuntimeError("scheduler bug")
+
+
+def test_a_dead_engine_loop_fails_health_checks_and_requests_not_hangs(minilm_path):
+    """vLLM's /health (and SageMaker's /ping) answer 503 once the engine is dead; the request in flight and every
+    later one get a 503 error body. Before, the health checks said 200 and every request waited forever."""
+    from polyvec import LLM
+
+    with in_process_server(_SchedulerBug(LLM(str(minilm_path)).engine), warmup=False) as url:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        for _ in range(2):  # the one that meets the bug, then one to a dead engine
+            r = httpx.post(url + "/v1/embeddings", json=OK, timeout=30)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["message"] == "the engine stopped on an internal error; the server needs a restart"
+        assert httpx.post(url + "/embed", json={"inputs": "x"}, timeout=30).json()["error_type"] == "Unhealthy"
+        for path in ("/health", "/ping", "/"):
+            assert httpx.get(url + path, timeout=10).status_code == 503, path
+        assert httpx.post(url + "/tokenize", json={"prompt": "x"}, timeout=10).status_code == 200

@@ -23,6 +23,7 @@ from ...engine.engine import Engine
 from ...engine.request import Request
 from ...multimodal.image import is_remote
 from ...outputs import PoolingRequestOutput
+from .errors import APIError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ def _fetches(prompt: Any) -> bool:
     return any(is_remote(x) for x in (images if isinstance(images, (list, tuple)) else [images]))
 
 
+def _dead() -> APIError:
+    return APIError(503, "the engine stopped on an internal error; the server needs a restart")
+
+
 def waiting_requests(waiting: list[Any]) -> int:
     """How many requests the scheduler's waiting entries are: a long input's windows count once, as their
     request, and only while none of them has started (then the request is running)."""
@@ -86,6 +91,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._stopping = False
+        self._died: BaseException | None = None  # what ended the loop, other than a stop
         self._warmup: Iterator[int] | None = engine.warmup() if warmup else None
         self.warmed_up = threading.Event()
         self._warmup_start: float | None = None
@@ -119,8 +125,8 @@ class AsyncEngine:
 
     @property
     def alive(self) -> bool:
-        """The engine loop is running (a health check: false once stopped, or if the thread died)."""
-        return self._thread.is_alive() and not self._stopping
+        """The engine loop is running (a health check: false once stopped, or if the loop died)."""
+        return self._thread.is_alive() and not self._stopping and self._died is None
 
     @property
     def queue_depth(self) -> int:
@@ -150,6 +156,8 @@ class AsyncEngine:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine is shutting down")
+            if self._died is not None:
+                raise _dead()
             for r in requests:
                 fut = loop.create_future()
                 self._pending[r.request_id] = (loop, fut)
@@ -224,7 +232,20 @@ class AsyncEngine:
         return outputs, failures
 
     def _loop(self) -> None:
+        """Steps until stopped. Should a step fail outside the forward pass (which fails its requests only), the
+        loop ends: every waiting request gets 503, and so do the health checks and the requests after it."""
         _name_os_thread("polyvec-engine")
+        try:
+            self._steps()
+        except BaseException as exc:
+            logger.critical("the engine loop stopped", exc_info=True)
+            with self._cond:
+                self._died = exc
+                entries, self._pending = list(self._pending.values()), {}
+            for loop, fut in entries:
+                loop.call_soon_threadsafe(partial(_resolve, fut, exc=_dead()))
+
+    def _steps(self) -> None:
         while True:
             with self._cond:
                 idle = not self.engine.has_unfinished_requests()

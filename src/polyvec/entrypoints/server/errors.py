@@ -67,6 +67,7 @@ _DESCRIPTIONS = {
     ),
     429: "More requests in progress than --max-concurrent-requests; retry after the Retry-After header's seconds",
     500: "Internal error; the request was not processed",
+    503: "The engine stopped on an internal error (the health checks answer 503 too): the server needs a restart",
 }
 
 
@@ -76,7 +77,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 # What every POST route can answer; the body-level ones (401, 408, 413, 429) come from app.py's middleware.
-POST_ERRORS = error_responses(400, 401, 404, 408, 413, 429, 500)
+POST_ERRORS = error_responses(400, 401, 404, 408, 413, 429, 500, 503)
 
 
 class _ErrorJSON(JSONResponse):

@@ -14,7 +14,7 @@ from .. import protocol as P
 from ..errors import POST_ERRORS, APIError, ErrorResponse, error_responses
 from ..protocol_tei import TEIErrorResponse
 from ..serving import State, json_body
-from . import embeddings, score, tei
+from . import embeddings, score, tei, utility
 
 router = APIRouter()
 
@@ -82,17 +82,13 @@ def _defining_field(model: type[BaseModel]) -> str:
     return {P.RerankRequest: "query", P.ScoreRequest: "text_1", P.PoolingRequest: "task"}.get(model, "input")
 
 
-async def _ping() -> Response:
-    return Response(status_code=200)
-
-
 router.add_api_route(
     "/ping",
-    _ping,
+    utility.health,
     methods=["GET", "POST"],
     summary="Liveness (SageMaker)",
     response_class=Response,
     response_description="The server is up; the body is empty (no API key needed)",
     # a POST body still passes the server's body checks (size, arrival time, requests in progress)
-    responses=error_responses(408, 413, 429),
+    responses={**error_responses(408, 413, 429), 503: utility.ENGINE_DEAD},
 )

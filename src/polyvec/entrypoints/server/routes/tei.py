@@ -94,6 +94,8 @@ def _from_api_error(exc: APIError) -> TEIError:
         return invalid(f"`inputs` must have less than {most} tokens. Given: {given} ({where})")
     if exc.status == 413:
         return TEIError("Validation", f"Input validation error: {exc.message}", 413)
+    if exc.status == 503:
+        return TEIError("Unhealthy", exc.message)
     return invalid(exc.message)
 
 
@@ -193,6 +195,7 @@ _TEI_DESCRIPTIONS = {
     422: "Invalid input (error_type Validation): a wrong field, an unknown prompt_name, an over-long input with "
     "truncate false, too many inputs (--max-inputs-per-request) or tokens (--max-tokens-per-request)",
     424: "The model cannot do this (error_type Backend), e.g. /predict on an embedding model",
+    503: "The engine stopped on an internal error (error_type Unhealthy): the server needs a restart",
 }
 
 
@@ -206,21 +209,19 @@ _MIDDLEWARE_ERRORS = error_responses(401, 408, 413, 429, 500)
 
 
 def _responses(model: type, backend: bool = True) -> dict[int | str, dict[str, Any]]:
-    codes = (400, 422, 424) if backend else (400, 422)
+    codes = (400, 422, 424, 503) if backend else (400, 422, 503)
     return {200: {"model": model}, **tei_error_responses(*codes), **_MIDDLEWARE_ERRORS}
 
 
 def shared_responses(
     polyvec: dict[int | str, dict[str, Any]], tei_model: type, backend: bool = True
 ) -> dict[int | str, dict[str, Any]]:
-    """A shared route's responses: polyvec's and TEI's 200 and 400 bodies, TEI's 422 (and 424)."""
+    """A shared route's responses: polyvec's and TEI's 200, 400 (and 503) bodies, TEI's 422 (and 424)."""
+    both = {s: f"{polyvec[s]['description']} (TEI's body: {_TEI_DESCRIPTIONS[s]})" for s in (400, 503) if s in polyvec}
     return {
         **polyvec,
         200: {"model": polyvec[200]["model"] | tei_model},
-        400: {
-            "model": ErrorResponse | T.TEIErrorResponse,
-            "description": f"{polyvec[400]['description']} (TEI's body: {_TEI_DESCRIPTIONS[400]})",
-        },
+        **{s: {"model": ErrorResponse | T.TEIErrorResponse, "description": d} for s, d in both.items()},
         **tei_error_responses(*((422, 424) if backend else (422,))),
     }
 
@@ -697,7 +698,7 @@ async def info(state: State) -> dict[str, Any]:
             | T.TEIRerankResponse
             | T.TEISimilarityResponse
         },
-        **tei_error_responses(400, 422, 424),
+        **tei_error_responses(400, 422, 424, 503),
         **_MIDDLEWARE_ERRORS,
     },
     openapi_extra={

@@ -167,14 +167,19 @@ async def models(state: State) -> dict[str, Any]:
     }
 
 
+ENGINE_DEAD = {"description": "The engine stopped on an internal error; the body is empty"}
+
+
 @router.get(
     "/health",
     summary="Liveness",
     response_class=Response,
     response_description="The server is up; the body is empty (no API key needed)",
+    responses={503: ENGINE_DEAD},
 )
-async def health() -> Response:
-    return Response(status_code=200)
+async def health(state: State) -> Response:
+    """vLLM's: 200 while the engine runs, 503 once it has died (a load balancer then stops sending it work)."""
+    return Response(status_code=200 if state.async_engine.alive else 503)
 
 
 router.add_api_route(
@@ -184,7 +189,8 @@ router.add_api_route(
     summary="Liveness (TEI's GET /)",
     response_class=Response,
     response_description="The server is up; the body is empty",
-    responses=_GET_ERRORS,  # unlike /health, under the API key: POST / shares the path
+    responses={**_GET_ERRORS, 503: ENGINE_DEAD},
+    # unlike /health, under the API key: POST / shares the path
 )
 
 
