@@ -76,3 +76,30 @@ def test_get_tokenizer_answers_as_a_transformers_tokenizer(minilm_llm, minilm_pa
     assert len(tok) == len(ref) and tok.get_vocab() == ref.get_vocab()
     with pytest.raises(TypeError, match="a text"):
         tok.encode([1, 2])
+
+
+def test_clean_up_of_decoded_text_follows_the_tokenizer_config(tmp_path, splade_path, minilm_path):
+    """vLLM's /detokenize is transformers' decode: SPLADE-tiny's config asks for clean_up_tokenization_spaces
+    ("don't", not "don ' t"); MiniLM's does not; on a BPE tokenizer transformers skips it unless forced."""
+    import json
+
+    text = "Don't stop, it's fine. Isn't it? We've won!"
+    for path in (splade_path, minilm_path):
+        ref = AutoTokenizer.from_pretrained(str(path))
+        ours = PolyTokenizer(path / "tokenizer.json")
+        ids = ref(text)["input_ids"]
+        assert ours.clean_up(ours.decode(ids)) == ref.decode(ids), path
+    assert PolyTokenizer(splade_path / "tokenizer.json").clean_up_spaces
+    assert not PolyTokenizer(minilm_path / "tokenizer.json").clean_up_spaces
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    bpe = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    config = {"clean_up_tokenization_spaces": True}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not PolyTokenizer(tmp_path / "tokenizer.json").clean_up_spaces
+    config["clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"] = True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert PolyTokenizer(tmp_path / "tokenizer.json").clean_up_spaces

@@ -45,6 +45,10 @@ class PromptTooLongError(ValueError):
         self.index, self.num_tokens, self.max_length = index, num_tokens, max_length
 
 
+_CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m")]
+_CLEAN_UP += [(" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
+
 def _cut(seq: list[int], max_length: int, left: bool) -> list[int]:
     return seq[max(len(seq) - max_length, 0) :] if left else seq[:max_length]
 
@@ -97,6 +101,13 @@ class PolyTokenizer:
         self._lock = threading.Lock()
         self.do_lower_case = do_lower_case
         self.model_max_length = model_max_length
+        cfg_file = path.parent / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+        # transformers' decode: the WordPiece-era clean-up where the config asks for it (never on BPE, unless forced)
+        self.clean_up_spaces = bool(cfg.get("clean_up_tokenization_spaces")) and (
+            type(base.model).__name__ != "BPE"
+            or bool(cfg.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"))
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -261,6 +272,15 @@ class PolyTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ids; special tokens kept unless asked (transformers' default)."""
         return self._base.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def clean_up(self, text: str) -> str:
+        """Decoded text as transformers' `decode` gives it: with `clean_up_tokenization_spaces`, no space before
+        punctuation and English contractions."""
+        if not self.clean_up_spaces:
+            return text
+        for spaced, joined in _CLEAN_UP:
+            text = text.replace(spaced, joined)
+        return text
 
     def id_to_token(self, i: int) -> str | None:
         return self._base.id_to_token(i)

@@ -126,6 +126,10 @@ def test_colbert_over_http(colbert_server):
     assert d["input_type"] == "document" and d["shape"][1] == 96
     plain = s.post("/pooling", {"input": docs[0]}).json()["data"][0]
     assert plain["input_type"] == "document" and plain["shape"] == d["shape"]
+    # vLLM's SageMaker route: an {"input"} body is an embeddings request only on an embed model; here /pooling's
+    invoked = s.post("/invocations", {"input": docs[0]}).json()
+    assert invoked["object"] == "list" and invoked["data"][0]["object"] == "pooling"
+    assert invoked["data"][0]["data"] == plain["data"]
     bad = s.post("/pooling", {"input": query, "task": "embed"})
     assert bad.status_code == 400 and "it supports: token_embed" in bad.json()["error"]["message"]
     offline = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]

@@ -363,3 +363,34 @@ def test_a_dead_engine_loop_fails_health_checks_and_requests_not_hangs(minilm_pa
         for path in ("/health", "/ping", "/"):
             assert httpx.get(url + path, timeout=10).status_code == 503, path
         assert httpx.post(url + "/tokenize", json={"prompt": "x"}, timeout=10).status_code == 200
+
+
+class _HeldEngine:
+    """The real engine, except that nothing is scheduled until `held` is cleared."""
+
+    def __init__(self, engine):
+        self._engine, self.held = engine, threading.Event()
+        self.held.set()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def schedule(self):
+        return [] if self.held.is_set() else self._engine.schedule()
+
+
+def test_load_counts_the_requests_in_progress(minilm_llm):
+    """vLLM's GET /load ({"server_load": N}, polled by routers in front of several servers) was a 404."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = _HeldEngine(minilm_llm.engine)
+    with in_process_server(engine, warmup=False) as url, ThreadPoolExecutor(2) as pool:
+        assert httpx.get(url + "/load", timeout=10).json() == {"server_load": 0}
+        held = [pool.submit(httpx.post, url + "/v1/embeddings", json=OK, timeout=60) for _ in range(2)]
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/load", timeout=10).json() != {"server_load": 2}:
+            assert time.monotonic() < deadline, httpx.get(url + "/load", timeout=10).text
+            time.sleep(0.02)
+        engine.held.clear()
+        assert [f.result().status_code for f in held] == [200, 200]
+        assert httpx.get(url + "/load", timeout=10).json() == {"server_load": 0}

@@ -143,3 +143,11 @@ def test_bge_m3_embed_all_gives_its_colbert_vectors(tmp_path, minilm_path):
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
     assert torch.allclose(got.norm(dim=-1), torch.ones(len(got)), atol=1e-5)
     assert torch.allclose(torch.tensor(pooled["data"][0]["data"]), want, atol=1e-6)
+
+
+def test_detokenize_cleans_up_spaces_as_the_tokenizer_config_asks(splade, splade_path):
+    """vLLM's /detokenize decodes with transformers: SPLADE-tiny's clean_up_tokenization_spaces joins "don ' t"."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(splade_path))("Don't stop, it's fine.")["input_ids"]
+    assert splade[0].post("/detokenize", {"tokens": ids}).json() == {"prompt": "[CLS] don't stop, it's fine. [SEP]"}

@@ -113,6 +113,22 @@ def test_invocations_routes_by_the_body(vllm_server):
     assert broken.status_code == 400
 
 
+def test_invocations_take_the_sagemaker_adapter_header_as_the_model(vllm_server):
+    """vLLM's /invocations puts X-Amzn-SageMaker-Adapter-Identifier in the body's `model`: a served name answers,
+    another is a 404 naming the header (it was ignored: the base model answered for any adapter)."""
+    header = "X-Amzn-SageMaker-Adapter-Identifier"
+    named = post(vllm_server, "/invocations", {"input": TEXT, "model": "other"}, {header: "mini"})
+    assert named.status_code == 200 and named.json()["model"] == "mini"
+    missing = post(vllm_server, "/invocations", {"input": TEXT}, {header: "my-lora"})
+    assert missing.status_code == 404, missing.text
+    assert missing.json()["error"] == {
+        "message": "the adapter 'my-lora' is not served; served: mini",
+        "type": "NotFoundError",
+        "param": header,
+        "code": 404,
+    }
+
+
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("endianness", ["native", "big"])
 def test_fp8_embed_dtype(vllm_server, minilm_llm, dtype, endianness):

@@ -105,7 +105,6 @@ class ServerMiddleware:
     def __init__(self, app: ASGIApp, config: ServerConfig, metrics: ServerMetrics, paths: Collection[str] = ()):
         self.app, self.config, self.metrics = app, config, metrics
         self.paths = frozenset(paths)
-        self.in_progress = 0
         keys = [config.api_key] if isinstance(config.api_key, str) else config.api_key or []
         self.key_digests = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys if k]
 
@@ -135,7 +134,7 @@ class ServerMiddleware:
                 return await self.app(scope, receive, out)
             counted = scope["method"] == "POST"
             if counted:
-                self.in_progress += 1
+                self.metrics.in_progress += 1
             body = await self._read_body(receive)
             if body is None:  # the client left mid-body: nobody to answer
                 return
@@ -154,7 +153,7 @@ class ServerMiddleware:
             await error_response(500, f"internal error: {exc.__class__.__name__}")(scope, receive, out)
         finally:
             if counted:
-                self.in_progress -= 1
+                self.metrics.in_progress -= 1
             route = getattr(scope.get("route"), "path", None)
             endpoint = route or (scope["path"] if scope["path"] in self.paths else "unmatched")
             self.metrics.requests.labels(endpoint, str(response["status"])).inc()
@@ -180,7 +179,7 @@ class ServerMiddleware:
         if body and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"request body is larger than the limit of {limit} bytes")
         most = self.config.max_concurrent_requests
-        if scope["method"] == "POST" and 0 < most <= self.in_progress:
+        if scope["method"] == "POST" and 0 < most <= self.metrics.in_progress:
             raise APIError(
                 429,
                 f"the server is at its limit of {most} requests in progress; retry later",

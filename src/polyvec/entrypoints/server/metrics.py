@@ -14,6 +14,8 @@ _SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 class ServerMetrics:
     def __init__(self, queue_depth, pending, model_name: str = ""):
         self.registry = CollectorRegistry()
+        self.in_progress = 0
+        """POST requests in progress (ServerMiddleware counts them: --max-concurrent-requests, vLLM's /load)."""
         r = self.registry
         labels = {"model_name": model_name, "engine": "0"}
         names = list(labels)

@@ -768,8 +768,8 @@ class RerankDocument(BaseModel):
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
-    document: RerankDocument | None = None
-    """With return_documents."""
+    document: RerankDocument | dict[str, Any] | None = None
+    """With return_documents: {"text"}, or an object document (Cohere's, with rank_fields) as it was sent."""
 
 
 class RerankUsage(BaseModel):
@@ -873,6 +873,10 @@ class ModelList(BaseModel):
 
 class VersionResponse(BaseModel):
     version: str
+
+
+class LoadResponse(BaseModel):
+    server_load: int
 
 
 def usage(tokens: int) -> dict[str, int | None]:

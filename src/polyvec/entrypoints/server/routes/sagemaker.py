@@ -11,21 +11,24 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from .. import protocol as P
-from ..errors import POST_ERRORS, APIError, ErrorResponse, error_responses
+from ..errors import POST_ERRORS, APIError, ErrorResponse, error_responses, shorten
 from ..protocol_tei import TEIErrorResponse
 from ..serving import State, json_body
 from . import embeddings, score, tei, utility
 
 router = APIRouter()
 
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+
 
 def _handlers(state: Any) -> list[tuple[type[BaseModel], Any]]:
-    """The request shapes this model answers, in vLLM's order: embeddings, classification, rerank, score, pooling."""
+    """The request shapes this model answers, in vLLM's order: embeddings (a model whose task is embed),
+    classification (classify), rerank, score, pooling (so a ColBERT model's `{"input"}` is a pooling request)."""
     engine = state.engine
     out: list[tuple[type[BaseModel], Any]] = []
-    if "embed" in engine.supported_tasks or engine.is_late_interaction:
+    if engine.pooling_task == "embed":
         out.append((P.EmbeddingRequest, embeddings.create_embeddings))
-    if "classify" in engine.supported_tasks:
+    if engine.pooling_task == "classify":
         out.append((P.ClassificationRequest, embeddings.create_classify))
     out += [
         (P.RerankRequest, score._rerank),
@@ -56,6 +59,13 @@ def _handlers(state: Any) -> list[tuple[type[BaseModel], Any]]:
 )
 async def invocations(raw: Request, state: State) -> Response:
     body = await json_body(raw)
+    adapter = raw.headers.get(ADAPTER_HEADER)
+    if adapter is not None:  # vLLM's: the adapter is the body's model (no adapters load at run time here)
+        if adapter not in state.names:
+            message = f"the adapter '{shorten(adapter)}' is not served; served: {', '.join(state.names)}"
+            raise APIError(404, message, ADAPTER_HEADER)
+        if isinstance(body, dict):
+            body = {**body, "model": adapter}
     if isinstance(body, dict) and "input" not in body and ("inputs" in body or {"query", "texts"} <= body.keys()):
         return await tei.invoke_model_route(raw, state)  # TEI's body (`inputs`; query + texts): TEI's model route
     handlers = _handlers(state)

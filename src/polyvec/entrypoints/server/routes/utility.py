@@ -81,7 +81,7 @@ def _detokenize(tokenizer: PolyTokenizer, tokens: list[int]) -> bytes:
         raise APIError(400, f"'tokens' item {bad[0]} is {bad[1]}, outside the vocabulary (size {vocab})", "tokens")
     # `tokenizers` releases the GIL in decode_batch, not in decode (which PolyTokenizer.decode calls).
     (text,) = tokenizer._base.decode_batch([tokens], skip_special_tokens=False)
-    return render_json({"prompt": text})
+    return render_json({"prompt": tokenizer.clean_up(text)})  # vLLM's is transformers' decode
 
 
 _TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {200: {"model": P.TokenizeResponse}, **POST_ERRORS}
@@ -192,6 +192,18 @@ router.add_api_route(
     responses={**_GET_ERRORS, 503: ENGINE_DEAD},
     # unlike /health, under the API key: POST / shares the path
 )
+
+
+@router.get(
+    "/load",
+    summary="Server load (vLLM's)",
+    response_model=None,
+    responses={200: {"model": P.LoadResponse}, **_GET_ERRORS},
+)
+async def load(state: State) -> dict[str, int]:
+    """`{"server_load": N}`: the POST requests in progress (vLLM counts them with --enable-server-load-tracking;
+    here always), for a router in front of several servers."""
+    return {"server_load": state.metrics.in_progress}
 
 
 @router.get(
