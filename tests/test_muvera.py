@@ -18,6 +18,7 @@ from polyvec.muvera import Muvera, MuveraParams
         (64, MuveraParams()),  # fastembed's defaults
         (128, MuveraParams(k_sim=3, dim_proj=128, r_reps=4, seed=7)),  # no projection
         (32, MuveraParams(k_sim=6, dim_proj=8, r_reps=10, seed=0)),  # more partitions than vectors
+        (16, MuveraParams(k_sim=10, dim_proj=1, r_reps=3, seed=3)),  # the most partitions, nearly all empty
     ],
 )
 def test_equals_fastembed(dim, params):
@@ -71,6 +72,8 @@ def test_dot_product_tracks_maxsim():
         ({"r_reps": True}, "muvera.r_reps must be a positive integer"),
         ({"seed": -1}, "muvera.seed must be a non-negative integer"),
         ({"k_sim": 10, "dim_proj": 64, "r_reps": 20}, "the limit is"),
+        ({"r_reps": 257, "dim_proj": 1}, "muvera.r_reps must be at most 256"),
+        ({"r_reps": 200, "dim_proj": 32, "k_sim": 1}, "r_reps · dim_proj = 6400 projected numbers; the limit is 4096"),
         ({"bits": 3}, "muvera has no field 'bits'"),
         ("yes", "muvera must be an object"),
     ],
@@ -78,6 +81,24 @@ def test_dot_product_tracks_maxsim():
 def test_bad_params(value, message):
     with pytest.raises(ValueError, match=message):
         MuveraParams.coerce(value)
+
+
+def test_the_largest_parameters_a_request_may_send_stay_small():
+    """At the limits (1,024 partitions, 256 repetitions) a document's encoding needs tens of MB: the nearest
+    occupied partition was found in an [r, B, B] array and the sums through an [r, B, n] one-hot (2 GB and more
+    for one request), and projections wider than any output were allowed (hundreds of MB kept per seed)."""
+    import tracemalloc
+
+    params = MuveraParams.coerce({"k_sim": 10, "dim_proj": 1, "r_reps": 256})
+    x = np.random.default_rng(0).standard_normal((300, 384))
+    tracemalloc.start()
+    try:
+        out = Muvera(384, params)(x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.shape == (params.output_dim(),) and np.isfinite(out).all()
+    assert peak < 64 * 2**20, peak
 
 
 def test_token_embed_output_offline(minilm_llm):
@@ -102,3 +123,14 @@ def test_token_embed_output_offline(minilm_llm):
             minilm_llm.token_embed(texts, bad, use_tqdm=False)
     with pytest.raises(ValueError, match="muvera applies to token_embed"):
         minilm_llm.embed(texts, PoolingParams(muvera=True), use_tqdm=False)
+
+
+def test_step_pooling_narrows_the_width_muvera_checks(minilm_llm):
+    """returned_token_ids keep that many columns of each token vector: a dim_proj wider than them is a ValueError
+    before any work (a 500 over HTTP, raised after the forward pass)."""
+    before = minilm_llm.engine.stats.num_batched_tokens
+    with pytest.raises(ValueError, match=r"muvera.dim_proj \(16\) must not exceed the token vectors' width \(2\)"):
+        minilm_llm.token_embed(["a b"], PoolingParams(muvera={}, returned_token_ids=[0, 1]), use_tqdm=False)
+    assert minilm_llm.engine.stats.num_batched_tokens == before and not minilm_llm.engine.has_unfinished_requests()
+    narrow = PoolingParams(muvera={"dim_proj": 2, "k_sim": 2, "r_reps": 3}, returned_token_ids=[0, 1])
+    assert minilm_llm.token_embed(["a b"], narrow, use_tqdm=False)[0].outputs.data.shape == (3 * 4 * 2,)

@@ -21,9 +21,12 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-# Parameters that a request may set are bounded, so one output stays a sane size (fastembed's default: 10,240).
+# Parameters that a request may set are bounded, so that one output, the random matrices (kept for reuse) and
+# the work arrays stay a sane size (fastembed's defaults: 20 repetitions of 16 dimensions, 10,240 numbers).
 MAX_K_SIM = 10
 MAX_OUTPUT_DIM = 1 << 18
+MAX_R_REPS = 256
+MAX_PROJECTED = 4096  # r_reps · dim_proj: each token vector's projections
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ class MuveraParams:
                 raise ValueError(f"muvera.{name} must be {low} integer, got {v!r}")
         if params.k_sim > MAX_K_SIM:
             raise ValueError(f"muvera.k_sim must be at most {MAX_K_SIM}, got {params.k_sim}")
+        if params.r_reps > MAX_R_REPS:
+            raise ValueError(f"muvera.r_reps must be at most {MAX_R_REPS}, got {params.r_reps}")
+        if params.r_reps * params.dim_proj > MAX_PROJECTED:
+            raise ValueError(
+                f"muvera gives each token vector r_reps · dim_proj = {params.r_reps * params.dim_proj} projected "
+                f"numbers; the limit is {MAX_PROJECTED}"
+            )
         if params.output_dim() > MAX_OUTPUT_DIM:
             raise ValueError(
                 f"muvera gives r_reps · 2^k_sim · dim_proj = {params.output_dim()} numbers; "
@@ -74,21 +84,27 @@ class MuveraParams:
             )
         return params
 
+    def check_width(self, dim: int) -> None:
+        """ValueError unless vectors of width `dim` can be encoded (dim_proj projects them down, never up)."""
+        if self.dim_proj > dim:
+            raise ValueError(f"muvera.dim_proj ({self.dim_proj}) must not exceed the token vectors' width ({dim})")
+
 
 class Muvera:
     """The encoder for vectors of width `dim` (its random matrices drawn once)."""
 
     def __init__(self, dim: int, params: MuveraParams | None = None):
         p = params or MuveraParams()
-        if p.dim_proj > dim:
-            raise ValueError(f"muvera.dim_proj ({p.dim_proj}) must not exceed the vectors' width ({dim})")
+        p.check_width(dim)
         self.dim, self.params = dim, p
         rng = np.random.default_rng(p.seed)
         planes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
         self.hyperplanes = planes.transpose(1, 0, 2).reshape(dim, -1)  # [dim, r·k]: one matmul for all repetitions
-        projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
-        # [dim, r·dp], scaled: every vector projected once, before the partition sums (both are linear)
-        self._project = projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
+        self._project: np.ndarray | None = None  # none where dim_proj is the width (the last draw: nothing shifts)
+        if p.dim_proj < dim:
+            projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
+            # [dim, r·dp], scaled: every vector projected once, before the partition sums (both are linear)
+            self._project = projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
         ids = np.arange(1 << p.k_sim)
         popcount = np.array([bin(i).count("1") for i in range(1 << p.k_sim)])
         self.hamming = popcount[ids[:, None] ^ ids[None, :]]  # [B, B]
@@ -115,26 +131,27 @@ class Muvera:
         bits = (x @ self.hyperplanes).reshape(n, p.r_reps, p.k_sim) > 0
         part = (bits.astype(np.int64) @ (1 << np.arange(p.k_sim))).T  # [r, n]: each vector's partition
         reps = np.arange(p.r_reps)[:, None]
-        onehot = np.zeros((p.r_reps, parts, n))
-        onehot[reps, part, np.arange(n)[None, :]] = 1.0
-        if p.dim_proj < self.dim:  # [r, n, w]: the vectors as each repetition projects them
+        if self._project is not None:  # [r, n, w]: the vectors as each repetition projects them
             y = (x @ self._project).reshape(n, p.r_reps, p.dim_proj).transpose(1, 0, 2)
         else:
             y = np.broadcast_to(x, (p.r_reps, n, self.dim))
-        centers = onehot @ y  # [r, B, w]: partition sums
+        w = y.shape[2]
+        slot = (reps * parts + part).reshape(-1)  # [r·n]: each (repetition, vector)'s row of the output
+        centers = np.zeros((p.r_reps * parts, w))
+        np.add.at(centers, slot, y.reshape(-1, w))  # partition sums, without an [r, B, n] one-hot
+        centers = centers.reshape(p.r_reps, parts, w)
         if not query:
-            counts = onehot.sum(2)  # [r, B]
-            centers /= np.maximum(counts, 1.0)[..., None]
+            counts = np.bincount(slot, minlength=p.r_reps * parts).reshape(p.r_reps, parts)
+            centers /= np.maximum(counts, 1)[..., None]
             empty = counts == 0
-            if empty.any():
+            first = np.full((p.r_reps, parts), n)
+            np.minimum.at(first, (reps, part), np.arange(n)[None, :])
+            for r in np.nonzero(empty.any(1))[0]:
                 # The nearest occupied partition by Hamming distance (ties: the lowest id, as fastembed's
                 # argmin), and the first vector that fell into it.
-                dist = np.where(empty[:, None, :], np.iinfo(np.int64).max, self.hamming[None])  # [r, B, B]
-                nearest = dist.argmin(2)  # [r, B]
-                first = np.full((p.r_reps, parts), n)
-                np.minimum.at(first, (reps, part), np.arange(n)[None, :])
-                r_empty, b_empty = np.nonzero(empty)
-                centers[r_empty, b_empty] = y[r_empty, first[r_empty, nearest[r_empty, b_empty]]]
+                (hollow,), (occupied,) = np.nonzero(empty[r]), np.nonzero(~empty[r])
+                nearest = occupied[self.hamming[np.ix_(hollow, occupied)].argmin(1)]
+                centers[r, hollow] = y[r, first[r, nearest]]
         return centers.reshape(-1).astype(np.float32)
 
     def encode(self, inputs: Sequence[torch.Tensor | np.ndarray], query: bool = False) -> np.ndarray:
@@ -145,7 +162,7 @@ class Muvera:
         return out
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=8)
 def muvera_for(dim: int, params: MuveraParams) -> Muvera:
     """The encoder of one width and parameter set, built once (its matrices are the costly part)."""
     return Muvera(dim, params)

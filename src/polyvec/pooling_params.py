@@ -284,11 +284,8 @@ class PoolingParams:
                 raise ValueError(f"muvera applies to token_embed, not {task!r}")
             if self.token_encoding is not None or self.late_chunking_params is not None:
                 raise ValueError("muvera cannot be combined with token_encoding or late_chunking_params")
-            width = dimensions or model_config.token_dim
-            if muvera.dim_proj > width:
-                raise ValueError(
-                    f"muvera.dim_proj ({muvera.dim_proj}) must not exceed the token vectors' width ({width})"
-                )
+            # STEP pooling keeps the returned_token_ids columns
+            muvera.check_width(len(returned) if returned is not None else dimensions or model_config.token_dim)
 
         return dataclasses.replace(
             self,
