@@ -55,3 +55,29 @@ def test_refuses_ids_that_do_not_match(minilm_llm, tmp_path):
     with pytest.raises(ValueError, match="2 texts, 1 ids"):
         encode_to_parquet(minilm_llm, ["a"], TEXTS[:2], str(tmp_path / "x.parquet"))
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_token_codes_and_muvera_columns(minilm_llm):
+    """token_encoding keeps its integers (int8 codes with a scales column, binary's packed bytes) and MUVERA is one
+    vector per row: the codes were written as float vectors without their scales (unreadable) and MUVERA failed
+    with an IndexError (`PolyvecEncoder(pooling_params=...)`, Ray Data's way to pass them)."""
+    import pyarrow as pa
+
+    from polyvec import PoolingParams
+
+    texts = TEXTS[:5]
+    for encoding, dtype, width in (("int8", pa.int8(), 384), ("binary", pa.uint8(), 48)):
+        outs = minilm_llm.token_embed(texts, PoolingParams(token_encoding=encoding), use_tqdm=False)
+        cols = output_columns("token_embed", outs, "vectors")
+        assert cols["vectors"].type == pa.list_(pa.list_(dtype, width))
+        for row, out in zip(token_rows(cols["vectors"]), outs):
+            assert np.array_equal(row, out.outputs.codes.codes.numpy())
+        if encoding == "int8":
+            scales = cols["vectors_scales"].to_pylist()
+            assert [np.float32(s) for s in scales[0]] == list(outs[0].outputs.codes.scales.numpy())
+        else:
+            assert set(cols) == {"vectors"}
+    muvera = minilm_llm.token_embed(texts, PoolingParams(muvera={}), use_tqdm=False)
+    col = output_columns("token_embed", muvera)["token_embed"]
+    assert col.type == pa.list_(pa.float32(), 10240)
+    assert np.array_equal(col.values.to_numpy().reshape(5, -1), np.stack([o.outputs.data.numpy() for o in muvera]))

@@ -2,8 +2,10 @@
 
 The same columns come from `polyvec embed --output FILE.parquet` and from `polyvec embed --ray` (Ray Data):
 embed, a fixed_size_list<float32, d>; token_embed and token_classify, a list<fixed_size_list<float32, d>> (one
-entry per token, nothing padded); classify, a list<float32>; embed_sparse, a struct of indices and values. Plain
-Arrow types, so any Parquet reader reads them. pyarrow is needed only here (it comes with `polyvec[ray]`).
+entry per token, nothing padded); classify, a list<float32>; embed_sparse, a struct of indices and values. Token
+codes (`token_encoding`) keep their integers: int8 codes and a `{column}_scales` list<float32> (one scale per
+token), or binary's packed uint8 bytes; a MUVERA encoding is one fixed_size_list<float32>. Plain Arrow types, so
+any Parquet reader reads them. pyarrow is needed only here (it comes with `polyvec[ray]`).
 """
 
 from __future__ import annotations
@@ -30,16 +32,26 @@ def default_batch_size(task: str | Sequence[str]) -> int:
     return TOKEN_BATCH_SIZE if {"token_embed", "token_classify"} & set(tasks) else ROW_BATCH_SIZE
 
 
-def _vectors(rows: Sequence[np.ndarray]) -> Any:
-    """[n_i, d] arrays → list<fixed_size_list<float32, d>>: token vectors without padding."""
+def _vectors(rows: Sequence[np.ndarray], dtype: Any = np.float32) -> Any:
+    """[n_i, d] arrays → list<fixed_size_list<dtype, d>>: token vectors (or codes) without padding."""
     import pyarrow as pa
 
     width = rows[0].shape[1] if rows else 0
     flat = np.concatenate([r.reshape(-1, width) for r in rows]) if rows else np.zeros((0, 0))
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
     offsets[1:] = np.cumsum([r.shape[0] for r in rows])
-    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).astype(np.float32, copy=False)), width)
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).astype(dtype, copy=False)), width)
     return pa.ListArray.from_arrays(pa.array(offsets), inner)
+
+
+def _code_columns(name: str, outputs: Sequence[Any]) -> dict[str, Any]:
+    """Token codes (`TokenCodes`, one per row): the codes as integers, and int8's scales."""
+    import pyarrow as pa
+
+    columns = {name: _vectors([c.codes.numpy() for c in outputs], outputs[0].codes.numpy().dtype)}
+    if outputs[0].scales is not None:
+        columns[f"{name}_scales"] = pa.array([c.scales.numpy() for c in outputs], pa.list_(pa.float32()))
+    return columns
 
 
 def task_column(task: str, outputs: Sequence[Any]) -> Any:
@@ -47,7 +59,7 @@ def task_column(task: str, outputs: Sequence[Any]) -> Any:
     import pyarrow as pa
 
     arrays = [o.float().numpy() for o in outputs]
-    if task in ("token_embed", "token_classify"):
+    if task in ("token_embed", "token_classify") and not (arrays and arrays[0].ndim == 1):  # 1-D: MUVERA's
         return _vectors(arrays)
     if task == "embed_sparse":
         indices = [np.flatnonzero(a).astype(np.int32) for a in arrays]
@@ -68,6 +80,8 @@ def output_columns(
     """{column name: Arrow array} of a batch's outputs (`PoolingRequestOutput`s): one task's column is named
     `output_column` (default: the task); several tasks from one pass get `{output_column}_{task}` (or the task)."""
     if isinstance(tasks, str):
+        if outputs and getattr(outputs[0].outputs, "codes", None) is not None:
+            return _code_columns(output_column or tasks, [o.outputs.codes for o in outputs])
         return {output_column or tasks: task_column(tasks, [o.outputs.data for o in outputs])}
     prefix = f"{output_column}_" if output_column else ""
     return {prefix + t: task_column(t, [o.outputs.data[t] for o in outputs]) for t in tasks}

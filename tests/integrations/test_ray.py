@@ -6,6 +6,7 @@ duplicates nothing; `polyvec embed --ray` end to end."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -118,11 +119,13 @@ def test_killed_actor_loses_and_duplicates_nothing(cluster, tmp_path, minilm_pat
 
 def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
     """The plain command's columns (`id` as the string it is, `text` with the title, a column per task) and
-    vectors; every model flag reaches the engines; --output is refused when missing or not empty."""
+    vectors; every model flag reaches the engines; --output is refused when missing or not empty. Lines split at
+    "\\n" only: a text may hold U+2028 or U+0085 unescaped (Ray's text reader split the line there)."""
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(f'{{"_id": "{i:03d}", "title": "t{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS[:40]))
-    )
+    rows = [{"_id": f"{i:03d}", "title": f"t{i}", "text": t} for i, t in enumerate(TEXTS[:40])]
+    rows[3]["text"], rows[4]["text"] = "first\u2028second line", "next\x85line"
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    corpus.write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n", encoding="utf-8")
     flags = ["--model", str(minilm_path), "--dtype", "float32", "--pooling-task", "token_embed+embed", "--batch-size",
              "16", "--pooler-config", '{"pooling_type": "CLS"}']  # fmt: skip
     cmd = [sys.executable, "-m", "polyvec", "embed", str(corpus), "--ray", cluster.address, *flags,

@@ -147,6 +147,13 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
     return ids, texts
 
 
+def _jsonl_lines(file: dict[str, Any]) -> list[dict[str, str]]:
+    """A JSONL file's lines, `{"text": line}`, blank ones left out: split at "\n" only (JSON strings may hold
+    U+2028, U+0085 and other characters that str.splitlines also breaks at)."""
+    lines = file["bytes"].decode("utf-8").split("\n")
+    return [{"text": line.rstrip("\r")} for line in lines if line.strip()]
+
+
 def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[str], list[str]]:
     try:
         import pyarrow.dataset as pads
@@ -374,8 +381,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         ds = ray.data.from_arrow(pa.table({"id": text_file[0], "text": text_file[1]}))
     elif parquet:
         ds = ray.data.read_parquet(path, num_cpus=io)
-    else:  # as text: Ray's JSON reader guesses types, and ids like "007" would become 7
-        ds = ray.data.read_text(path, num_cpus=io)
+    else:  # as bytes: Ray's JSON reader guesses types (ids like "007" became 7), its text reader splits at U+2028
+        ds = ray.data.read_binary_files(path, num_cpus=io).flat_map(_jsonl_lines, num_cpus=io)
     if args.limit and text_file is None:
         ds = ds.limit(args.limit)
     tasks = args.pooling_task.split("+")
