@@ -258,6 +258,9 @@ class ModelConfig:
     """A LoRA adapter the model was loaded from: `path` is then its base model's folder."""
     splade: SpladeSpec = field(default_factory=SpladeSpec)
     """embed_sparse of masked-LM checkpoints (SPLADE): the modules.json SpladePooling, else max + relu."""
+    splade_embed: tuple[int | None, int | None] | None = None
+    """vLLM's BertSpladeSparseEmbeddingModel: embed is the SPLADE vector over the vocabulary (max pooling), a
+    leading token with config.json's cls_token_id and a trailing one with its sep_token_id left out."""
     is_causal: bool = False
     """A decoder (causal attention): chunked prefill, KV cache, prefix caching."""
     prompts: dict[str, str] = field(default_factory=dict)
@@ -285,6 +288,8 @@ class ModelConfig:
     @property
     def embed_dim(self) -> int:
         """Size of the pooled embedding after the Dense stack and the concatenation of pooling modes."""
+        if self.splade_embed is not None:
+            return int(self.hf_config["vocab_size"])
         pooled = [d for d in self.dense if not d.on_tokens]
         if pooled:
             return pooled[-1].out_features

@@ -283,6 +283,11 @@ def _read_colpali(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any]
 
 # vLLM's ColBERT architectures → the trunk they put the `linear` projection on.
 VLLM_COLBERT = {"ColBERTModel": "BertModel", "ColBERTModernBertModel": "ModernBertModel"}
+VLLM_SPLADE = "BertSpladeSparseEmbeddingModel"
+
+
+def _token_id(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _read_colbert(root: Path, tdir: Path, st: dict[str, Any], hf_config: dict[str, Any]) -> ColBERTConfig | None:
@@ -422,6 +427,13 @@ def load_model_config(
     if architecture == "HF_ColBERT":  # Stanford ColBERT: a BERT trunk plus `linear` (in the same checkpoint)
         architecture = "BertModel"
         sources["architecture"] = "config.json HF_ColBERT (Stanford ColBERT: BERT + linear projection)"
+    splade_embed = None
+    if architecture == VLLM_SPLADE:  # vLLM's SPLADE: a masked LM whose embed is its sparse vector, dense
+        sources["architecture"] = (
+            f"config.json {architecture} (vLLM's SPLADE: BertForMaskedLM, embed over the vocabulary)"
+        )
+        architecture = "BertForMaskedLM"
+        splade_embed = (_token_id(hf_config.get("cls_token_id")), _token_id(hf_config.get("sep_token_id")))
     if architecture in VLLM_COLBERT:  # vLLM's ColBERT: a trunk plus `linear` (in the same checkpoint)
         sources["architecture"] = f"config.json {architecture} (vLLM's ColBERT: {VLLM_COLBERT[architecture]} + linear)"
         architecture = VLLM_COLBERT[architecture]
@@ -572,6 +584,7 @@ def load_model_config(
         pooler_config=pooler_config,
         colbert=colbert,
         splade=st["splade"] or SpladeSpec(),
+        splade_embed=splade_embed,
         bge_m3=_read_bge_m3(root),
         sources=sources,
     )

@@ -165,3 +165,34 @@ def test_router_with_another_query_route_is_refused(inference_free, tmp_path):
     (folder / "router_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"query route is \['MLMTransformer'\].*not supported"):
         LLM(str(folder), dtype="float32")
+
+
+def test_vllms_splade_architecture_embeds_over_the_vocabulary(splade_path, splade_llm, cranfield_texts, monkeypatch):
+    """vLLM's `--hf-overrides '{"architectures": ["BertSpladeSparseEmbeddingModel"]}'` (its documented way to serve
+    SPLADE) was refused. Its embed is log1p(relu(MLM logits)) max-pooled, as a dense vector over the vocabulary,
+    with a leading cls_token_id and a trailing sep_token_id of config.json left out (none when it names none);
+    a text left with no tokens gives zeros. Against transformers' BertForMaskedLM on the same weights."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    texts = [*cranfield_texts[:6], "", "a"]
+    arch = {"architectures": ["BertSpladeSparseEmbeddingModel"]}
+    plain = LLM(str(splade_path), dtype="float32", hf_overrides=arch)
+    assert plain.engine.supported_tasks[0] == "embed" and plain.engine.pooling_task == "embed"
+    got = torch.stack([o.outputs.data for o in plain.embed(texts, use_tqdm=False)])
+    sparse = torch.stack([o.outputs.data for o in splade_llm.embed_sparse(texts, use_tqdm=False)])
+    assert got.shape == (len(texts), 30522) and torch.allclose(got, sparse, atol=1e-6)  # no ids: every token
+
+    trimmed = LLM(str(splade_path), dtype="float32", hf_overrides={**arch, "cls_token_id": 101, "sep_token_id": 102})
+    got = torch.stack([o.outputs.data for o in trimmed.embed(texts, use_tqdm=False)])
+    tok, mlm = AutoTokenizer.from_pretrained(str(splade_path)), BertForMaskedLM.from_pretrained(str(splade_path))
+    for row, text in zip(got, texts):
+        enc = tok(text, return_tensors="pt", truncation=True, max_length=512)
+        with torch.no_grad():
+            logits = mlm(**enc).logits[0, 1:-1]  # [CLS] and [SEP] left out
+        want = torch.log1p(torch.relu(logits)).amax(0) if len(logits) else torch.zeros(30522)
+        assert torch.allclose(row, want, atol=1e-5), text[:40]
+    assert not got[-2].any() and got[-1].any()  # "" is [CLS] [SEP]: nothing left
+    with pytest.raises(ValueError, match="long_input='window' does not apply to a SPLADE model's embed"):
+        trimmed.embed(texts[:1], PoolingParams(long_input="window"), use_tqdm=False)
+    monkeypatch.setattr(pooler, "SPARSE_CHUNK_TOKENS", 16)  # a long text's logits in pieces: the same vector
+    assert torch.allclose(trimmed.embed(texts[:2], use_tqdm=False)[0].outputs.data, got[0], atol=1e-6)

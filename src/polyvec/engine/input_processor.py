@@ -57,6 +57,8 @@ class InputProcessor:
         self.supported_tasks: tuple[str, ...] = model.supported_tasks
         if model_config.bge_m3 is not None:  # its sparse head: pooled, or per token as vLLM serves it
             self.supported_tasks += ("embed_sparse", "token_classify")
+        if model_config.splade_embed is not None:  # vLLM's SPLADE: embed is the sparse vector (its own task)
+            self.supported_tasks = ("embed", *self.supported_tasks)
         self.colbert = LateInteractionRecipe.resolve(model_config, tokenizer)
         if self.colbert is not None:
             # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
@@ -471,7 +473,8 @@ class InputProcessor:
         task = params.task
         assert task is not None  # verified params name their task
         pooling: tuple[str, ...]
-        if task == "embed_sparse":
+        ends = self.model_config.splade_embed if task == "embed" else None
+        if task == "embed_sparse" or ends is not None:
             pooling = ()  # SPLADE pooling (ModelConfig.splade), in the pooler's sparse path
         elif task in ("embed", "classify"):
             pooling = self.default_pooling(task)
@@ -494,6 +497,7 @@ class InputProcessor:
             sparse_top_k=params.sparse_top_k,
             sparse_threshold=params.sparse_threshold,
             chunk_size=params.late_chunking_params.chunk_size if params.late_chunking_params is not None else None,
+            splade_ends=ends,
         )
 
     def _long_input(self, params: PoolingParams) -> str:
@@ -519,7 +523,12 @@ class InputProcessor:
             if params.long_input == "window":  # its rows are filtered by token id, which windows repeat
                 raise ValueError("long_input='window' does not apply to bge-m3's token_classify (sparse weights)")
             return "truncate"
-        if mode == "window" and params.task in ("classify", "embed_sparse"):
+        sparse = params.task == "embed_sparse" or (
+            params.task == "embed" and self.model_config.splade_embed is not None
+        )
+        if mode == "window" and sparse and params.long_input == "window":
+            raise ValueError(f"long_input='window' does not apply to a SPLADE model's {params.task}")
+        if mode == "window" and (params.task == "classify" or sparse):
             return "truncate"  # the server-wide default applies to the tasks windows support
         return mode
 

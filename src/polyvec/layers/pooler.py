@@ -46,6 +46,7 @@ class PoolingSpec:
     sparse_threshold: float | None = None
     chunk_size: int | None = None  # late chunking: every row (special tokens too) averaged per chunk, then the head
     first_kept: bool = False  # a window inside a text: bge-m3 keeps its first row, whatever token it is
+    splade_ends: tuple[int | None, int | None] | None = None  # vLLM's SPLADE embed: first / last ids left out
 
 
 def seq_pool(mode: str, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -146,7 +147,7 @@ class Pooler(nn.Module):
         pooled_cache: dict[str, torch.Tensor] = {}
 
         for spec, members in groups.items():
-            if spec.task == "embed_sparse":
+            if spec.task == "embed_sparse" or spec.splade_ends is not None:
                 out = self._sparse(spec, hidden, meta, members, input_ids)
                 for row, i in enumerate(members):
                     results[i] = out[row]
@@ -233,8 +234,9 @@ class Pooler(nn.Module):
         def flush() -> None:
             if not pending:
                 return
-            lo, hi = pending[0][0], pending[-1][1]
-            logits = head(hidden[lo:hi]).float()  # [chunk, V]
+            gaps = any(a[1] != b[0] for a, b in zip(pending, pending[1:]))  # vLLM's SPLADE leaves tokens out
+            rows_in = torch.cat([hidden[b:e] for b, e in pending]) if gaps else hidden[pending[0][0] : pending[-1][1]]
+            logits = head(rows_in).float()  # [chunk, V]
             lens = [e - b for b, e in pending]
             if amax:  # the activation is monotone: act(max) = max(act), on [B, V] instead of [chunk, V]
                 # (amax per sequence slice: torch.segment_reduce is far slower on CPU, see RESULTS.md, SPLADE)
@@ -245,6 +247,15 @@ class Pooler(nn.Module):
 
         for i in members:
             begin, end = starts[i], starts[i + 1]
+            if spec.splade_ends is not None:  # vLLM's: [CLS] and [SEP] (by config.json's ids) left out
+                first, last = spec.splade_ends
+                begin += int(first is not None and int(input_ids[begin]) == first)
+                end -= int(last is not None and end > begin and int(input_ids[end - 1]) == last)
+            if end <= begin:  # nothing left: zeros, as vLLM gives
+                flush()
+                assert self.vocab_size is not None  # a masked LM's config names its vocabulary
+                rows.append(hidden.new_zeros(self.vocab_size))
+                continue
             if end - begin > SPARSE_CHUNK_TOKENS:  # one long sequence: its own chunks, reduced as they come
                 flush()
                 acc = None
