@@ -98,6 +98,9 @@ def test_score_pairings_equal_cosine(minilm_llm, st_minilm):
         minilm_llm.score(QUERY, ["fine", [999999]], use_tqdm=False)
     with pytest.raises(ValueError, match=r"^data_1 item 1: token id"):
         minilm_llm.score([QUERY, [999999]], ["a", "b"], use_tqdm=False)
+    # vLLM's prompt_token_ids of an embedding model's pair: the two sides joined by the tokenizer's pad token
+    q, d = (minilm_llm.embed(t, use_tqdm=False)[0].prompt_token_ids for t in (QUERY, DOCS[1]))
+    assert one_one[0].prompt_token_ids == [*q, 0, *d]  # [PAD] is 0
 
 
 def test_per_prompt_params_and_activation_off(minilm_llm):

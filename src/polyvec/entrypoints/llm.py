@@ -481,13 +481,16 @@ class LLM:
             where = plan.describe(exc.index, lambda s, i: f"data_{s + 1} item {i}")
             raise ValueError(where + exc.detail) from None
         results = []
+        pad = self.engine.tokenizer.special_token_id("pad_token")
+        between = [] if pad is None else [pad]  # vLLM's: two encoded sides joined by the tokenizer's pad token
         for k, (score, sources) in enumerate(zip(plan.scores(outs), plan.pair_outputs(outs))):
+            ids = [list(o.prompt_token_ids) for o in sources]  # one: a cross-encoder's pair, already joined
             results.append(
                 ScoringRequestOutput(
                     request_id=f"score-{k}",
                     outputs=ScoringOutput(score=score),
                     task="score",
-                    prompt_token_ids=[t for o in sources for t in o.prompt_token_ids],
+                    prompt_token_ids=ids[0] if len(ids) == 1 else ids[0] + between + ids[1],
                     num_input_tokens=sum(o.num_input_tokens for o in sources),
                 )
             )
