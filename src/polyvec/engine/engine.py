@@ -45,6 +45,15 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+class FinishError(Exception):
+    """A batch ran, but some of its requests' outputs failed to form: `finished` holds the outputs that did
+    (the others' of the batch), `failed` each failing request's last chunk and its error."""
+
+    def __init__(self, finished: list[PoolingRequestOutput[PoolingOutput]], failed: list[tuple[Any, Exception]]):
+        super().__init__(f"{len(failed)} requests failed after their forward pass: {failed[0][1]!r}")
+        self.finished, self.failed = finished, failed
+
+
 class EngineStats:
     num_batches: int = 0
     num_batched_tokens: int = 0
@@ -256,18 +265,24 @@ class Engine:
         self.stats.num_batches += 1
         self.stats.num_batched_tokens += sum(c.num_tokens for c in batch)
         self.stats.num_batched_seqs += len(batch)
+        failed: list[tuple[ScheduledChunk[Request], Exception]] = []
         for c, data in zip(batch, results):
             if not c.is_last:
                 continue
             r = c.request
-            self._free(r)
-            if r.parent is not None:
-                r.window_output = data
-                out = self._finish_windows(r.parent)
-                if out is not None:
-                    finished.append(out)
-                continue
-            finished.append(self._output(r, data))
+            try:  # one request's output failing to form (a MUVERA or window step) leaves the others' done
+                self._free(r)
+                if r.parent is not None:
+                    r.window_output = data
+                    out = self._finish_windows(r.parent)
+                    if out is not None:
+                        finished.append(out)
+                    continue
+                finished.append(self._output(r, data))
+            except Exception as exc:
+                failed.append((c, exc))
+        if failed:
+            raise FinishError(finished, failed)
         return finished
 
     def fail(self, batch: list[ScheduledChunk[Request]]) -> list[str]:

@@ -291,10 +291,13 @@ def test_a_faulting_request_fails_alone_not_its_batch(minilm_llm):
         assert httpx.post(url + "/v1/embeddings", json=OK, timeout=60).status_code == 200
 
 
-def test_a_decoder_batch_that_faults_after_pooling_fails_its_faulting_request_only(tmp_path, minilm_path):
-    """A decoder's batch holding a chunk of a long prompt and a request at fault: the fault comes after the
-    forward pass wrote the KV cache and the chunk's pooling state, the chunk runs again alone, and the long
-    prompt's vector is still the one it has alone (its batch failed whole before)."""
+@pytest.mark.parametrize("where", ["forward", "output"])
+def test_a_decoder_batch_that_faults_after_pooling_fails_its_faulting_request_only(tmp_path, minilm_path, where):
+    """A decoder's batch holding the last chunk of a long prompt and a request at fault: the fault comes after the
+    forward pass wrote the KV cache and the chunk's pooling state ("forward": the chunk runs again alone), or while
+    the faulting request's output is made, after the long prompt's was ("output": that one is kept; run again, it
+    had lost its KV cache). Either way the long prompt's vector is the one it has alone (its batch failed whole
+    before)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from polyvec import LLM, PoolerConfig
@@ -317,7 +320,18 @@ def test_a_decoder_batch_that_faults_after_pooling_fails_its_faulting_request_on
             raise RuntimeError("injected fault")
         return out
 
-    llm.engine.runner.execute = execute_then_fault
+    output = llm.engine._output
+
+    def output_or_fault(r, data):
+        if _PoisonedEngine.POISON in r.prompt_token_ids:
+            engine.held = False
+            raise RuntimeError("injected fault")
+        return output(r, data)
+
+    if where == "forward":
+        llm.engine.runner.execute = execute_then_fault
+    else:
+        llm.engine._output = output_or_fault
     with in_process_server(engine) as url:
         with ThreadPoolExecutor(2) as pool:
             good_f = pool.submit(httpx.post, url + "/v1/embeddings", json={"input": [long]}, timeout=60)

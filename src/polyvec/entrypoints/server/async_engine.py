@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from ...engine.engine import Engine
+from ...engine.engine import Engine, FinishError
 from ...engine.request import Request
 from ...multimodal.image import is_remote
 from ...outputs import PoolingRequestOutput
@@ -210,8 +210,7 @@ class AsyncEngine:
         others are answered (a decoder's chunk rewrites its own KV rows and pooling state skips rows it has).
         Returns the outputs and, per failure, the request ids to fail and the error."""
         if len(batch) < 2:
-            with self._cond:
-                return [], [(self.engine.fail(batch), exc)]
+            return [], self._fail([(c, exc) for c in batch])
         outputs: list[PoolingRequestOutput] = []
         failures: list[tuple[list[str], Exception]] = []
         failed: set[str] = set()
@@ -223,13 +222,19 @@ class AsyncEngine:
                 continue
             try:
                 outputs += self.engine.run([chunk])
+            except FinishError as alone:  # the outputs that need no forward pass came with it
+                outputs += alone.finished
+                failures += self._fail(alone.failed)
             except Exception as alone:
-                with self._cond:
-                    ids = self.engine.fail([chunk])
-                failed.update(ids)
-                failures.append((ids, alone))
+                failures += self._fail([(chunk, alone)])
+            failed.update(i for ids, _ in failures for i in ids)
         logger.info("after the fault, %d of %d requests failed alone", len(failed), len(batch))
         return outputs, failures
+
+    def _fail(self, failed: list[tuple[Any, Exception]]) -> list[tuple[list[str], Exception]]:
+        """Drop the requests of failed chunks; per chunk, the request ids to report and the error."""
+        with self._cond:
+            return [(self.engine.fail([chunk]), error) for chunk, error in failed]
 
     def _loop(self) -> None:
         """Steps until stopped. Should a step fail outside the forward pass (which fails its requests only), the
@@ -259,17 +264,21 @@ class AsyncEngine:
                 self._warm_step()
                 continue
             start = time.perf_counter()
+            failures: list[tuple[list[str], Exception]] = []
             try:
                 outputs = self.engine.run(batch)
+            except FinishError as exc:  # the batch ran: the requests whose outputs failed to form fail alone
+                logger.error("%s", exc, exc_info=exc.failed[0][1])
+                outputs, failures = exc.finished, self._fail(exc.failed)
             except Exception as exc:  # an engine fault fails its requests only; the loop keeps serving
                 logger.exception("engine step failed for %d requests", len(batch))
                 outputs, failures = self._after_fault(batch, exc)
-                for failed_ids, error in failures:
-                    with self._cond:
-                        entries = [self._pending.pop(rid, None) for rid in failed_ids]
-                    for entry in entries:
-                        if entry is not None:
-                            entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=error))
+            for failed_ids, error in failures:
+                with self._cond:
+                    entries = [self._pending.pop(rid, None) for rid in failed_ids]
+                for entry in entries:
+                    if entry is not None:
+                        entry[0].call_soon_threadsafe(partial(_resolve, entry[1], exc=error))
             if self.on_batch is not None:
                 self.on_batch(sum(c.num_tokens for c in batch), len(batch), time.perf_counter() - start)
             with self._cond:
