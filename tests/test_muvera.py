@@ -84,21 +84,26 @@ def test_bad_params(value, message):
 
 
 def test_the_largest_parameters_a_request_may_send_stay_small():
-    """At the limits (1,024 partitions, 256 repetitions) a document's encoding needs tens of MB: the nearest
-    occupied partition was found in an [r, B, B] array and the sums through an [r, B, n] one-hot (2 GB and more
-    for one request), and projections wider than any output were allowed (hundreds of MB kept per seed)."""
+    """At the limits (1,024 partitions, or 4,096 projected numbers per token; 256 repetitions) a document's
+    encoding needs tens of MB, also of 4,096 tokens: the nearest occupied partition was found in an [r, B, B]
+    array, the sums through an [r, B, n] one-hot and the projections made for all repetitions at once (2 GB and
+    more for one request), and projections wider than any output were allowed (hundreds of MB kept per seed)."""
     import tracemalloc
 
-    params = MuveraParams.coerce({"k_sim": 10, "dim_proj": 1, "r_reps": 256})
-    x = np.random.default_rng(0).standard_normal((300, 384))
-    tracemalloc.start()
-    try:
-        out = Muvera(384, params)(x)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert out.shape == (params.output_dim(),) and np.isfinite(out).all()
-    assert peak < 64 * 2**20, peak
+    rng = np.random.default_rng(0)
+    for fields, n in (
+        ({"k_sim": 10, "dim_proj": 1, "r_reps": 256}, 300),
+        ({"k_sim": 4, "dim_proj": 16, "r_reps": 256}, 4096),
+    ):
+        params, x = MuveraParams.coerce(fields), rng.standard_normal((n, 384))
+        tracemalloc.start()
+        try:
+            out = Muvera(384, params)(x)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert out.shape == (params.output_dim(),) and np.isfinite(out).all()
+        assert peak < 64 * 2**20, (fields, peak)
 
 
 def test_token_embed_output_offline(minilm_llm):

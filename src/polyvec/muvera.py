@@ -98,13 +98,10 @@ class Muvera:
         p.check_width(dim)
         self.dim, self.params = dim, p
         rng = np.random.default_rng(p.seed)
-        planes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
-        self.hyperplanes = planes.transpose(1, 0, 2).reshape(dim, -1)  # [dim, r·k]: one matmul for all repetitions
+        self.hyperplanes = np.stack([rng.normal(size=(dim, p.k_sim)) for _ in range(p.r_reps)])  # [r, dim, k]
         self._project: np.ndarray | None = None  # none where dim_proj is the width (the last draw: nothing shifts)
-        if p.dim_proj < dim:
-            projections = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)).astype(np.float64)  # [r, dim, dp]
-            # [dim, r·dp], scaled: every vector projected once, before the partition sums (both are linear)
-            self._project = projections.transpose(1, 0, 2).reshape(dim, -1) / np.sqrt(p.dim_proj)
+        if p.dim_proj < dim:  # [r, dim, dp], scaled: vectors are projected before the partition sums (both linear)
+            self._project = rng.choice([-1, 1], size=(p.r_reps, dim, p.dim_proj)) / np.sqrt(p.dim_proj)
         ids = np.arange(1 << p.k_sim)
         popcount = np.array([bin(i).count("1") for i in range(1 << p.k_sim)])
         self.hamming = popcount[ids[:, None] ^ ids[None, :]]  # [B, B]
@@ -128,30 +125,25 @@ class Muvera:
         if not len(x):
             return np.zeros(self.output_dim, dtype=np.float32)
         p, n, parts = self.params, len(x), 1 << self.params.k_sim
-        bits = (x @ self.hyperplanes).reshape(n, p.r_reps, p.k_sim) > 0
-        part = (bits.astype(np.int64) @ (1 << np.arange(p.k_sim))).T  # [r, n]: each vector's partition
-        reps = np.arange(p.r_reps)[:, None]
-        if self._project is not None:  # [r, n, w]: the vectors as each repetition projects them
-            y = (x @ self._project).reshape(n, p.r_reps, p.dim_proj).transpose(1, 0, 2)
-        else:
-            y = np.broadcast_to(x, (p.r_reps, n, self.dim))
-        w = y.shape[2]
-        slot = (reps * parts + part).reshape(-1)  # [r·n]: each (repetition, vector)'s row of the output
-        centers = np.zeros((p.r_reps * parts, w))
-        np.add.at(centers, slot, y.reshape(-1, w))  # partition sums, without an [r, B, n] one-hot
-        centers = centers.reshape(p.r_reps, parts, w)
-        if not query:
-            counts = np.bincount(slot, minlength=p.r_reps * parts).reshape(p.r_reps, parts)
-            centers /= np.maximum(counts, 1)[..., None]
-            empty = counts == 0
-            first = np.full((p.r_reps, parts), n)
-            np.minimum.at(first, (reps, part), np.arange(n)[None, :])
-            for r in np.nonzero(empty.any(1))[0]:
+        weights, order = 1 << np.arange(p.k_sim), np.arange(n)
+        w = self.dim if self._project is None else p.dim_proj
+        centers = np.zeros((p.r_reps, parts, w))
+        for r in range(p.r_reps):  # one repetition at a time: memory stays n x (k_sim + w) whatever r_reps
+            part = ((x @ self.hyperplanes[r]) > 0).astype(np.int64) @ weights  # [n]: each vector's partition
+            y = x if self._project is None else x @ self._project[r]  # [n, w]
+            np.add.at(centers[r], part, y)  # partition sums
+            if query:
+                continue
+            counts = np.bincount(part, minlength=parts)
+            centers[r] /= np.maximum(counts, 1)[:, None]
+            hollow, occupied = np.flatnonzero(counts == 0), np.flatnonzero(counts)
+            if len(hollow):
                 # The nearest occupied partition by Hamming distance (ties: the lowest id, as fastembed's
                 # argmin), and the first vector that fell into it.
-                (hollow,), (occupied,) = np.nonzero(empty[r]), np.nonzero(~empty[r])
                 nearest = occupied[self.hamming[np.ix_(hollow, occupied)].argmin(1)]
-                centers[r, hollow] = y[r, first[r, nearest]]
+                first = np.full(parts, n)
+                np.minimum.at(first, part, order)
+                centers[r, hollow] = y[first[nearest]]
         return centers.reshape(-1).astype(np.float32)
 
     def encode(self, inputs: Sequence[torch.Tensor | np.ndarray], query: bool = False) -> np.ndarray:

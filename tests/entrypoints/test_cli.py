@@ -229,3 +229,13 @@ def test_embed_output_is_whole_or_absent(tmp_path, minilm_path):
     r = embed_cli(str(corpus), "--model", str(minilm_path), "--limit", "4", "--output", str(out))
     assert r.returncode == 0 and pq.read_table(out).num_rows == 4
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "big.txt", "d.parquet", "v.parquet"]
+
+
+def test_jsonl_lines_for_ray_split_as_python_reads_a_file():
+    """`polyvec embed FILE.jsonl --ray` splits lines at \\n, \\r\\n and \\r, as `read_corpus` (Python's text mode)
+    does, and not at U+2028 / U+0085 inside a JSON string (Ray's text reader did: the job failed)."""
+    from polyvec.entrypoints.cli import _jsonl_lines
+
+    data = '{"_id": "1", "text": "a\u2028b"}\r\n\n{"_id": "2", "text": "c\x85d"}\r{"_id": "3", "text": "e"}'
+    rows = [json.loads(r["text"]) for r in _jsonl_lines({"bytes": data.encode("utf-8")})]
+    assert rows == [{"_id": "1", "text": "a\u2028b"}, {"_id": "2", "text": "c\x85d"}, {"_id": "3", "text": "e"}]

@@ -148,10 +148,10 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
 
 
 def _jsonl_lines(file: dict[str, Any]) -> list[dict[str, str]]:
-    """A JSONL file's lines, `{"text": line}`, blank ones left out: split at "\n" only (JSON strings may hold
-    U+2028, U+0085 and other characters that str.splitlines also breaks at)."""
-    lines = file["bytes"].decode("utf-8").split("\n")
-    return [{"text": line.rstrip("\r")} for line in lines if line.strip()]
+    """A JSONL file's lines, `{"text": line}`, blank ones left out: split at \\n, \\r\\n and \\r, as Python reads a
+    text file (JSON strings may hold U+2028, U+0085 and other characters that str.splitlines also breaks at)."""
+    lines = re.split(r"\r\n|\r|\n", file["bytes"].decode("utf-8"))
+    return [{"text": line} for line in lines if line.strip()]
 
 
 def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[str], list[str]]:
