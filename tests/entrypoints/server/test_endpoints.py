@@ -198,6 +198,28 @@ def test_vllm_metrics_count_prompts(server):
     assert [b - a for a, b in zip(before, after)] == [3, 3, 4 + 6 + 3]
 
 
+def test_tei_metrics_under_teis_names(server):
+    """TEI's dashboards read te_request_count / _success / _failure (TEI's exact names, no _total), the request
+    latency and input lengths, the batches and the queue; none were there. As TEI's, the count is of bodies that
+    parsed (a token id outside the vocabulary is refused with the body), failures of all."""
+    names = (
+        'te_request_count{method="batch"}',
+        'te_request_success{method="batch"}',
+        'te_request_failure{err="validation"}',
+        "te_request_duration_count",
+        "te_request_input_length_sum",
+    )
+    metrics = lambda: server.get("/metrics").text  # noqa: E731
+    before = [_metric(metrics(), n) if n in metrics() else 0.0 for n in names]
+    assert server.post("/v1/embeddings", {"input": ["Hello world", "a b c d"]}).status_code == 200
+    assert server.post("/v1/embeddings", {"input": ["fine", [999999]]}).status_code == 400
+    text = metrics()
+    after = [_metric(text, n) for n in names]
+    assert [b - a for a, b in zip(before, after)] == [1, 1, 1, 1, 4 + 6]
+    for name in ("# TYPE te_batch_next_size histogram", "# TYPE te_batch_next_tokens histogram", "te_queue_size "):
+        assert name in text, name
+
+
 def test_add_special_tokens_false(server, minilm_llm):
     body = server.post("/pooling", {"input": "hello world", "task": "token_embed", "add_special_tokens": False}).json()
     assert body["data"][0]["shape"] == [2, 384] and body["usage"]["prompt_tokens"] == 2

@@ -1,6 +1,6 @@
 """Prometheus metrics, in a registry of the app's own (several apps can live in one process, as in tests):
-polyvec's `polyvec_*`, and vLLM's `vllm:*` names for what a pooling server has (labels `model_name`, `engine`),
-so existing vLLM dashboards read this server too."""
+polyvec's `polyvec_*`, vLLM's `vllm:*` names for what a pooling server has (labels `model_name`, `engine`), and
+TEI's `te_*` ones, so existing vLLM and TEI dashboards read this server too."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 _SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# TEI's buckets (router/src/prometheus.rs): durations from 15 µs up by half, powers of two for sizes
+_TEI_DURATION_BUCKETS = tuple(1e-5 * 1.5**k for k in range(1, 36))
+_TEI_POWERS = tuple(float(2**k) for k in range(21))
 
 
 class ServerMetrics:
@@ -65,20 +68,49 @@ class ServerMetrics:
             "polyvec_aborted_requests", "Queued requests dropped because their client left", registry=r
         )
         self.busy = Counter("polyvec_engine_busy_seconds", "Time the engine spent in forward passes", registry=r)
+        # TEI's: its counters are exported under their own names, which prometheus_client gives only a gauge
+        self.te_count = Gauge("te_request_count", "Pooling requests received (TEI's)", ["method"], registry=r)
+        self.te_success = Gauge("te_request_success", "Pooling requests answered (TEI's)", ["method"], registry=r)
+        self.te_failure = Gauge("te_request_failure", "Pooling requests failed, by cause (TEI's)", ["err"], registry=r)
+        self.te_duration = Histogram(
+            "te_request_duration", "Pooling request latency (TEI's)", buckets=_TEI_DURATION_BUCKETS, registry=r
+        )
+        self.te_input_length = Histogram(
+            "te_request_input_length", "Tokens per input (TEI's)", buckets=_TEI_POWERS[:20], registry=r
+        )
+        self.te_batch_size = Histogram(
+            "te_batch_next_size", "Sequences per forward pass (TEI's)", buckets=_TEI_POWERS[:13], registry=r
+        )
+        self.te_batch_tokens = Histogram(
+            "te_batch_next_tokens", "Tokens per forward pass (TEI's)", buckets=_TEI_POWERS, registry=r
+        )
+        Gauge("te_queue_size", "Requests waiting for the engine (TEI's)", registry=r).set_function(queue_depth)
 
     def on_batch(self, tokens: int, seqs: int, seconds: float) -> None:
         self.vllm_iteration_tokens.observe(tokens)
         self.batch_tokens.observe(tokens)
         self.batch_seqs.observe(seqs)
         self.busy.inc(seconds)
+        self.te_batch_size.observe(seqs)
+        self.te_batch_tokens.observe(tokens)
+
+    def on_failure(self, status: int) -> None:
+        """A pooling request that failed (TEI's causes: the client's input, overload, a client that left, a fault of
+        the server's)."""
+        self.te_failure.labels(
+            {429: "overloaded", 499: "dropped"}.get(status, "validation" if status < 500 else "inference")
+        ).inc()
 
     def on_request(self, prompt_tokens: list[int], seconds: float) -> None:
         """One HTTP request's engine work done: its prompts' token counts and the time since it was received."""
+        self.te_success.labels("single" if len(prompt_tokens) == 1 else "batch").inc()
+        self.te_duration.observe(seconds)
         total = sum(prompt_tokens)
         self.prompt_tokens.inc(total)
         self.vllm_prompt_tokens.inc(total)
         self.vllm_success.inc(len(prompt_tokens))
         for n in prompt_tokens:
             self.vllm_request_tokens.observe(n)
+            self.te_input_length.observe(n)
             # vLLM observes each prompt (an engine request); they are answered together, when the last is done
             self.vllm_e2e.observe(seconds)

@@ -340,6 +340,7 @@ async def run_pooling(
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
     input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any)."""
     start = time.perf_counter()
+    state.metrics.te_count.labels("single" if len(prompts) == 1 else "batch").inc()
     requests = await process_prompts(
         state,
         prompts,
