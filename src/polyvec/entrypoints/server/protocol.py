@@ -297,11 +297,18 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     """vLLM's late chunking: each text's `embedding` is its chunk vectors, one per `chunk_size` tokens, each the
     mean of the whole-context token vectors (normalized unless use_activation is false), with `late_chunking`
     (the chunks' token and character ranges). Text input within max_model_len; encoding_format float."""
+    modality: Literal["text", "image"] | None = None
+    """Infinity's: "image" reads each `input` string as an image (a base64 data: URL, or an http(s) URL on a host
+    the server allows), for an image model; "text", the default, as without it. With it, `dimensions` 0 means the
+    full size, as Infinity's client sends it."""
 
     @model_validator(mode="before")
     @classmethod
     def _conversations_in_input(cls, data: Any) -> Any:
-        """vLLM takes conversations in `input` too: they are `messages`."""
+        """vLLM takes conversations in `input` too: they are `messages`; Infinity's body says `dimensions` 0 for
+        the full size."""
+        if isinstance(data, dict) and "modality" in data and data.get("dimensions") == 0:
+            data = {k: v for k, v in data.items() if k != "dimensions"}
         if isinstance(data, dict) and "messages" not in data:
             given = data.get("input")
             if _is_conversation(given) or (
@@ -374,7 +381,8 @@ class PoolingRequest(EmbeddingRequest):
 
 
 class ClassificationRequest(PoolingBase, ChatFields):
-    """vLLM `POST /classify`, and its chat-style form (`messages`)."""
+    """vLLM `POST /classify`, and its chat-style form (`messages`); Infinity's body (with `raw_scores`) gets
+    Infinity's response."""
 
     input: PoolingInput | None = None
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
@@ -382,6 +390,13 @@ class ClassificationRequest(PoolingBase, ChatFields):
     """Apply softmax (sigmoid for one-label or multi-label models); false returns logits."""
     activation: bool | None = None
     """Older name of use_activation."""
+    raw_scores: bool | None = None
+    """Infinity's: true returns logits (use_activation false). A body with it is answered as Infinity answers:
+    `data` holds, per input, every label with its score, highest first."""
+
+    @model_validator(mode="after")
+    def _raw_scores(self) -> Any:
+        return _raw_scores_as_activation(self)
 
 
 def _score_content(value: Any, info: ValidationInfo) -> Any:
@@ -526,6 +541,13 @@ class RerankRequest(PoolingBase):
     max_chunks_per_doc: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Cohere v1: accepted; a document longer than the model's input is cut (see max_tokens_per_doc), not split
     into chunks."""
+    raw_scores: bool | None = None
+    """Infinity's: true returns logits (use_activation false). A body with it is answered as Infinity answers:
+    documents as strings, and only when return_documents is true."""
+
+    @model_validator(mode="after")
+    def _raw_scores(self) -> Any:
+        return _raw_scores_as_activation(self)
 
     _given_documents: list[Any] | None = PrivateAttr(default=None)
     """The object documents as sent, where rank_fields read them (returned as they came)."""
@@ -545,6 +567,15 @@ class RerankRequest(PoolingBase):
         model = handler({**data, "documents": [_ranked_text(doc, fields) for doc in documents]})
         model._given_documents = documents
         return model
+
+
+def _raw_scores_as_activation(req: Any) -> Any:
+    """Infinity's raw_scores is the opposite of use_activation; both given, they must agree."""
+    if req.raw_scores is not None:
+        if req.use_activation is not None and req.use_activation == req.raw_scores:
+            _refuse(f"raw_scores={req.raw_scores} conflicts with use_activation={req.use_activation}", "raw_scores")
+        req.use_activation = not req.raw_scores
+    return req
 
 
 def _ranked_text(document: Any, fields: list[str]) -> Any:
@@ -768,8 +799,9 @@ class RerankDocument(BaseModel):
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
-    document: RerankDocument | dict[str, Any] | None = None
-    """With return_documents: {"text"}, or an object document (Cohere's, with rank_fields) as it was sent."""
+    document: RerankDocument | dict[str, Any] | str | None = None
+    """With return_documents: {"text"}, or an object document (Cohere's, with rank_fields) as it was sent; the text
+    itself for Infinity's body (one with `raw_scores`)."""
 
 
 class RerankUsage(BaseModel):
@@ -871,6 +903,36 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class InfinityModelCard(BaseModel):
+    id: str
+    object: str
+    created: int
+    stats: dict[str, Any]
+    backend: str
+    capabilities: list[str]
+
+
+class InfinityModelList(BaseModel):
+    object: str
+    data: list[InfinityModelCard]
+
+
+class InfinityLabelScore(BaseModel):
+    score: float
+    label: str
+
+
+class InfinityClassifyResponse(BaseModel):
+    """/classify's answer to Infinity's body (one with `raw_scores`): per input, every label by score."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    data: list[list[InfinityLabelScore]]
+    usage: Usage
+
+
 class VersionResponse(BaseModel):
     version: str
 
@@ -883,9 +945,7 @@ def usage(tokens: int) -> dict[str, int | None]:
     return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None}
 
 
-def envelope(
-    prefix: str, model: str, data: list[dict[str, Any]], tokens: int, request_id: str | None = None
-) -> dict[str, Any]:
+def envelope(prefix: str, model: str, data: list[Any], tokens: int, request_id: str | None = None) -> dict[str, Any]:
     return {
         "id": random_id(prefix, request_id),
         "object": "list",

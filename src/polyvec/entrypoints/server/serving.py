@@ -107,9 +107,13 @@ async def server_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(server_state)]
 
 
+INFINITY_ANY_MODEL = "default/not-specified"
+"""The model name Infinity's client sends when its user names none (Infinity then serves its one model)."""
+
+
 def check_model(state: ServerState, name: str | None) -> str:
     """The model name responses report; 404 if the request names a model this server does not serve."""
-    if name is not None and name not in state.names:
+    if name is not None and name not in state.names and name != INFINITY_ANY_MODEL:
         raise APIError(404, f"the model '{shorten(name)}' does not exist; served: {', '.join(state.names)}", "model")
     return state.names[0]
 

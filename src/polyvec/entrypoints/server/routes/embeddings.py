@@ -13,7 +13,15 @@ from ....late_chunking import LateChunkingParams
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
-from ..serving import State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
+from ..serving import (
+    State,
+    check_model,
+    encoded_response,
+    image_url,
+    pooling_params,
+    request_prompts,
+    run_pooling,
+)
 
 router = APIRouter()
 
@@ -40,6 +48,12 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     # model's on a server whose pooling task is token_embed (vLLM serves its token-embed route here then).
     multi = state.engine.is_late_interaction or state.model_config.pooler_config.task == "token_embed"
     prompts, add_special_tokens, locate = request_prompts(state, req)
+    if req.modality == "image":  # Infinity's: each input string is an image
+        if state.model_config.colqwen2 is None:
+            raise APIError(400, "modality 'image' needs an image model; this server embeds text", "modality")
+        if not all(isinstance(p, str) for p in prompts):
+            raise APIError(400, "modality 'image' takes image URLs as 'input' strings", "input")
+        prompts = [image_url(p, f"'input' item {i}", "input") for i, p in enumerate(prompts)]
     outputs = await run_pooling(
         state,
         raw,
@@ -196,7 +210,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
 @router.post(
     "/classify",
     summary="vLLM classification",
-    responses={200: {"model": P.ClassificationResponse}, **POST_ERRORS},
+    responses={200: {"model": P.ClassificationResponse | P.InfinityClassifyResponse}, **POST_ERRORS},
 )
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
@@ -213,6 +227,18 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
         locate=locate,
     )
     id2label = state.model_config.id2label
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    if req.raw_scores is not None:  # Infinity's body: its response, every label by score, highest first
+        ranked = [
+            sorted(
+                ({"score": s, "label": id2label.get(j, str(j))} for j, s in enumerate(o.outputs.data.tolist())),
+                key=lambda x: -x["score"],
+            )
+            for o in outputs
+        ]
+        return VectorJSONResponse(
+            {**P.envelope("classify", model, ranked, tokens, req.request_id), "object": "classify"}
+        )
     data = []
     for i, o in enumerate(outputs):
         probs = o.outputs.data
@@ -225,5 +251,4 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
                 "num_classes": int(probs.shape[-1]),
             }
         )
-    tokens = sum(len(o.prompt_token_ids) for o in outputs)
     return VectorJSONResponse(P.envelope("classify", model, data, tokens, req.request_id))

@@ -167,6 +167,35 @@ async def models(state: State) -> dict[str, Any]:
     }
 
 
+@router.get(
+    "/models",
+    summary="Served models (Infinity's)",
+    response_model=None,
+    responses={200: {"model": P.InfinityModelList}, **_GET_ERRORS},
+)
+async def infinity_models(state: State) -> dict[str, Any]:
+    """Infinity's model list (its clients call /models): each name with what it can do."""
+    tasks = state.engine.supported_tasks
+    capabilities = ["embed"] if {"embed", "token_embed"} & set(tasks) else []
+    capabilities += ["classify"] if "classify" in tasks else []
+    capabilities += ["rerank"] + (["image_embed"] if state.model_config.colqwen2 is not None else [])
+    created = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": n,
+                "object": "model",
+                "created": created,
+                "stats": {},
+                "backend": "polyvec",
+                "capabilities": capabilities,
+            }
+            for n in state.names
+        ],
+    }
+
+
 ENGINE_DEAD = {"description": "The engine stopped on an internal error; the body is empty"}
 
 

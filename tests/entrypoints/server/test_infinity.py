@@ -1,0 +1,84 @@
+"""Infinity's REST API through its own client (`infinity_client`): a user of Infinity points it at polyvec and
+gets Infinity's answers, the model it names or its "default/not-specified", `modality` and `dimensions: 0` on
+/embeddings, `raw_scores` and string documents on /rerank, per-input label lists on /classify, and /models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from infinity_client import Client
+from infinity_client.api.default import classify, embeddings, models, rerank
+from infinity_client.models import ClassifyInput, OpenAIEmbeddingInputText, RerankInput
+
+from polyvec import LLM, PoolingParams
+from tests.entrypoints.server.conftest import MINILM, in_process_server
+from tests.helpers import TINY, save_tiny_model
+
+TEXTS = ["the wing stalls at high angle of attack", "heat transfer in laminar boundary layers"]
+
+
+def test_embeddings_and_models(server, minilm_llm):
+    client = Client(base_url=server.url)
+    got = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS))  # its defaults
+    assert got.status_code == 200, got.content
+    want = minilm_llm.embed(TEXTS, use_tqdm=False)
+    for item, out in zip(got.parsed.data, want):
+        assert torch.allclose(torch.tensor(item.embedding), out.outputs.data, atol=1e-5)
+    assert got.parsed.model == "minilm" and got.parsed.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in want)
+    named = OpenAIEmbeddingInputText(input_=TEXTS[:1], model="minilm", dimensions=0)
+    assert embeddings.sync_detailed(client=client, body=named).status_code == 200
+    wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))
+    assert wrong.status_code == 404
+    image = server.post("/embeddings", {"input": ["data:image/png;base64,AAAA"], "modality": "image"})
+    assert image.status_code == 400 and image.json()["error"]["param"] == "modality"
+    listed = models.sync_detailed(client=client)
+    assert listed.status_code == 200, listed.content
+    assert [m.id for m in listed.parsed.data] == ["minilm", MINILM]
+    assert listed.parsed.data[0].capabilities == ["embed", "rerank"]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, minilm_path):
+    labels = {0: "neg", 1: "neu", 2: "pos"}
+    folder = save_tiny_model(
+        "BertForSequenceClassification", "BertConfig", tmp_path_factory.mktemp("clf"), minilm_path,
+        num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}, **TINY,
+    )  # fmt: skip
+    return LLM(str(folder), dtype="float32")
+
+
+def test_classify_answers_per_input_label_lists(classifier):
+    want = classifier.classify(TEXTS, use_tqdm=False)
+    raw = classifier.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
+    with in_process_server(classifier.engine, warmup=False) as url:
+        client = Client(base_url=url)
+        for raw_scores, ref in ((False, want), (True, raw)):
+            got = classify.sync_detailed(client=client, body=ClassifyInput(input_=TEXTS, raw_scores=raw_scores))
+            assert got.status_code == 200, got.content
+            for scores, out in zip(got.parsed.data, ref):
+                probs = out.outputs.data.tolist()
+                order = sorted(range(3), key=lambda j: -probs[j])
+                assert [s.label for s in scores] == [["neg", "neu", "pos"][j] for j in order]
+                assert [s.score for s in scores] == pytest.approx([probs[j] for j in order], abs=1e-5)
+
+
+def test_rerank_with_raw_scores_and_string_documents(tmp_path, minilm_path):
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1, **TINY)
+    llm = LLM(str(folder), dtype="float32")
+    docs = ["a wing in a propeller slipstream", "heat transfer", "flutter of a swept wing"]
+    want = [o.outputs.score for o in llm.score("wing flutter", docs, use_tqdm=False)]
+    with in_process_server(llm.engine, warmup=False) as url:
+        client = Client(base_url=url)
+        got = rerank.sync_detailed(client=client, body=RerankInput(query="wing flutter", documents=docs))
+        assert got.status_code == 200, got.content
+        order = sorted(range(3), key=lambda i: -want[i])
+        assert [r.index for r in got.parsed.results] == order
+        assert [r.relevance_score for r in got.parsed.results] == pytest.approx([want[i] for i in order], abs=1e-5)
+        assert all("document" not in r for r in json.loads(got.content)["results"])  # Infinity's default
+        body = RerankInput(query="wing flutter", documents=docs, return_documents=True, raw_scores=True, top_n=2)
+        got = rerank.sync_detailed(client=client, body=body)
+        assert [r.document for r in got.parsed.results] == [docs[i] for i in order[:2]]
+        logits = torch.logit(torch.tensor([want[i] for i in order[:2]]))
+        assert [r.relevance_score for r in got.parsed.results] == pytest.approx(logits.tolist(), abs=1e-4)
