@@ -132,6 +132,13 @@ CASES = [
     Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens=1000"),
     Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": -2}, 400, "field 'truncate_prompt_tokens'"),
     Bad("/v1/embeddings", {"input": "x", "priority": float("inf")}, 400, "field 'priority'", "priority"),
+    Bad(
+        "/v1/embeddings",
+        {"input": "x", "cache_salt": ""},
+        400,
+        "'cache_salt': String should have at least 1",
+        "cache_salt",
+    ),
     Bad("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 400, "field 'encoding_format'"),
     Bad("/v1/embeddings", {"input": "x", "encoding_format": None}, 400, "field 'encoding_format'"),
     Bad("/v1/embeddings", {"input": "x", "embed_dtype": "int8"}, 400, "field 'embed_dtype'", "embed_dtype"),

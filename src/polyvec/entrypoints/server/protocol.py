@@ -159,8 +159,8 @@ class VLLMCompatFields(StrictModel):
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
-    cache_salt: str | None = None
-    """Accepted for vLLM compatibility; ignored."""
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    """Accepted for vLLM compatibility (a non-empty string, as vLLM checks it); ignored."""
     mm_processor_kwargs: dict[str, Any] | None = None
     """Accepted for vLLM compatibility: text-only models ignore it; image models refuse it (400), their resize
     budget is the server's --mm-processor-kwargs."""
