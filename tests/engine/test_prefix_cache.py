@@ -82,3 +82,22 @@ def test_instruction_prompt_text_reuses_the_cache(qwen3_folder):
     fresh = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=False).embed(queries, use_tqdm=False)
     for a, b in zip(first + rest, fresh):
         assert torch.allclose(a.outputs.data, b.outputs.data, atol=1e-5)
+
+
+def test_a_request_aborted_between_schedule_and_run_keeps_its_cache_for_that_step(qwen3_folder):
+    """A server schedules under its lock and runs outside it; a client that leaves in between aborts its request.
+    Its KV reservation is released once the step is over, not before: the chunk of a prefix-cache hit found no
+    cache for its context ("a chunk with context needs its sequence's KV cache": the whole batch failed)."""
+    llm = LLM(str(qwen3_folder), dtype="float32", max_num_batched_tokens=32, enable_prefix_caching=True)
+    e, prefix = llm.engine, list(range(1000, 1064))
+    e.add_requests(e.process([{"prompt_token_ids": [*prefix, 5, 6, 7]}], None, "embed", ["warm"]))
+    while e.has_unfinished_requests():
+        e.step()
+    prompts = [{"prompt_token_ids": [*prefix, 8, 9, 10]}, {"prompt_token_ids": list(range(2000, 2020))}]
+    e.add_requests(e.process(prompts, None, "embed", ["leaves", "stays"]))
+    batch = e.schedule()
+    assert [(c.request.request_id, c.start) for c in batch] == [("leaves", 64), ("stays", 0)]  # a cached prefix
+    e.abort_requests({"leaves"})
+    assert e.scheduler.kv_used > 0  # still held by the running step
+    assert [o.request_id for o in e.run(batch)] == ["stays"]
+    assert not e.has_unfinished_requests() and e.scheduler.kv_used == 0

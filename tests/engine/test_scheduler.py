@@ -173,6 +173,18 @@ def test_abort_drops_a_request_part_way_through_its_prefill():
     s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_tokens=100)
     s.add(Req("long", 50, chunkable=True))
     s.schedule()
+    s.end_step()  # its first chunk ran
     assert s.kv_used == 50 and s.running
     assert s.abort({"long"}) == 1
     assert not s.has_unfinished() and s.kv_used == 0
+
+
+def test_an_abort_during_a_step_releases_the_cache_when_the_step_ends():
+    """The batch being run keeps the KV reservations of its requests until it ends, even if they are aborted."""
+    s = Scheduler(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_tokens=100)
+    s.add(Req("long", 50, chunkable=True))
+    s.schedule()
+    assert s.abort({"long"}) == 1 and not s.has_unfinished()
+    assert s.kv_used == 50 and s.aborted_in_step() == {"long"}
+    s.end_step()
+    assert s.kv_used == 0 and s.aborted_in_step() == set()

@@ -54,3 +54,44 @@ def test_sequence_windows_are_raw_and_merge_to_the_token_weighted_mean():
 def test_overlap_that_leaves_no_stride_is_rejected():
     with pytest.raises(ValueError, match="window_overlap=6 leaves no room in windows of 6 tokens"):
         split_windows(long_request(20, "embed"), 8, 6, {CLS, SEP})
+
+
+def test_an_abort_while_windows_are_combined_drops_the_request_quietly(minilm_path):
+    """The engine thread combines a long input's windows while the event loop may abort it: the abort landing
+    between the check for its group and its removal raised KeyError (a failed request, logged as an error)."""
+    import threading
+
+    from polyvec import LLM
+
+    llm = LLM(str(minilm_path), dtype="float32", long_input="window")
+    e = llm.engine
+    (request,) = e.process([" ".join(["alpha beta gamma delta"] * 200)], None, "embed", ["leaves"])
+    assert len(request.windows) > 1
+
+    engine_thread = threading.current_thread()
+
+    class Groups(dict):
+        """The abort runs on another thread right when the engine thread first looks the group up."""
+
+        aborted = False
+
+        def _abort_first(self, key):
+            if threading.current_thread() is engine_thread and not self.aborted and dict.__contains__(self, key):
+                self.aborted = True
+                aborting = threading.Thread(target=e.abort_requests, args=({key},))
+                aborting.start()
+                aborting.join()
+
+        def __contains__(self, key):
+            self._abort_first(key)
+            return dict.__contains__(self, key) or self.aborted  # the engine saw it there before the abort
+
+        def pop(self, key, *default):
+            self._abort_first(key)
+            return dict.pop(self, key, *default)
+
+    e._window_groups = Groups(e._window_groups)
+    e.add_requests([request])
+    while e.has_unfinished_requests():
+        assert e.step() == []  # no output for the aborted request, and no KeyError
+    assert e._window_groups.aborted

@@ -242,6 +242,14 @@ class Engine:
     def run(self, batch: list[ScheduledChunk[Request]]) -> list[PoolingRequestOutput[PoolingOutput]]:
         """Execute a batch the scheduler picked (a server schedules under its lock and runs outside it);
         returns the requests it finished, and those that need no forward pass."""
+        try:
+            finished = self._run(batch)
+            aborted = self.scheduler.aborted_in_step()  # while it ran: their clients are gone
+            return [o for o in finished if o.request_id not in aborted] if aborted else finished
+        finally:
+            self.scheduler.end_step()
+
+    def _run(self, batch: list[ScheduledChunk[Request]]) -> list[PoolingRequestOutput[PoolingOutput]]:
         with self._ready_lock:
             ready, self._ready = self._ready, []
         finished = [self._output(r, r.static_output) for r in ready]
@@ -342,8 +350,9 @@ class Engine:
     def _finish_windows(self, parent: Request) -> PoolingRequestOutput[PoolingOutput] | None:
         """Combine a long input's windows once all are done (an aborted parent's stragglers are dropped)."""
         assert parent.windows is not None  # a window's parent was split into windows
-        if any(w.window_output is None for w in parent.windows) or parent.request_id not in self._window_groups:
+        if any(w.window_output is None for w in parent.windows):
             return None
-        del self._window_groups[parent.request_id]
+        if self._window_groups.pop(parent.request_id, None) is None:  # one step: abort pops it from another thread
+            return None
         data = merge_windows(parent, self.runner.pooler, self.input_processor.special_ids)
         return self._output(parent, data)

@@ -86,6 +86,10 @@ class Scheduler(Generic[R]):
         self._reserved: dict[str, int] = {}
         # A server aborts from its event loop while the engine thread releases finished requests.
         self._kv_lock = threading.Lock()
+        # Requests of the batch being run: one aborted meanwhile keeps its KV reservation until the step ends
+        # (its chunk is running on it; vLLM frees an aborted request's blocks between steps too).
+        self._in_flight: set[str] = set()
+        self._deferred: set[str] = set()
         self.waiting: deque[R] = deque()
         self.running: list[R] = []  # started, not yet fully scheduled (chunked prefill)
 
@@ -97,9 +101,23 @@ class Scheduler(Generic[R]):
         before = len(self.waiting) + len(self.running)
         self.waiting = deque(r for r in self.waiting if r.request_id not in request_ids)
         self.running = [r for r in self.running if r.request_id not in request_ids]
-        for rid in request_ids:
+        with self._kv_lock:
+            self._deferred |= request_ids & self._in_flight
+        for rid in request_ids - self._in_flight:
             self.release(rid)
         return before - len(self.waiting) - len(self.running)
+
+    def aborted_in_step(self) -> set[str]:
+        """The requests of the running batch aborted while it ran."""
+        with self._kv_lock:
+            return set(self._deferred)
+
+    def end_step(self) -> None:
+        """The scheduled batch ran (or failed): release what was aborted while it ran."""
+        with self._kv_lock:
+            deferred, self._deferred, self._in_flight = self._deferred, set(), set()
+        for rid in deferred:
+            self.release(rid)
 
     def release(self, request_id: str) -> None:
         """The request finished (or failed): give back its KV cache reservation."""
@@ -136,6 +154,8 @@ class Scheduler(Generic[R]):
             chunks += self._admit(budget, seqs)
         for c in chunks:
             c.request.num_computed_tokens = c.start + c.num_tokens
+        with self._kv_lock:
+            self._in_flight = {c.request.request_id for c in chunks}
         return chunks
 
     def _admit(self, budget: int, seqs: int) -> list[ScheduledChunk[R]]:
