@@ -168,6 +168,12 @@ def test_models_health_version_metrics(server):
     models = server.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["minilm", "sentence-transformers/all-MiniLM-L6-v2"]
     assert models["data"][0]["max_model_len"] == 256
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")  # OpenAI's retrieve (it was a 404)
+    assert client.models.retrieve("sentence-transformers/all-MiniLM-L6-v2").id == models["data"][1]["id"]
+    with pytest.raises(openai.NotFoundError, match="the model 'default/not-specified' does not exist"):
+        client.models.retrieve("default/not-specified")
     assert server.get("/health").status_code == 200
     assert server.get("/version").json()["version"]
     server.post("/v1/embeddings", {"input": "metrics probe"})

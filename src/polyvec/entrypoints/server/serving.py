@@ -111,9 +111,10 @@ INFINITY_ANY_MODEL = "default/not-specified"
 """The model name Infinity's client sends when its user names none (Infinity then serves its one model)."""
 
 
-def check_model(state: ServerState, name: str | None) -> str:
-    """The model name responses report; 404 if the request names a model this server does not serve."""
-    if name is not None and name not in state.names and name != INFINITY_ANY_MODEL:
+def check_model(state: ServerState, name: str | None, exact: bool = False) -> str:
+    """The model name responses report; 404 if the request names a model this server does not serve (`exact`:
+    also Infinity's name for any model)."""
+    if name is not None and name not in state.names and (exact or name != INFINITY_ANY_MODEL):
         raise APIError(404, f"the model '{shorten(name)}' does not exist; served: {', '.join(state.names)}", "model")
     return state.names[0]
 

@@ -21,6 +21,7 @@ from .. import protocol as P
 from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
 from ..serving import (
+    ServerState,
     State,
     chat_special_tokens,
     check_model,
@@ -147,23 +148,31 @@ _GET_ERRORS = error_responses(401, 500)
     "/v1/models", summary="Served models", response_model=None, responses={200: {"model": P.ModelList}, **_GET_ERRORS}
 )
 async def models(state: State) -> dict[str, Any]:
-    created = int(time.time())
+    return {"object": "list", "data": [_card(state, n) for n in state.names]}
+
+
+@router.get(
+    "/v1/models/{model:path}",
+    summary="One served model (OpenAI's retrieve)",
+    response_model=None,
+    responses={200: {"model": P.ModelCard}, **_GET_ERRORS, **error_responses(404)},
+)
+async def model(model: str, state: State) -> dict[str, Any]:
+    check_model(state, model, exact=True)
+    return _card(state, model)
+
+
+def _card(state: ServerState, name: str) -> dict[str, Any]:
     mc = state.model_config
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": n,
-                "object": "model",
-                "created": created,
-                "owned_by": "polyvec",
-                "root": str(mc.path),
-                "parent": None,
-                "max_model_len": mc.max_model_len,
-                "permission": [],
-            }
-            for n in state.names
-        ],
+        "id": name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "polyvec",
+        "root": str(mc.path),
+        "parent": None,
+        "max_model_len": mc.max_model_len,
+        "permission": [],
     }
 
 
