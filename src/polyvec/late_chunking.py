@@ -59,7 +59,7 @@ class LateChunkingError(ValueError):
         self.field = field
 
 
-def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool) -> str:
+def check(params, task: str, prompt, *, recipe_edits_tokens: bool, lower_case: bool) -> str:
     """The prompt's text, or LateChunkingError with vLLM's wording for what late chunking cannot take."""
     chunking = params.late_chunking_params
     if not isinstance(chunking, LateChunkingParams):
@@ -67,7 +67,7 @@ def check(params, task: str, prompt, *, late_interaction: bool, lower_case: bool
     chunking.verify()
     if task != "token_embed":
         raise LateChunkingError("Late chunking requires token_embed")
-    if late_interaction:  # its recipe adds marker tokens and drops skiplist ones: rows are not the text's tokens
+    if recipe_edits_tokens:  # marker tokens added, skiplist ones dropped: rows are not the text's tokens
         raise LateChunkingError(
             "Late chunking does not support a ColBERT model's query and document recipe (marker tokens, skiplist)"
         )

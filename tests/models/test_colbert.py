@@ -215,3 +215,15 @@ def test_vllm_colbert_architecture_on_a_pylate_folder(pylate_model):
         ids = o.prompt_token_ids
         assert ids == tok(text)["input_ids"]  # no marker, no skiplist: every token
         assert cosine_rows(o.outputs.data, reference_encode(bert, proj, ids, len(ids))).min() >= 0.9999
+    # vLLM's late chunking on it (it was refused for any ColBERT model; PyLate's recipe, which edits the tokens,
+    # still is): each chunk the mean of chunk_size hidden rows, then the projection, normalized
+    from polyvec import LateChunkingParams
+
+    params = PoolingParams(late_chunking_params=LateChunkingParams(3))
+    chunked = llm.token_embed(DOCS[0], params, use_tqdm=False)[0]
+    with torch.no_grad():
+        hidden = bert(input_ids=torch.tensor([chunked.prompt_token_ids])).last_hidden_state[0]
+    want = F.normalize(torch.stack([part.mean(0) for part in hidden.split(3)]) @ proj.T, dim=-1)
+    assert chunked.outputs.data.shape == want.shape and cosine_rows(chunked.outputs.data, want).min() >= 0.9999
+    with pytest.raises(ValueError, match="Late chunking does not support a ColBERT model's query and document recipe"):
+        LLM(str(folder), dtype="float32").token_embed(DOCS[0], params)

@@ -157,6 +157,11 @@ class Engine:
         return self.input_processor.colbert is not None
 
     @property
+    def recipe_edits_tokens(self) -> bool:
+        """A ColBERT recipe adds or drops tokens: its token rows are not the text's (late chunking cannot map them)."""
+        return self.colbert is not None and self.colbert.edits_tokens
+
+    @property
     def device(self) -> torch.device:
         return self.runner.device
 

@@ -54,6 +54,12 @@ class LateInteractionRecipe:
         return cls(cb, ids["query"], ids["document"], mask, frozenset(i for i in skip if i is not None))
 
     @property
+    def edits_tokens(self) -> bool:
+        """Whether the recipe adds or drops tokens (markers, query expansion, skiplist; an image model's prompt):
+        vLLM's ColBERT layout keeps the text's tokens as they are."""
+        return self.config.layout != "vllm"
+
+    @property
     def inserts_marker(self) -> bool:
         """Whether a query/document marker goes after [CLS] (PyLate, Stanford; not vLLM's layout)."""
         return self.config.layout not in ("vllm", "colqwen2")

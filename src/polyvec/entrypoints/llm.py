@@ -267,7 +267,7 @@ class LLM:
                 p,
                 task,
                 prompt,
-                late_interaction=self.engine.is_late_interaction,
+                recipe_edits_tokens=self.engine.recipe_edits_tokens,
                 lower_case=self.model_config.do_lower_case,
             )
             verified = self.engine.input_processor.verify_params(p, task)

@@ -89,7 +89,7 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
                 given,
                 "token_embed",
                 prompt,
-                late_interaction=state.engine.is_late_interaction,
+                recipe_edits_tokens=state.engine.recipe_edits_tokens,
                 lower_case=state.model_config.do_lower_case,
             )
         except late_chunking.LateChunkingError as exc:
