@@ -207,7 +207,8 @@ def test_vllm_metrics_count_prompts(server):
 def test_tei_metrics_under_teis_names(server):
     """TEI's dashboards read te_request_count / _success / _failure (TEI's exact names, no _total), the request
     latency and input lengths, the batches and the queue; none were there. As TEI's, the count is of bodies that
-    parsed (a token id outside the vocabulary is refused with the body), failures of all."""
+    parsed (a token id outside the vocabulary is refused with the body), failures of those and refusals for
+    overload (429); single is a body's one input, batch a list."""
     names = (
         'te_request_count{method="batch"}',
         'te_request_success{method="batch"}',
@@ -218,10 +219,14 @@ def test_tei_metrics_under_teis_names(server):
     metrics = lambda: server.get("/metrics").text  # noqa: E731
     before = [_metric(metrics(), n) if n in metrics() else 0.0 for n in names]
     assert server.post("/v1/embeddings", {"input": ["Hello world", "a b c d"]}).status_code == 200
-    assert server.post("/v1/embeddings", {"input": ["fine", [999999]]}).status_code == 400
+    assert server.post("/v1/embeddings", {"input": ["fine", [999999]]}).status_code == 400  # the body's: not counted
+    assert server.post("/v1/embeddings", {"input": ["a", "b"], "dimensions": 100}).status_code == 400  # counted
+    assert server.post("/nowhere", {"input": "x"}).status_code == 404  # not a pooling request
+    assert server.post("/v1/embeddings", {"input": "one"}).status_code == 200
     text = metrics()
     after = [_metric(text, n) for n in names]
-    assert [b - a for a, b in zip(before, after)] == [1, 1, 1, 1, 4 + 6]
+    assert [b - a for a, b in zip(before, after)] == [2, 1, 1, 2, 4 + 6 + 3]
+    assert _metric(text, 'te_request_success{method="single"}') >= 1
     for name in ("# TYPE te_batch_next_size histogram", "# TYPE te_batch_next_tokens histogram", "te_queue_size "):
         assert name in text, name
 

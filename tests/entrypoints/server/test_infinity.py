@@ -31,8 +31,13 @@ def test_embeddings_and_models(server, minilm_llm):
     assert embeddings.sync_detailed(client=client, body=named).status_code == 200
     wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))
     assert wrong.status_code == 404
-    image = server.post("/embeddings", {"input": ["data:image/png;base64,AAAA"], "modality": "image"})
-    assert image.status_code == 400 and image.json()["error"]["param"] == "modality"
+    for path, extra in (
+        ("/embeddings", {}),
+        ("/pooling", {}),
+        ("/v1/embeddings", {"late_chunking_params": {"chunk_size": 2}}),
+    ):
+        image = server.post(path, {"input": ["data:image/png;base64,AAAA"], "modality": "image", **extra})
+        assert image.status_code == 400 and image.json()["error"]["param"] == "modality", (path, image.text)
     listed = models.sync_detailed(client=client)
     assert listed.status_code == 200, listed.content
     assert [m.id for m in listed.parsed.data] == ["minilm", MINILM]
@@ -54,6 +59,7 @@ def test_classify_answers_per_input_label_lists(classifier):
     raw = classifier.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
     with in_process_server(classifier.engine, warmup=False) as url:
         client = Client(base_url=url)
+        assert models.sync_detailed(client=client).parsed.data[0].capabilities == ["classify"]  # no rerank
         for raw_scores, ref in ((False, want), (True, raw)):
             got = classify.sync_detailed(client=client, body=ClassifyInput(input_=TEXTS, raw_scores=raw_scores))
             assert got.status_code == 200, got.content

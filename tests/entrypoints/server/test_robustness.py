@@ -116,6 +116,7 @@ def test_overload_gets_429_with_retry_after(tight_server):
         err = r.json()["error"]
         assert err["type"] == "TooManyRequests" and err["code"] == 429 and "limit of 2 requests" in err["message"]
         assert tight_server.get("/health").status_code == 200  # not counted
+        assert 'te_request_failure{err="overloaded"} 1.0' in tight_server.get("/metrics").text  # TEI's cause
     finally:
         for sock in stalled:
             sock.close()

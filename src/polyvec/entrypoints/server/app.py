@@ -33,7 +33,7 @@ from ... import __version__
 from ...engine.engine import Engine
 from . import protocol as P
 from .errors import APIError, error_response, json_type, validation_message
-from .metrics import ServerMetrics
+from .metrics import TE_COUNTED, ServerMetrics
 from .routes import ROUTERS, tei
 from .serving import ServerState
 
@@ -82,9 +82,6 @@ class ServerConfig:
 
 _CLOSE = {"Connection": "close"}
 """When a body stalls, the rest of it may still come: the connection cannot carry another request."""
-
-_NOT_POOLING = frozenset({"/tokenize", "/detokenize", "/ping"})
-"""POST routes whose failures TEI's te_request_failure does not count."""
 
 _BODY_SIZE = "polyvec.body_size"
 """Scope key: the size of the body the middleware read (tells an empty body from a JSON null)."""
@@ -160,8 +157,10 @@ class ServerMiddleware:
             route = getattr(scope.get("route"), "path", None)
             endpoint = route or (scope["path"] if scope["path"] in self.paths else "unmatched")
             self.metrics.requests.labels(endpoint, str(response["status"])).inc()
-            if counted and response["status"] >= 400 and response["status"] != 401 and route not in _NOT_POOLING:
-                self.metrics.on_failure(response["status"])
+            status = response["status"]
+            # TEI counts the failures of requests it counted, and its refusals for lack of capacity
+            if status >= 400 and (scope.get(TE_COUNTED) or (status == 429 and scope["method"] == "POST")):
+                self.metrics.on_failure(status)
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
     def _check_access(self, scope: Scope) -> None:

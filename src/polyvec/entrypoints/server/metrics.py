@@ -13,6 +13,9 @@ _SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TEI_DURATION_BUCKETS = tuple(1e-5 * 1.5**k for k in range(1, 36))
 _TEI_POWERS = tuple(float(2**k) for k in range(21))
 
+TE_COUNTED = "polyvec.te_counted"
+"""Scope key: the request reached a pooling handler and is in te_request_count (so its failure counts, as TEI's)."""
+
 
 class ServerMetrics:
     def __init__(self, queue_depth, pending, model_name: str = ""):
@@ -101,9 +104,10 @@ class ServerMetrics:
             {429: "overloaded", 499: "dropped"}.get(status, "validation" if status < 500 else "inference")
         ).inc()
 
-    def on_request(self, prompt_tokens: list[int], seconds: float) -> None:
-        """One HTTP request's engine work done: its prompts' token counts and the time since it was received."""
-        self.te_success.labels("single" if len(prompt_tokens) == 1 else "batch").inc()
+    def on_request(self, prompt_tokens: list[int], seconds: float, method: str = "batch") -> None:
+        """One HTTP request's engine work done: its prompts' token counts, the time since it was received, and
+        TEI's method label (single: the body gave one input)."""
+        self.te_success.labels(method).inc()
         self.te_duration.observe(seconds)
         total = sum(prompt_tokens)
         self.prompt_tokens.inc(total)

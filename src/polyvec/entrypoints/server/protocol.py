@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -43,6 +44,12 @@ _SHAPES = {
 
 def _refuse(message: str, field: str) -> NoReturn:
     raise PydanticCustomError(INPUT_ERROR, "{message}", {"message": message, "param": field})
+
+
+def _cache_salt(value: str) -> str:
+    if not value or len(value) > 128 or any(c in "@/\\\x00" for c in value):
+        _refuse("'cache_salt' must be 1 to 128 characters, none of '@', '/', '\\' or NUL", "cache_salt")
+    return value
 
 
 def _check_token(value: Any, where: str, field: str) -> None:
@@ -159,8 +166,9 @@ class VLLMCompatFields(StrictModel):
     """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
     request_id: str | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
-    cache_salt: Annotated[str, Field(min_length=1)] | None = None
-    """Accepted for vLLM compatibility (a non-empty string, as vLLM checks it); ignored."""
+    cache_salt: Annotated[str, AfterValidator(_cache_salt)] | None = None
+    """Accepted for vLLM compatibility and checked as vLLM checks it (1 to 128 characters, none of @ / \\ NUL);
+    ignored."""
     mm_processor_kwargs: dict[str, Any] | None = None
     """Accepted for vLLM compatibility: text-only models ignore it; image models refuse it (400), their resize
     budget is the server's --mm-processor-kwargs."""

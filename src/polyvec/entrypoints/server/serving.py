@@ -33,7 +33,7 @@ from . import protocol as P
 from .async_engine import AsyncEngine
 from .encoding import VectorJSONResponse, encode_bytes, encode_json
 from .errors import APIError, shorten
-from .metrics import ServerMetrics
+from .metrics import TE_COUNTED, ServerMetrics
 
 if TYPE_CHECKING:  # app.py imports the routes, which import this module
     from .app import ServerConfig
@@ -170,7 +170,14 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | 
     the model's own prompt."""
     check_processor_kwargs(state, req)
     if req.messages is None:
-        return prompts_of(state, req.input), req.add_special_tokens, None
+        prompts = prompts_of(state, req.input)
+        if getattr(req, "modality", None) == "image":  # Infinity's: each input string is an image
+            if state.model_config.colqwen2 is None:
+                raise APIError(400, "modality 'image' needs an image model; this server embeds text", "modality")
+            if not all(isinstance(p, str) for p in prompts):
+                raise APIError(400, "modality 'image' takes image URLs as 'input' strings", "input")
+            prompts = [image_url(p, f"'input' item {i}", "input") for i, p in enumerate(prompts)]
+        return prompts, req.add_special_tokens, None
     conversations = req.conversations() if isinstance(req, P.EmbeddingRequest) else [req.messages]
     batched = conversations is req.messages  # a list of conversations, not one wrapped
     image_model = state.model_config.colqwen2 is not None
@@ -340,12 +347,16 @@ async def run_pooling(
     task_param: str | None = None,
     names: dict[str, str] | None = None,
     too_long_hint: str | None = None,
+    single: bool = False,
     **kwargs: Any,
 ) -> list:
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
-    input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any)."""
+    input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any).
+    `single`: the body gave one input, not a list (TEI's metrics tell them apart)."""
     start = time.perf_counter()
-    state.metrics.te_count.labels("single" if len(prompts) == 1 else "batch").inc()
+    method = "single" if single else "batch"
+    state.metrics.te_count.labels(method).inc()
+    raw.scope[TE_COUNTED] = True
     requests = await process_prompts(
         state,
         prompts,
@@ -360,7 +371,7 @@ async def run_pooling(
     )
     check_limits(state, requests, field, locate)
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
-    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start)
+    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start, method)
     return outputs
 
 

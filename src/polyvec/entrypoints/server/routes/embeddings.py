@@ -17,7 +17,6 @@ from ..serving import (
     State,
     check_model,
     encoded_response,
-    image_url,
     pooling_params,
     request_prompts,
     run_pooling,
@@ -48,12 +47,6 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     # model's on a server whose pooling task is token_embed (vLLM serves its token-embed route here then).
     multi = state.engine.is_late_interaction or state.model_config.pooler_config.task == "token_embed"
     prompts, add_special_tokens, locate = request_prompts(state, req)
-    if req.modality == "image":  # Infinity's: each input string is an image
-        if state.model_config.colqwen2 is None:
-            raise APIError(400, "modality 'image' needs an image model; this server embeds text", "modality")
-        if not all(isinstance(p, str) for p in prompts):
-            raise APIError(400, "modality 'image' takes image URLs as 'input' strings", "input")
-        prompts = [image_url(p, f"'input' item {i}", "input") for i, p in enumerate(prompts)]
     outputs = await run_pooling(
         state,
         raw,
@@ -64,6 +57,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         truncation_side=req.truncation_side,
         padding=req.padding,
         locate=locate,
+        single=isinstance(req.input, str),
     )
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
@@ -118,7 +112,14 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
         except ValueError as exc:
             raise APIError(400, f"'input' item {i}: {exc}", "input") from None
     outputs = await run_pooling(
-        state, raw, prompts, given, "token_embed", add_special_tokens=add_special_tokens, truncation="error"
+        state,
+        raw,
+        prompts,
+        given,
+        "token_embed",
+        add_special_tokens=add_special_tokens,
+        truncation="error",
+        single=isinstance(req.input, str),
     )
     data = []
     for i, (meta, out) in enumerate(zip(metas, outputs)):
@@ -164,6 +165,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         padding=req.padding,
         locate=locate,
         task_param="task" if req.task is not None else None,
+        single=isinstance(req.input, str),
     )
     if multi or task == "embed_sparse":
         tokenizer = state.engine.tokenizer
@@ -225,6 +227,7 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
         truncation_side=req.truncation_side,
         padding=req.padding,
         locate=locate,
+        single=isinstance(req.input, str),
     )
     id2label = state.model_config.id2label
     tokens = sum(len(o.prompt_token_ids) for o in outputs)

@@ -333,14 +333,15 @@ async def _run(
     prompt_name: str | None = None,
     field: str = "inputs",
     locate: Callable[[int], tuple[str, str]] | None = None,
+    single: bool = False,
 ) -> list:
-    """`run_pooling` with TEI's truncate, truncation_direction and prompt_name."""
+    """`run_pooling` with TEI's truncate, truncation_direction and prompt_name (`single`: one input, not a list)."""
     kwargs, long_input = _truncation(options.truncate, options.truncation_direction)
     prompt = _prompt_text(state, prompt_name)
     if prompt is not None:
         prompts = await state.async_engine.call(_prompted, state.engine, prompts, prompt)
     params = _with_long_input(params, long_input)
-    return await run_pooling(state, raw, prompts, params, task, field=field, locate=locate, **kwargs)
+    return await run_pooling(state, raw, prompts, params, task, field=field, locate=locate, single=single, **kwargs)
 
 
 def _headers(state: ServerState, start: float, outputs: list, chars: int) -> dict[str, str]:
@@ -387,8 +388,16 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
     params = PoolingParams(use_activation=req.normalize and dims is None)  # with dimensions: normalized below
     # SPLADE (normalize false): its pooled vector over the vocabulary, dense, as TEI returns it
     task = "embed_sparse" if splade else "embed"
+    single = isinstance(req.inputs, str)
     outputs = await _run(
-        state, raw, prompts, PoolingParams() if splade else params, task, req, prompt_name=req.prompt_name
+        state,
+        raw,
+        prompts,
+        PoolingParams() if splade else params,
+        task,
+        req,
+        prompt_name=req.prompt_name,
+        single=single,
     )
     vectors = []
     for o in outputs:
@@ -412,7 +421,8 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     # are bge-m3's, its token_embed output (projected, without [CLS]: un-normalized they were neither form)
     multi_vector = state.engine.is_late_interaction or state.model_config.bge_m3 is not None
     params = PoolingParams(use_activation=None if multi_vector else False)
-    outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name)
+    single = isinstance(req.inputs, str)
+    outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name, single=single)
     matrices = [float_array(o.outputs.data) for o in outputs]
     return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))
 
@@ -424,7 +434,10 @@ async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State)
     if "embed_sparse" not in state.engine.supported_tasks:
         raise TEIError("Backend", "Backend error: Model is not an embedding model with SPLADE pooling")
     prompts = _embed_inputs(state, req.inputs)
-    outputs = await _run(state, raw, prompts, PoolingParams(), "embed_sparse", req, prompt_name=req.prompt_name)
+    single = isinstance(req.inputs, str)
+    outputs = await _run(
+        state, raw, prompts, PoolingParams(), "embed_sparse", req, prompt_name=req.prompt_name, single=single
+    )
     body = []
     for o in outputs:
         v = o.outputs.data
@@ -505,7 +518,7 @@ async def predict(req: T.TEIPredictRequest, raw: Request, state: State) -> Respo
         raise TEIError("Backend", "Backend error: Model is not a classifier model")
     single, prompts = _predict_inputs(state, req.inputs)
     params = PoolingParams(use_activation=False)  # TEI's activation is applied to the logits below
-    outputs = await _run(state, raw, prompts, params, "classify", req)
+    outputs = await _run(state, raw, prompts, params, "classify", req, single=single)
     id2label = state.model_config.id2label
     results = [_predictions(o.outputs.data, id2label, req.raw_scores) for o in outputs]
     body = results[0] if single else results

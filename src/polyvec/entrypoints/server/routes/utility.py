@@ -187,7 +187,9 @@ async def infinity_models(state: State) -> dict[str, Any]:
     tasks = state.engine.supported_tasks
     capabilities = ["embed"] if {"embed", "token_embed"} & set(tasks) else []
     capabilities += ["classify"] if "classify" in tasks else []
-    capabilities += ["rerank"] + (["image_embed"] if state.model_config.colqwen2 is not None else [])
+    if state.engine.is_cross_encoder or {"embed", "token_embed"} & set(tasks):  # what /rerank can score
+        capabilities.append("rerank")
+    capabilities += ["image_embed"] if state.model_config.colqwen2 is not None else []
     created = int(time.time())
     return {
         "object": "list",
