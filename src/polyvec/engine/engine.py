@@ -44,7 +44,6 @@ __all__ = ["DEFAULT_KV_CACHE_BYTES", "Engine", "EngineStats", "Prompt"]  # Promp
 logger = logging.getLogger(__name__)
 
 
-@dataclass
 class FinishError(Exception):
     """A batch ran, but some of its requests' outputs failed to form: `finished` holds the outputs that did
     (the others' of the batch), `failed` each failing request's last chunk and its error."""
@@ -54,6 +53,7 @@ class FinishError(Exception):
         self.finished, self.failed = finished, failed
 
 
+@dataclass
 class EngineStats:
     num_batches: int = 0
     num_batched_tokens: int = 0

@@ -102,8 +102,9 @@ class Scheduler(Generic[R]):
         self.waiting = deque(r for r in self.waiting if r.request_id not in request_ids)
         self.running = [r for r in self.running if r.request_id not in request_ids]
         with self._kv_lock:
-            self._deferred |= request_ids & self._in_flight
-        for rid in request_ids - self._in_flight:
+            running = request_ids & self._in_flight
+            self._deferred |= running
+        for rid in request_ids - running:
             self.release(rid)
         return before - len(self.waiting) - len(self.running)
 

@@ -184,12 +184,15 @@ def _card(state: ServerState, name: str) -> dict[str, Any]:
 )
 async def infinity_models(state: State) -> dict[str, Any]:
     """Infinity's model list (its clients call /models): each name with what it can do."""
-    tasks = state.engine.supported_tasks
-    capabilities = ["embed"] if {"embed", "token_embed"} & set(tasks) else []
-    capabilities += ["classify"] if "classify" in tasks else []
-    if state.engine.is_cross_encoder or {"embed", "token_embed"} & set(tasks):  # what /rerank can score
-        capabilities.append("rerank")
-    capabilities += ["image_embed"] if state.model_config.colqwen2 is not None else []
+    tasks = set(state.engine.supported_tasks)
+    embeds = bool({"embed", "token_embed"} & tasks)
+    has = {
+        "embed": embeds,
+        "classify": "classify" in tasks,
+        "rerank": embeds or state.engine.is_cross_encoder,  # what /rerank can score
+        "image_embed": state.model_config.colqwen2 is not None,
+    }
+    capabilities = [name for name, yes in has.items() if yes]
     created = int(time.time())
     return {
         "object": "list",
