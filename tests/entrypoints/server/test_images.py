@@ -55,6 +55,12 @@ def test_pooling_and_embeddings_take_data_urls(served):
     assert emb["input_type"] == "document"
     chat = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(images[1])}}]}]}
     _close(s.post("/v1/embeddings", chat).json()["data"][0]["embedding"], want[1])
+    # Infinity's modality "image": the input strings are images (its clients send data: or http(s) URLs)
+    infinity = s.post("/embeddings", {"input": [_url(im) for im in images], "modality": "image", "dimensions": 0})
+    for item, w in zip(infinity.json()["data"], want):
+        _close(item["embedding"], w)
+    not_image = s.post("/embeddings", {"input": ["a page"], "modality": "image"})
+    assert not_image.status_code == 400 and "'input' item 0: images must be base64 data: URLs" in not_image.text
     q = llm.token_embed("what is flutter?", PoolingParams(input_type="query"), use_tqdm=False)[0].outputs.data
     body = s.post("/v1/embeddings", {"input": "what is flutter?", "input_type": "query"}).json()["data"][0]
     _close(body["embedding"], q)
