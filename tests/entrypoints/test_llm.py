@@ -332,3 +332,43 @@ def test_vllm_keywords_lora_request_and_integer_settings(minilm_llm):
     for name, value in (("max_num_seqs", "4"), ("max_num_batched_tokens", 512.0), ("num_threads", True)):
         with pytest.raises(ValueError, match=f"{name} must be an integer, got {value!r}"):
             EngineConfig(**{name: value})
+
+
+def test_calls_on_one_llm_interleave_and_failures_leave_nothing_queued(minilm_path):
+    """Another call on the same LLM while an iter_encode stream is open runs the stream's queued requests too:
+    their outputs wait for the stream (it spun for ever on outputs the other call had thrown away). A progress
+    bar that fails to start leaves nothing queued (the requests went in before it)."""
+    llm = LLM(str(minilm_path), dtype="float32", max_num_seqs=2)
+    texts = [f"passage {i} about wing flutter" for i in range(12)]
+    want = [o.outputs.data for o in llm.embed(texts, use_tqdm=False)]
+    it = llm.iter_encode(iter(texts), max_in_flight=10)
+    other = llm.iter_encode(iter(texts[::-1]), max_in_flight=4)
+    got = [next(it).outputs.data, next(other).outputs.data]
+    assert llm.embed("query", use_tqdm=False)[0].outputs.data.shape == (384,)  # runs the streams' requests too
+    got += [o.outputs.data for o in it] + [o.outputs.data for o in other]
+    for g, w in zip(got[:1] + got[2:13], want):
+        assert torch.allclose(g, w, atol=1e-6)
+    for g, w in zip([got[1]] + got[13:], want[::-1]):
+        assert torch.allclose(g, w, atol=1e-6)
+    assert not llm.engine.has_unfinished_requests() and not llm._finished
+
+    def bar(total):  # not tqdm's signature
+        return None
+
+    with pytest.raises(TypeError, match="desc"):
+        llm.embed(["a", "b"], use_tqdm=bar)
+    assert not llm.engine.has_unfinished_requests()
+    assert [len(o.prompt_token_ids) for o in llm.iter_encode("hello")] == [3]  # one prompt, not its characters
+    with pytest.raises(TypeError, match="prompt 2 must be a string"):
+        list(llm.iter_encode(iter(["a", "b", 7])))
+    assert not llm.engine.has_unfinished_requests() and not llm._finished
+
+
+def test_score_takes_tokenization_kwargs_and_one_pooling_params(minilm_llm):
+    """vLLM's LLM.score(..., tokenization_kwargs=...) (a TypeError); a list of PoolingParams is refused by name."""
+    cut = minilm_llm.score("a b c d e", ["f g h i j"], tokenization_kwargs={"truncation": True, "max_length": 3})
+    q, d = (minilm_llm.embed(t, truncate_prompt_tokens=3, use_tqdm=False)[0] for t in ("a b c d e", "f g h i j"))
+    want = torch.nn.functional.cosine_similarity(q.outputs.data, d.outputs.data, dim=0).item()
+    assert cut[0].outputs.score == pytest.approx(want, abs=1e-5) and len(cut[0].prompt_token_ids) == 3 + 1 + 3
+    with pytest.raises(TypeError, match="score\\(\\) takes one PoolingParams for every pair, not list"):
+        minilm_llm.score("a", ["b"], pooling_params=[PoolingParams()])

@@ -146,6 +146,9 @@ class LLM:
                 pooler_config = dataclasses.replace(pooler_config or PoolerConfig(), task=task)
             logger.warning("task=%r is vLLM's deprecated form of pooler_config task=%r (convert=%r)", kwargs["task"],
                            task, convert)  # fmt: skip
+        # Outputs the engine finished, until the call that submitted them takes them: a step runs every queued
+        # request, also those of another call on this LLM (an open iter_encode while embed() runs).
+        self._finished: dict[str, PoolingRequestOutput] = {}
         self.engine = create_engine(
             model,
             dtype=dtype,
@@ -178,7 +181,7 @@ class LLM:
     def from_engine(cls, engine: Engine) -> LLM:
         """An LLM over an engine built elsewhere (`polyvec.engine.factory.create_engine`)."""
         llm = cls.__new__(cls)
-        llm.engine, llm.model_config = engine, engine.model_config
+        llm.engine, llm.model_config, llm._finished = engine, engine.model_config, {}
         return llm
 
     @property
@@ -226,28 +229,28 @@ class LLM:
                 for i, p in enumerate(per_prompt)
             ]
         requests = self.engine.process(prompts, params, task, **options)
-        self.engine.add_requests(requests)
-        done: dict[str, PoolingRequestOutput] = {}
+        ids = [r.request_id for r in requests]
         bar = None
-        if use_tqdm and len(requests) > 1:
+        if use_tqdm and len(requests) > 1:  # made before the requests are queued: a failing factory leaves none
             from tqdm.auto import tqdm
 
             factory = use_tqdm if callable(use_tqdm) else tqdm
             bar = factory(total=len(requests), desc="Processed prompts", dynamic_ncols=True)
         try:
-            while self.engine.has_unfinished_requests():
-                finished = self.engine.step()
-                for out in finished:
-                    done[out.request_id] = out
+            self.engine.add_requests(requests)
+            left = set(ids)
+            while left:
+                mine = left.intersection(self._step())
+                left -= mine
                 if bar is not None:
-                    bar.update(len(finished))
+                    bar.update(len(mine))
         except BaseException:
-            self.engine.abort_requests({r.request_id for r in requests})
+            self._drop(ids)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        outputs = [done[r.request_id] for r in requests]
+        outputs = [self._finished.pop(rid) for rid in ids]
         for i, (_, chunking) in late.items():
             out, enc = outputs[i], encodings[i]
             special = [bool(m) for m in enc.special_tokens_mask]
@@ -255,6 +258,22 @@ class LLM:
                 len(out.prompt_token_ids), list(enc.offsets), special, chunking.chunk_size
             )
         return outputs
+
+    def _step(self) -> list[str]:
+        """One engine step; its outputs go to the mailbox (whichever call's they are); returns their ids."""
+        if not self.engine.has_unfinished_requests():
+            raise RuntimeError("requests of this call were lost: none is queued and none finished")
+        finished = self.engine.step()
+        for out in finished:
+            self._finished[out.request_id] = out
+        return [out.request_id for out in finished]
+
+    def _drop(self, ids: Iterable[str]) -> None:
+        """A call stopped early or failed: its queued requests and its finished outputs go."""
+        ids = set(ids)
+        self.engine.abort_requests(ids)
+        for rid in ids:
+            self._finished.pop(rid, None)
 
     def _late_chunking(self, prompts: list, params, task) -> dict[int, tuple[str, LateChunkingParams]]:
         """Prompts whose params ask for late chunking: index → (text, params); checked as vLLM does."""
@@ -295,10 +314,10 @@ class LLM:
         _check_return_tokens(pooling_params)
         if truncate_prompt_tokens is not None:
             pooling_params = _with_truncation(pooling_params, truncate_prompt_tokens)
-        source = iter(prompts)
+        one = isinstance(prompts, (str, dict)) or is_image_object(prompts)  # one prompt, not characters or keys
+        source = iter(cast(Iterable[Prompt], [prompts] if one else prompts))
         slice_size = max(1, min(max_in_flight // 2, 1024))
         order: deque[str] = deque()  # request ids not yet yielded, in input order
-        done: dict[str, PoolingRequestOutput] = {}
         exhausted = False
         try:
             while True:
@@ -307,20 +326,19 @@ class LLM:
                     if not chunk:
                         exhausted = True
                         break
+                    _check_prompts(chunk, first=len(order))
                     requests = self.engine.process(chunk, pooling_params, pooling_task)
                     self.engine.add_requests(requests)
                     order.extend(r.request_id for r in requests)
-                while order and order[0] in done:
-                    yield done.pop(order.popleft())
+                while order and order[0] in self._finished:
+                    yield self._finished.pop(order.popleft())
                 if not order and exhausted:
                     return
-                if not order:
-                    continue
-                for out in self.engine.step():
-                    done[out.request_id] = out
+                if order:
+                    self._step()
         finally:
             if order:  # the consumer stopped early or something raised: drop what is still queued
-                self.engine.abort_requests(set(order))
+                self._drop(order)
 
     # ------------------------------------------------------------------------------------------ tasks
 
@@ -443,12 +461,16 @@ class LLM:
         use_tqdm: bool | Callable = True,
         pooling_params: PoolingParams | None = None,
         chat_template: str | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[ScoringRequestOutput]:
         """Similarity of text pairs (1:1, 1:N, N:N): cosine of the embeddings for embedding models, the
         classifier's score of the joint (text_1, text_2) input for cross-encoders (one-label classifiers),
         MaxSim of query-mode text_1 against document-mode text_2 for late-interaction (ColBERT) models.
         `chat_template` (vLLM's): a cross-encoder's pair rendered through it as messages of roles "query" and
-        "document" (the Qwen3-Reranker template), a file path or the template itself."""
+        "document" (the Qwen3-Reranker template), a file path or the template itself. `tokenization_kwargs` as for
+        encode() (vLLM's: e.g. truncation and max_length)."""
+        if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"score() takes one PoolingParams for every pair, not {type(pooling_params).__name__}")
         for name in ("token_encoding", "muvera", "late_chunking_params"):  # codes or chunks would be scored as vectors
             value = None if pooling_params is None else getattr(pooling_params, name)
             if value is not None and not (name == "muvera" and value is False):
@@ -476,7 +498,8 @@ class LLM:
             ),
         )
         try:
-            outs = self._run(plan.prompts, plan.params(pooling_params), plan.task, truncate_prompt_tokens, use_tqdm)
+            params = plan.params(pooling_params)
+            outs = self._run(plan.prompts, params, plan.task, truncate_prompt_tokens, use_tqdm, tokenization_kwargs)
         except PromptError as exc:  # the caller's item, not its place in the joined prompt list
             where = plan.describe(exc.index, lambda s, i: f"data_{s + 1} item {i}")
             raise ValueError(where + exc.detail) from None
@@ -542,12 +565,17 @@ def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
     items = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [cast(list[int], items)]  # one prompt given as token ids
-    for i, p in enumerate(items):
+    _check_prompts(items)
+    return cast(list[Prompt], items)  # no bare token ids left: the check rejects them
+
+
+def _check_prompts(items: list, first: int = 0) -> None:
+    """TypeError naming the first item (counted from `first`) that is no prompt."""
+    for i, p in enumerate(items, first):
         if not isinstance(p, (str, dict, list, tuple)) and not is_image_object(p):
             raise TypeError(
                 f"prompt {i} must be a string, a list of token ids, a prompt dict or an image, not {type(p).__name__}"
             )
-    return cast(list[Prompt], items)  # no bare token ids left: the loop rejects them
 
 
 def _with_truncation(params, truncate: int):
