@@ -172,11 +172,15 @@ def pair_composer(
     template: str | None,
     special_tokens: dict[str, str] | None = None,
     variables: dict[str, Any] | None = None,
+    fit_to: tuple[Any, int] | None = None,
 ) -> Compose | None:
     """How a cross-encoder joins a pair of texts, as vLLM 0.34 does: through a chat template given explicitly
     (`--chat-template`, `LLM.score(chat_template=)`: messages of roles "query" and "document", e.g. the
     Qwen3-Reranker template), else, for an LLM served as reranker (`use_sep_token` false, what vLLM's `method`
-    recipes set), the two texts joined without a separator; None: the tokenizer's text pair."""
+    recipes set), the two texts joined without a separator; None: the tokenizer's text pair. `fit_to`: a
+    `tokenizers.Tokenizer` and the most tokens a prompt may have: a rendered pair longer than that has its
+    document cut so that it fits, the template's words after the document kept (cut from the end, they would be
+    lost, and the score read in the middle of the document)."""
     if template is not None:
         from .chat import render
 
@@ -195,7 +199,22 @@ def pair_composer(
                 **options,
             )
 
-        return rendered
+        if fit_to is None:
+            return rendered
+        tokenizer, most = fit_to
+
+        def fitted(query: str, document: str) -> str:
+            text = rendered(query, document)
+            for _ in range(3):  # a cut can tokenize a little differently: measured again
+                over = len(tokenizer.encode(text).ids) - most
+                keep = len(tokenizer.encode(document, add_special_tokens=False).ids) - over
+                if over <= 0 or keep < 1:  # fits, or cannot without the whole document: the engine's policy
+                    break
+                document = truncate_text(document, tokenizer, keep)
+                text = rendered(query, document)
+            return text
+
+        return fitted
     if not hf_config.get("use_sep_token", True):
         return lambda query, document: query + document
     return None

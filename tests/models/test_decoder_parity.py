@@ -287,6 +287,12 @@ def test_qwen3_embedding_layout_with_instruction_prompts(tmp_path, minilm_path):
         assert cosine_rows(got, ref).min().item() >= 0.9999
     plain = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
     assert cosine_rows(plain, ref).min().item() >= 0.9999  # the document prompt is empty
+    # token ids cannot take the query prompt: refused by name (the document embedding came back, silently)
+    ids = {"prompt_token_ids": llm.embed(texts[0], use_tqdm=False)[0].prompt_token_ids}
+    with pytest.raises(ValueError, match="prompt 0: input_type='query' puts the model's 'query' prompt before a text"):
+        llm.embed([ids], PoolingParams(input_type="query"), use_tqdm=False)
+    assert torch.allclose(llm.embed([ids], PoolingParams(input_type="document"), use_tqdm=False)[0].outputs.data,
+                          plain[0], atol=1e-5)  # fmt: skip
 
 
 def test_requests_wait_when_the_kv_cache_is_full(tmp_path, minilm_path):
@@ -368,3 +374,26 @@ def test_late_chunking_over_chunked_prefill_and_a_cached_prefix(tmp_path, minilm
     assert first.outputs.data.shape == want.shape and cosine_rows(first.outputs.data, want).min() >= 0.9999
     again = llm.token_embed(text, params, use_tqdm=False)[0]  # its prefix now cached
     assert again.num_cached_tokens > 0 and torch.allclose(again.outputs.data, first.outputs.data, atol=1e-5)
+
+
+def test_a_templated_pair_too_long_has_its_document_cut_not_the_template(tmp_path, minilm_path):
+    """A rendered reranker prompt over max_model_len lost its end, the template's words after the document (the
+    Qwen3-Reranker template's assistant turn), so the yes/no logit was read inside the document; the document is
+    cut so that the whole prompt fits (as Qwen3-Reranker's own usage truncates), the template kept."""
+    model = save_decoder("qwen3", "ForCausalLM", tmp_path, minilm_path)
+    template = RERANK_TEMPLATE + "\n<Judge>: is the document relevant? answer yes or no"
+    llm = LLM(str(tmp_path), dtype="float32", hf_overrides=QWEN3_RERANKER, max_model_len=48)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    no, yes = tok.token_to_id("no"), tok.token_to_id("yes")
+    query, doc = "what is the capital of china?", "the capital of china is beijing. " * 20
+    (out,) = llm.score(query, [doc], use_tqdm=False, chat_template=template)
+    ids = out.prompt_token_ids
+    text = tok.decode(ids)  # lowercased: MiniLM's vocabulary
+    assert 40 <= len(ids) <= 48 and text.endswith("answer yes or no") and "< document > : the capital" in text, text
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    assert out.outputs.score == pytest.approx(torch.sigmoid(logits[yes] - logits[no]).item(), abs=1e-5)

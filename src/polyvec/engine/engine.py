@@ -99,7 +99,7 @@ class Engine:
                 "KV cache: %d tokens (%.1f MiB); prefix caching %s",
                 self.kv_cache_tokens,
                 self.kv_cache_tokens * per_token / 2**20,
-                "on" if self.prefix_cache else "off",
+                "on" if self.prefix_cache is not None else "off",  # an empty cache is falsy (its __len__)
             )
         self.scheduler: Scheduler[Request] = Scheduler(
             engine_config.max_num_batched_tokens,

@@ -236,6 +236,12 @@ class InputProcessor:
                 text_groups.setdefault((max_len, truncate, add_special), []).append(i)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
+                if p.input_type is not None and self._with_prompt("", p):  # asked for, it would be silently lost
+                    raise PromptError(
+                        i,
+                        f": input_type={p.input_type!r} puts the model's {p.input_type!r} prompt before a text; "
+                        "token ids cannot take it (send the text, or the prompt's ids with yours)",
+                    )
                 tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
         for (max_len, truncate, add_special), members in text_groups.items():
             try:

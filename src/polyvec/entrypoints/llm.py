@@ -486,6 +486,9 @@ class LLM:
         data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
         template = None if chat_template is None else load_template(chat_template)
+        # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
+        fits = self.engine.engine_config.truncation == "auto" and truncate_prompt_tokens is None
+        fit_to = (tok, self.model_config.max_model_len) if fits and not tokenization_kwargs else None
         plan = plan_scores(
             data_1,
             data_2,
@@ -494,7 +497,10 @@ class LLM:
             late_interaction=self.engine.scores_by_maxsim,
             names=("data_1", "data_2"),
             compose=pair_composer(
-                self.model_config.hf_config, template, special_tokens_map(self.model_config.tokenizer_path.parent)
+                self.model_config.hf_config,
+                template,
+                special_tokens_map(self.model_config.tokenizer_path.parent),
+                fit_to=fit_to,
             ),
         )
         try:
