@@ -205,13 +205,19 @@ def pair_composer(
 
         def fitted(query: str, document: str) -> str:
             text = rendered(query, document)
-            for _ in range(3):  # a cut can tokenize a little differently: measured again
+            for _ in range(6):  # the document first, then the query; a cut can tokenize a little differently
                 over = len(tokenizer.encode(text).ids) - most
-                keep = len(tokenizer.encode(document, add_special_tokens=False).ids) - over
-                if over <= 0 or keep < 1:  # fits, or cannot without the whole document: the engine's policy
-                    break
-                document = truncate_text(document, tokenizer, keep)
+                if over <= 0:
+                    return text
+                doc = len(tokenizer.encode(document, add_special_tokens=False).ids)
+                if doc:
+                    document = truncate_text(document, tokenizer, max(doc - over, 0))
+                else:
+                    kept = len(tokenizer.encode(query, add_special_tokens=False).ids) - over
+                    query = truncate_text(query, tokenizer, max(kept, 0))
                 text = rendered(query, document)
+            if len(tokenizer.encode(text).ids) > most:
+                raise ValueError(f"the chat template's own words exceed max_model_len={most}: no pair can fit")
             return text
 
         return fitted

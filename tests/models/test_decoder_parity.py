@@ -397,3 +397,8 @@ def test_a_templated_pair_too_long_has_its_document_cut_not_the_template(tmp_pat
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
     assert out.outputs.score == pytest.approx(torch.sigmoid(logits[yes] - logits[no]).item(), abs=1e-5)
+    # a query that leaves the document no room: the document goes, then the query is cut; the end stays
+    (long_query,) = llm.score(query * 4, ["beijing is the capital."], use_tqdm=False, chat_template=template)
+    assert len(long_query.prompt_token_ids) <= 48 and tok.decode(long_query.prompt_token_ids).endswith("yes or no")
+    with pytest.raises(ValueError, match="the chat template's own words exceed max_model_len=48"):
+        llm.score(query, [doc], use_tqdm=False, chat_template=template + " filler" * 60)

@@ -20,7 +20,7 @@ import torch
 from .. import late_chunking
 from ..chat import load_template
 from ..config import LongInput, PoolerConfig, Quantization, Truncation
-from ..engine.engine import Engine, Prompt
+from ..engine.engine import Engine, FinishError, Prompt
 from ..engine.factory import create_engine
 from ..engine.input_processor import PromptError
 from ..late_chunking import LateChunkingParams
@@ -262,8 +262,13 @@ class LLM:
     def _step(self) -> list[str]:
         """One engine step; its outputs go to the mailbox (whichever call's they are); returns their ids."""
         if not self.engine.has_unfinished_requests():
-            raise RuntimeError("requests of this call were lost: none is queued and none finished")
-        finished = self.engine.step()
+            raise RuntimeError("requests of this call were lost: a step that ran them failed (in this or another call)")
+        try:
+            finished = self.engine.step()
+        except FinishError as exc:  # the outputs that did form wait for their calls
+            for out in exc.finished:
+                self._finished[out.request_id] = out
+            raise
         for out in finished:
             self._finished[out.request_id] = out
         return [out.request_id for out in finished]
@@ -318,7 +323,7 @@ class LLM:
         source = iter(cast(Iterable[Prompt], [prompts] if one else prompts))
         slice_size = max(1, min(max_in_flight // 2, 1024))
         order: deque[str] = deque()  # request ids not yet yielded, in input order
-        exhausted = False
+        exhausted, read = False, 0
         try:
             while True:
                 while not exhausted and len(order) + slice_size <= max_in_flight:
@@ -326,7 +331,8 @@ class LLM:
                     if not chunk:
                         exhausted = True
                         break
-                    _check_prompts(chunk, first=len(order))
+                    _check_prompts(chunk, first=read)
+                    read += len(chunk)
                     requests = self.engine.process(chunk, pooling_params, pooling_task)
                     self.engine.add_requests(requests)
                     order.extend(r.request_id for r in requests)
