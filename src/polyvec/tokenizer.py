@@ -53,11 +53,15 @@ def _cut(seq: list[int], max_length: int, left: bool) -> list[int]:
     return seq[max(len(seq) - max_length, 0) :] if left else seq[:max_length]
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    """A tokenizer's JSON settings file ({} when there is none)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def _wordpiece_options(folder: Path) -> dict[str, Any]:
     """A vocab.txt-only BERT tokenizer's settings from tokenizer_config.json, with transformers' BertTokenizer
     defaults (lowercase, accents stripped when lowercasing, CJK characters split)."""
-    cfg_file = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    cfg = _read_config(folder / "tokenizer_config.json")
     return {
         "lowercase": bool(cfg.get("do_lower_case", True)),
         "strip_accents": cfg.get("strip_accents"),
@@ -69,10 +73,7 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
 def special_tokens_map(folder: Path) -> dict[str, str]:
     """bos_token, cls_token, mask_token, ... of the tokenizer in `folder` (special_tokens_map.json, then
     tokenizer_config.json, as transformers' special_tokens_map)."""
-    config: dict[str, Any] = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / name).is_file():
-            config.update(json.loads((folder / name).read_text(encoding="utf-8")))
+    config = {**_read_config(folder / "special_tokens_map.json"), **_read_config(folder / "tokenizer_config.json")}
     tokens = {}
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict):
@@ -101,8 +102,7 @@ class PolyTokenizer:
         self._lock = threading.Lock()
         self.do_lower_case = do_lower_case
         self.model_max_length = model_max_length
-        cfg_file = path.parent / "tokenizer_config.json"
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+        cfg = _read_config(path.parent / "tokenizer_config.json")
         # transformers' decode: the WordPiece-era clean-up where the config asks for it (never on BPE, unless forced)
         self.clean_up_spaces = bool(cfg.get("clean_up_tokenization_spaces")) and (
             type(base.model).__name__ != "BPE"

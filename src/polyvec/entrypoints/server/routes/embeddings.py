@@ -13,14 +13,7 @@ from ....late_chunking import LateChunkingParams
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
-from ..serving import (
-    State,
-    check_model,
-    encoded_response,
-    pooling_params,
-    request_prompts,
-    run_pooling,
-)
+from ..serving import State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
 
 router = APIRouter()
 

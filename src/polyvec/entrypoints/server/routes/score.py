@@ -120,13 +120,17 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         order = order[: req.top_n]
     results = []
     given = req._given_documents  # Cohere v1's objects read through rank_fields: returned as sent
-    infinity = req.raw_scores is not None  # Infinity's body: documents only when asked, as strings
-    returned = req.return_documents if infinity and "return_documents" in req.model_fields_set else not infinity
+    infinity = req.raw_scores is not None  # Infinity's body: documents only when asked for, as strings
+    shown = (
+        bool(req.return_documents and "return_documents" in req.model_fields_set)
+        if infinity
+        else (req.return_documents is not False)
+    )
     for i in order:
         item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-        if infinity and returned:
+        if shown and infinity:
             item["document"] = req.documents[i]
-        elif returned and req.return_documents is not False:
+        elif shown:
             item["document"] = (
                 given[i] if given is not None and isinstance(given[i], dict) else {"text": req.documents[i]}
             )
