@@ -21,6 +21,10 @@ import torch.nn.functional as F
 from .multimodal.image import is_image_object, is_image_prompt
 
 
+class TemplateTooLong(ValueError):
+    """A reranker's chat template alone is longer than max_model_len: no pair can fit."""
+
+
 class SideError(ValueError):
     """Score sides that do not fit together; `side` (0 or 1) is the one an error names."""
 
@@ -217,7 +221,7 @@ def pair_composer(
                     query = truncate_text(query, tokenizer, max(kept, 0))
                 text = rendered(query, document)
             if len(tokenizer.encode(text).ids) > most:
-                raise ValueError(f"the chat template's own words exceed max_model_len={most}: no pair can fit")
+                raise TemplateTooLong(f"the chat template's own words exceed max_model_len={most}: no pair can fit")
             return text
 
         return fitted

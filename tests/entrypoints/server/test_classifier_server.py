@@ -158,11 +158,15 @@ def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):
     from tests.models.test_decoder_parity import QWEN3_RERANKER, RERANK_TEMPLATE, save_decoder
 
     save_decoder("qwen3", "ForCausalLM", tmp_path / "m", minilm_path)
-    (tmp_path / "rerank.jinja").write_text(RERANK_TEMPLATE)
+    template = RERANK_TEMPLATE + "\n<Judge>: is the document relevant? answer yes or no"  # words after the document
+    (tmp_path / "rerank.jinja").write_text(template)
     llm = LLM(str(tmp_path / "m"), dtype="float32", hf_overrides=QWEN3_RERANKER)
     query, docs = "capital of china", ["beijing is the capital", "gravity is a force"]
-    want = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=RERANK_TEMPLATE)]
+    want = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False, chat_template=template)]
     plain = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    long_doc = "the capital of china is beijing. " * 80  # over max_model_len: cut so that the template's end stays
+    (fitted,) = llm.score(query, [long_doc], use_tqdm=False, chat_template=template)
+    assert len(fitted.prompt_token_ids) == llm.model_config.max_model_len
     s = Server(
         str(tmp_path / "m"),
         "--hf-overrides",
@@ -173,6 +177,11 @@ def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):
     try:
         scores = httpx.post(s.url + "/score", json={"text_1": query, "text_2": docs}).json()
         assert [d["score"] for d in scores["data"]] == pytest.approx(want, abs=1e-5)
+        # TEI's body on /rerank: the pair fitted as on /score (its template's end was cut off)
+        tei = httpx.post(s.url + "/rerank", json={"query": query, "texts": [*docs, long_doc], "truncate": True})
+        assert tei.status_code == 200, tei.text
+        got = {r["index"]: r["score"] for r in tei.json()}
+        assert [got[0], got[1], got[2]] == pytest.approx([*want, fitted.outputs.score], abs=1e-5)
         ranked = httpx.post(s.url + "/rerank", json={"query": query, "documents": docs, "instruction": "Find it"})
         assert ranked.status_code == 200, ranked.text
         assert {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}[0] != pytest.approx(want[0])

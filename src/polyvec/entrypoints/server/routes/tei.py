@@ -37,7 +37,7 @@ from .... import __version__
 from ....chat import ChatError
 from ....engine.engine import Engine
 from ....pooling_params import PoolingParams
-from ....scoring import pair_composer, plan_scores
+from ....scoring import TemplateTooLong, pair_composer, plan_scores
 from ....tokenizer import PolyTokenizer
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
@@ -535,15 +535,21 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         engine = state.engine
         try:
             template = state.chat_template() if state.config.chat_template else None
+            # as /score: a rendered pair over max_model_len has its text cut, not the template's end
+            cuts = req.truncate if req.truncate is not None else engine.engine_config.truncation == "auto"
+            fit_to = (engine.tokenizer._base, state.model_config.max_model_len) if cuts else None
+            compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), fit_to=fit_to)
             plan = plan_scores(
                 req.query,
                 req.texts,
                 engine.supported_tasks,
                 engine.is_cross_encoder,
                 late_interaction=engine.scores_by_maxsim,
-                compose=pair_composer(state.model_config.hf_config, template, state.special_tokens()),
+                compose=compose,
             )
         except ChatError as exc:  # the --chat-template failed on a pair (a ValueError too: named first)
+            raise TEIError("Validation", f"Input validation error: {exc}") from None
+        except TemplateTooLong as exc:
             raise TEIError("Validation", f"Input validation error: {exc}") from None
         except ValueError:
             raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
