@@ -110,9 +110,13 @@ def test_score_items_in_vllms_content_form(served):
         r = s.post("/score", body)
         assert r.status_code == 200, r.text
         assert [d["score"] for d in r.json()["data"]] == pytest.approx(want, rel=1e-5)
-    ranked = s.post("/rerank", {"query": query, "documents": [page(im) for im in images]}).json()
+    pages = [page(images[0]), _url(images[1])]
+    ranked = s.post("/rerank", {"query": query, "documents": pages}).json()
     by_index = {r["index"]: r["relevance_score"] for r in ranked["results"]}
     assert [by_index[i] for i in range(2)] == pytest.approx(want, rel=1e-5)
+    # each document comes back as vLLM returns it: a content item's parts as multi_modal, a string as text
+    documents = {r["index"]: r["document"] for r in ranked["results"]}
+    assert documents == {0: {"multi_modal": pages[0]["content"]}, 1: {"text": pages[1]}}
     remote = {"content": [{"type": "image_url", "image_url": {"url": "http://example.com/p.png"}}]}
     for path, body, param in [
         ("/score", {"text_1": "q", "text_2": [_url(images[0]), _MIXED]}, "text_2"),

@@ -559,6 +559,8 @@ class RerankRequest(PoolingBase):
 
     _given_documents: list[Any] | None = PrivateAttr(default=None)
     """The object documents as sent, where rank_fields read them (returned as they came)."""
+    _content_parts: dict[int, list[Any]] = PrivateAttr(default_factory=dict)
+    """vLLM's `{"content": [part]}` documents by index: returned as vLLM does, `{"multi_modal": parts}`."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -567,7 +569,13 @@ class RerankRequest(PoolingBase):
         fields = data.get("rank_fields") if isinstance(data, dict) else None
         documents = data.get("documents") if isinstance(data, dict) else None
         if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
-            return handler(data)
+            model = handler(data)
+            given = [documents] if isinstance(documents, dict) else documents
+            if isinstance(given, list):
+                model._content_parts = {
+                    i: doc["content"] for i, doc in enumerate(given) if isinstance(doc, dict) and "content" in doc
+                }
+            return model
         if isinstance(documents, dict):  # one document alone, as for texts
             documents = [documents]
         if not isinstance(documents, list):
@@ -801,15 +809,17 @@ class ScoreResponse(_Envelope):
 
 
 class RerankDocument(BaseModel):
-    text: str
+    text: str | None = None
+    multi_modal: list[dict[str, Any]] | None = None
+    """vLLM's: a `{"content": [part]}` document's parts as sent."""
 
 
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
     document: RerankDocument | dict[str, Any] | str | None = None
-    """With return_documents: {"text"}, or an object document (Cohere's, with rank_fields) as it was sent; the text
-    itself for Infinity's body (one with `raw_scores`)."""
+    """With return_documents: {"text"}, {"multi_modal": parts} for vLLM's content documents, or an object document
+    (Cohere's, with rank_fields) as it was sent; the text itself for Infinity's body (one with `raw_scores`)."""
 
 
 class RerankUsage(BaseModel):

@@ -130,6 +130,8 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
         item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
         if shown and infinity:
             item["document"] = req.documents[i]
+        elif shown and i in req._content_parts:
+            item["document"] = {"multi_modal": req._content_parts[i]}
         elif shown:
             item["document"] = (
                 given[i] if given is not None and isinstance(given[i], dict) else {"text": req.documents[i]}
