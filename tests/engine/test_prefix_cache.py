@@ -101,3 +101,34 @@ def test_a_request_aborted_between_schedule_and_run_keeps_its_cache_for_that_ste
     assert e.scheduler.kv_used > 0  # still held by the running step
     assert [o.request_id for o in e.run(batch)] == ["stays"]
     assert not e.has_unfinished_requests() and e.scheduler.kv_used == 0
+
+
+def test_a_prefix_load_that_fails_is_loaded_again_when_the_chunk_runs_alone(qwen3_folder, monkeypatch):
+    """A batch that raises while a cached prefix is loaded: its chunks run again one at a time (the server's
+    recovery, AsyncEngine._after_fault). The request kept a KV cache that was allocated but never filled, so the
+    rerun skipped the load and pooled over empty rows: a wrong vector with no error."""
+    prefix = list(range(1000, 1064))
+    a, b = {"prompt_token_ids": [*prefix, 8, 9, 10]}, {"prompt_token_ids": list(range(2000, 2020))}
+    want = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=False).embed([a, b], use_tqdm=False)
+    engine = LLM(str(qwen3_folder), dtype="float32", enable_prefix_caching=True).engine
+    engine.add_requests(engine.process([{"prompt_token_ids": [*prefix, 5, 6, 7]}], None, "embed", ["warm"]))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_requests(engine.process([a, b], None, "embed", ["a", "b"]))
+    batch = engine.schedule()
+    assert [(c.request.request_id, c.start) for c in batch] == [("a", 64), ("b", 0)]
+    load, calls = engine.prefix_cache.load, []
+
+    def load_once_failing(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise MemoryError("injected while loading the cached prefix")
+        return load(*args)
+
+    monkeypatch.setattr(engine.prefix_cache, "load", load_once_failing)
+    with pytest.raises(MemoryError):
+        engine.run(batch)
+    got = {o.request_id: o.outputs.data for c in batch for o in engine.run([c])}
+    assert len(calls) == 2
+    for rid, ref in zip("ab", want):
+        assert torch.allclose(got[rid], ref.outputs.data, atol=1e-5), rid

@@ -359,6 +359,7 @@ def test_calls_on_one_llm_interleave_and_failures_leave_nothing_queued(minilm_pa
         llm.embed(["a", "b"], use_tqdm=bar)
     assert not llm.engine.has_unfinished_requests()
     assert [len(o.prompt_token_ids) for o in llm.iter_encode("hello")] == [3]  # one prompt, not its characters
+    assert [o.prompt_token_ids for o in llm.iter_encode([101, 7592, 102])] == [[101, 7592, 102]]  # token ids: one
     with pytest.raises(TypeError, match="prompt 5 must be a string"):  # counted over the whole stream
         list(llm.iter_encode(iter(["a", "b", "c", "d", "e", 7]), max_in_flight=4))
     assert not llm.engine.has_unfinished_requests() and not llm._finished

@@ -320,14 +320,16 @@ class Engine:
             r = c.request
             if r.kv_cache is not None or not self.scheduler.holds_cache(r.request_id):
                 continue
-            r.kv_cache = self.runner.allocate_kv_cache(r.num_tokens)
+            kv_cache = self.runner.allocate_kv_cache(r.num_tokens)
             if c.start > 0:  # the scheduler skipped a cached prefix
                 assert self.prefix_cache is not None  # only its probe makes the scheduler skip tokens
-                hidden = self.prefix_cache.load(r, c.start, r.kv_cache)
-                r.num_cached_tokens = c.start
-                r.pool_state = PoolingState(r.spec)
+                hidden = self.prefix_cache.load(r, c.start, kv_cache)
+                state = PoolingState(r.spec)
                 ids = torch.tensor(r.prompt_token_ids[: c.start], device=hidden.device)
-                r.pool_state.update(hidden.float(), ids, 0)
+                state.update(hidden.float(), ids, 0)
+                r.num_cached_tokens, r.pool_state = c.start, state
+            # set last: a load that failed leaves none, so a rerun of the chunk (after a fault) loads it again
+            r.kv_cache = kv_cache
 
     def _output(self, r: Request, data: Any) -> PoolingRequestOutput[PoolingOutput]:
         r.pool_state = None

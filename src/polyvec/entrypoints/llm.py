@@ -320,6 +320,8 @@ class LLM:
         if truncate_prompt_tokens is not None:
             pooling_params = _with_truncation(pooling_params, truncate_prompt_tokens)
         one = isinstance(prompts, (str, dict)) or is_image_object(prompts)  # one prompt, not characters or keys
+        if isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts):
+            one = True  # token ids: one prompt, as embed() and vLLM read a flat list of ints
         source = iter(cast(Iterable[Prompt], [prompts] if one else prompts))
         slice_size = max(1, min(max_in_flight // 2, 1024))
         order: deque[str] = deque()  # request ids not yet yielded, in input order
@@ -575,10 +577,14 @@ def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
     if isinstance(prompts, (str, dict)) or is_image_object(prompts):  # bytes are an image, never token ids
         return [cast(Prompt, prompts)]
     items = list(prompts)
-    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+    if items and all(_is_token_id(t) for t in items):
         return [cast(list[int], items)]  # one prompt given as token ids
     _check_prompts(items)
     return cast(list[Prompt], items)  # no bare token ids left: the check rejects them
+
+
+def _is_token_id(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
 
 
 def _check_prompts(items: list, first: int = 0) -> None:
