@@ -5,11 +5,12 @@ gets Infinity's answers, the model it names or its "default/not-specified", `mod
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 from infinity_client import Client
-from infinity_client.api.default import classify, embeddings, models, rerank
+from infinity_client.api.default import classify, embeddings, health, models, rerank
 from infinity_client.models import ClassifyInput, OpenAIEmbeddingInputText, RerankInput
 
 from polyvec import LLM, PoolingParams
@@ -42,6 +43,8 @@ def test_embeddings_and_models(server, minilm_llm):
     assert listed.status_code == 200, listed.content
     assert [m.id for m in listed.parsed.data] == ["minilm", MINILM]
     assert listed.parsed.data[0].capabilities == ["embed", "rerank"]
+    alive = health.sync_detailed(client=client)  # Infinity's {"unix"} (an empty body failed its parser)
+    assert alive.status_code == 200 and abs(alive.parsed["unix"] - time.time()) < 60
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +58,38 @@ def classifier(tmp_path_factory, minilm_path):
 
 
 def test_classify_answers_per_input_label_lists(classifier):
+    """Per input, every label by probability: Infinity's text-classification pipeline applies the model's
+    activation whatever raw_scores says (true returned logits here before)."""
     want = classifier.classify(TEXTS, use_tqdm=False)
-    raw = classifier.classify(TEXTS, PoolingParams(use_activation=False), use_tqdm=False)
     with in_process_server(classifier.engine, warmup=False) as url:
         client = Client(base_url=url)
         assert models.sync_detailed(client=client).parsed.data[0].capabilities == ["classify"]  # no rerank
-        for raw_scores, ref in ((False, want), (True, raw)):
+        for raw_scores in (False, True):
             got = classify.sync_detailed(client=client, body=ClassifyInput(input_=TEXTS, raw_scores=raw_scores))
             assert got.status_code == 200, got.content
-            for scores, out in zip(got.parsed.data, ref):
+            for scores, out in zip(got.parsed.data, want):
                 probs = out.outputs.data.tolist()
                 order = sorted(range(3), key=lambda j: -probs[j])
                 assert [s.label for s in scores] == [["neg", "neu", "pos"][j] for j in order]
                 assert [s.score for s in scores] == pytest.approx([probs[j] for j in order], abs=1e-5)
 
 
-def test_rerank_with_raw_scores_and_string_documents(tmp_path, minilm_path):
+@pytest.mark.parametrize("activation", [None, "torch.nn.modules.linear.Identity"])
+def test_rerank_with_raw_scores_and_string_documents(tmp_path, minilm_path, activation):
+    """Infinity's rerank scores are the sigmoid of a cross-encoder's logit (raw_scores: the logit), whatever
+    activation the model declares (with sentence-transformers' Identity, the logit came back for both)."""
     folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1, **TINY)
+    if activation is not None:
+        config = json.loads((folder / "config.json").read_text())
+        config["sentence_transformers"] = {"activation_fn": activation}
+        (folder / "config.json").write_text(json.dumps(config))
     llm = LLM(str(folder), dtype="float32")
     docs = ["a wing in a propeller slipstream", "heat transfer", "flutter of a swept wing"]
-    want = [o.outputs.score for o in llm.score("wing flutter", docs, use_tqdm=False)]
+    logit = PoolingParams(use_activation=False)
+    want = [
+        torch.sigmoid(torch.tensor(o.outputs.score)).item()
+        for o in llm.score("wing flutter", docs, pooling_params=logit)
+    ]
     with in_process_server(llm.engine, warmup=False) as url:
         client = Client(base_url=url)
         got = rerank.sync_detailed(client=client, body=RerankInput(query="wing flutter", documents=docs))

@@ -226,8 +226,12 @@ def test_openapi_documents_the_statuses_and_the_error_schema(server):
     assert posts == 14  # + /v1/embed, /invocations and /embeddings
     assert {"/embed", "/embed_all", "/predict", "/similarity", "/decode", "/info"} <= set(doc["paths"])
     health = doc["paths"]["/health"]["get"]["responses"]
-    assert list(health) == ["200", "503"] and "content" not in health["200"] and "content" not in health["503"]
-    assert "empty" in health["200"]["description"] and "engine stopped" in health["503"]["description"]
+    assert (
+        list(health) == ["200", "503"]
+        and "content" not in health["503"]
+        and "engine stopped" in health["503"]["description"]
+    )
+    assert health["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/HealthResponse"}
 
 
 def _arrays(schema: dict) -> list[dict]:

@@ -399,12 +399,9 @@ class ClassificationRequest(PoolingBase, ChatFields):
     activation: bool | None = None
     """Older name of use_activation."""
     raw_scores: bool | None = None
-    """Infinity's: true returns logits (use_activation false). A body with it is answered as Infinity answers:
-    `data` holds, per input, every label with its score, highest first."""
-
-    @model_validator(mode="after")
-    def _raw_scores(self) -> Any:
-        return _raw_scores_as_activation(self)
+    """Infinity's. A body with it is answered as Infinity answers: `data` holds, per input, every label with its
+    score, highest first; the scores are the model's probabilities either way, as Infinity's (its text-
+    classification pipeline applies its activation whatever raw_scores says)."""
 
 
 def _score_content(value: Any, info: ValidationInfo) -> Any:
@@ -550,12 +547,19 @@ class RerankRequest(PoolingBase):
     """Cohere v1: accepted; a document longer than the model's input is cut (see max_tokens_per_doc), not split
     into chunks."""
     raw_scores: bool | None = None
-    """Infinity's: true returns logits (use_activation false). A body with it is answered as Infinity answers:
-    documents as strings, and only when return_documents is true."""
+    """Infinity's: a cross-encoder's logit, else (false) its sigmoid, whatever activation the model declares, as
+    Infinity computes it. A body with it is answered as Infinity answers: documents as strings, and only when
+    return_documents is true."""
 
     @model_validator(mode="after")
     def _raw_scores(self) -> Any:
-        return _raw_scores_as_activation(self)
+        if self.raw_scores is not None:
+            if self.use_activation is not None and self.use_activation == self.raw_scores:
+                _refuse(
+                    f"raw_scores={self.raw_scores} conflicts with use_activation={self.use_activation}", "raw_scores"
+                )
+            self.use_activation = False  # the logit; routes/score.py applies Infinity's sigmoid
+        return self
 
     _given_documents: list[Any] | None = PrivateAttr(default=None)
     """The object documents as sent, where rank_fields read them (returned as they came)."""
@@ -583,15 +587,6 @@ class RerankRequest(PoolingBase):
         model = handler({**data, "documents": [_ranked_text(doc, fields) for doc in documents]})
         model._given_documents = documents
         return model
-
-
-def _raw_scores_as_activation(req: Any) -> Any:
-    """Infinity's raw_scores is the opposite of use_activation; both given, they must agree."""
-    if req.raw_scores is not None:
-        if req.use_activation is not None and req.use_activation == req.raw_scores:
-            _refuse(f"raw_scores={req.raw_scores} conflicts with use_activation={req.use_activation}", "raw_scores")
-        req.use_activation = not req.raw_scores
-    return req
 
 
 def _ranked_text(document: Any, fields: list[str]) -> Any:
@@ -806,6 +801,13 @@ class ClassificationResponse(_Envelope):
 
 class ScoreResponse(_Envelope):
     data: list[ScoreItem]
+
+
+class HealthResponse(BaseModel):
+    """GET /health: Infinity's body."""
+
+    unix: float
+    """The server's clock, seconds since the epoch."""
 
 
 class RerankDocument(BaseModel):

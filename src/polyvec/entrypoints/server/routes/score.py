@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -115,6 +116,8 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     check_processor_kwargs(state, req)
     prompts_of(state, req.documents, "documents")
     scores, tokens = await score_pairs(state, raw, ("query", req.query), ("documents", req.documents), req)
+    if req.raw_scores is False and state.engine.is_cross_encoder:  # Infinity's sigmoid of the logit
+        scores = [1 / (1 + math.exp(-s)) for s in scores]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     if req.top_n:
         order = order[: req.top_n]

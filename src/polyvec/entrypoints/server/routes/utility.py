@@ -12,7 +12,7 @@ import time
 from typing import Any, cast
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .... import __version__
@@ -216,13 +216,16 @@ ENGINE_DEAD = {"description": "The engine stopped on an internal error; the body
 @router.get(
     "/health",
     summary="Liveness",
-    response_class=Response,
-    response_description="The server is up; the body is empty (no API key needed)",
+    response_model=P.HealthResponse,
+    response_description="The server is up (no API key needed)",
     responses={503: ENGINE_DEAD},
 )
 async def health(state: State) -> Response:
-    """vLLM's: 200 while the engine runs, 503 once it has died (a load balancer then stops sending it work)."""
-    return Response(status_code=200 if state.async_engine.alive else 503)
+    """vLLM's: 200 while the engine runs, 503 once it has died (a load balancer then stops sending it work). The
+    body is Infinity's, which its client parses (vLLM's and TEI's are empty; their clients read the status)."""
+    if not state.async_engine.alive:
+        return Response(status_code=503)
+    return JSONResponse({"unix": time.time()})
 
 
 router.add_api_route(
@@ -230,8 +233,8 @@ router.add_api_route(
     health,
     methods=["GET"],
     summary="Liveness (TEI's GET /)",
-    response_class=Response,
-    response_description="The server is up; the body is empty",
+    response_model=P.HealthResponse,
+    response_description="The server is up",
     responses={**_GET_ERRORS, 503: ENGINE_DEAD},
     # unlike /health, under the API key: POST / shares the path
 )
