@@ -148,6 +148,11 @@ def test_colbert_over_http(colbert_server):
         r.status_code == 400 and "/v2/embed" in r.json()["error"]["message"] and r.json()["error"]["param"] == "texts"
     )
     assert s.post("/v2/embed", {"texts": docs}).json()["shapes"][1][1] == 96
+    # POST / (TEI's) has no route for a ColBERT model: 424, once the body is one TEI takes (its refusals first)
+    root = [httpx.post(s.url + "/", content=b"", headers={"content-type": "application/json"}),
+            s.post("/", {"bogus": 1}), s.post("/", {"inputs": "x"})]  # fmt: skip
+    assert [r.status_code for r in root] == [400, 422, 424], [r.text for r in root]
+    assert root[1].json()["error_type"] == "Validation" and "inputs" in root[1].json()["error"]
 
 
 def test_qwen3_reranker_served_as_vllm_serves_it(tmp_path, minilm_path):

@@ -231,6 +231,33 @@ def test_tei_metrics_under_teis_names(server):
         assert name in text, name
 
 
+def test_tei_routes_count_their_failures_as_tei(server):
+    """TEI counts a request once its body parsed, then each failure under its cause: a task the model lacks
+    (model_type), an input over the limit (tokenization), too many inputs (batch_size), an empty one (validation).
+    Failures raised before the engine was reached were not counted at all; one list of token ids is one input."""
+    labels = ('method="single"', 'method="batch"', 'err="model_type"', 'err="tokenization"', 'err="batch_size"',
+              'err="validation"')  # fmt: skip
+
+    def read() -> list[float]:
+        text = server.get("/metrics").text
+        count = [f"te_request_count{{{x}}}" for x in labels[:2]]
+        failure = [f"te_request_failure{{{x}}}" for x in labels[2:]]
+        return [_metric(text, n) if n in text else 0.0 for n in count + failure]
+
+    before = read()
+    assert server.post("/predict", {"inputs": "x"}).status_code == 424  # MiniLM classifies nothing
+    assert server.post("/embed", {"inputs": "word " * 600, "truncate": False}).status_code == 422
+    assert server.post("/embed", {"inputs": ["a"] * 4097}).status_code == 422  # --max-inputs-per-request 4096
+    assert server.post("/embed", {"inputs": ["a", ""]}).status_code == 400
+    assert server.post("/embed", {"inputs": [101, 7592, 102]}).status_code == 200
+    after = read()
+    assert [b - a for a, b in zip(before, after)] == [3, 2, 1, 1, 1, 1]
+    text = server.get("/metrics").text  # input-length buckets stop at the longest input, as TEI's
+    buckets = [float(line.split('le="')[1].split('"')[0]) for line in text.splitlines()
+               if line.startswith("te_request_input_length_bucket")]  # fmt: skip
+    assert max(b for b in buckets if b != float("inf")) == 256.0  # MiniLM's max_model_len 256 (TEI's 2^k ≤ it)
+
+
 def test_add_special_tokens_false(server, minilm_llm):
     body = server.post("/pooling", {"input": "hello world", "task": "token_embed", "add_special_tokens": False}).json()
     assert body["data"][0]["shape"] == [2, 384] and body["usage"]["prompt_tokens"] == 2

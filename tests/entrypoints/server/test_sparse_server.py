@@ -73,6 +73,12 @@ def test_tei_embed_of_a_splade_model(splade):
     }
     r = s.post("/embed", {"inputs": TEXTS[0], "normalize": False, "dimensions": 40000})
     assert r.status_code == 422 and "smaller than the maximum" in r.json()["error"]
+    # /similarity embeds as /embed with normalize false (TEI's server.rs): the cosine of those vectors (was 424)
+    r = s.post("/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}})
+    assert r.status_code == 200, r.text
+    vectors = torch.tensor(body, dtype=torch.float64)
+    want = torch.nn.functional.cosine_similarity(vectors[:1], vectors[1:], dim=-1)
+    assert r.json() == pytest.approx(want.tolist(), rel=1e-5)
 
 
 def test_post_root_of_a_splade_model(splade):

@@ -33,7 +33,7 @@ from ... import __version__
 from ...engine.engine import Engine
 from . import protocol as P
 from .errors import APIError, error_response, json_type, validation_message
-from .metrics import TE_COUNTED, ServerMetrics
+from .metrics import TE_COUNTED, TE_ERR, ServerMetrics
 from .routes import ROUTERS, tei
 from .serving import ServerState
 
@@ -160,7 +160,7 @@ class ServerMiddleware:
             status = response["status"]
             # TEI counts the failures of requests it counted, and its refusals for lack of capacity
             if status >= 400 and (scope.get(TE_COUNTED) or (status == 429 and scope["method"] == "POST")):
-                self.metrics.on_failure(status)
+                self.metrics.on_failure(status, scope.get(TE_ERR))
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
     def _check_access(self, scope: Scope) -> None:
@@ -317,6 +317,8 @@ async def _on_http(request: Request, exc: Exception) -> Response:
 
 async def _on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
+    if exc.too_long is not None:  # TEI counts an input over the limit as its tokenizer's refusal
+        request.scope[TE_ERR] = "tokenization"
     return error_response(exc.status, exc.message, exc.param, exc.headers)
 
 

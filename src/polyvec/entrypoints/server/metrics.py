@@ -14,11 +14,15 @@ _TEI_DURATION_BUCKETS = tuple(1e-5 * 1.5**k for k in range(1, 36))
 _TEI_POWERS = tuple(float(2**k) for k in range(21))
 
 TE_COUNTED = "polyvec.te_counted"
-"""Scope key: the request reached a pooling handler and is in te_request_count (so its failure counts, as TEI's)."""
+"""Scope key: te_request_count's method label ("single" or "batch") of a request a pooling handler counted (so its
+failure counts, as TEI's)."""
+TE_ERR = "polyvec.te_err"
+"""Scope key: a failed request's te_request_failure label where the handler knows TEI's (batch_size, model_type,
+tokenization, ...)."""
 
 
 class ServerMetrics:
-    def __init__(self, queue_depth, pending, model_name: str = ""):
+    def __init__(self, queue_depth, pending, model_name: str = "", max_input_length: int = 1 << 20):
         self.registry = CollectorRegistry()
         self.in_progress = 0
         """POST requests in progress (ServerMiddleware counts them: --max-concurrent-requests, vLLM's /load)."""
@@ -79,7 +83,10 @@ class ServerMetrics:
             "te_request_duration", "Pooling request latency (TEI's)", buckets=_TEI_DURATION_BUCKETS, registry=r
         )
         self.te_input_length = Histogram(
-            "te_request_input_length", "Tokens per input (TEI's)", buckets=_TEI_POWERS[:20], registry=r
+            "te_request_input_length",
+            "Tokens per input (TEI's)",
+            buckets=[b for b in _TEI_POWERS[:20] if b <= max_input_length] or [1.0],
+            registry=r,
         )
         self.te_batch_size = Histogram(
             "te_batch_next_size", "Sequences per forward pass (TEI's)", buckets=_TEI_POWERS[:13], registry=r
@@ -97,12 +104,11 @@ class ServerMetrics:
         self.te_batch_size.observe(seqs)
         self.te_batch_tokens.observe(tokens)
 
-    def on_failure(self, status: int) -> None:
-        """A pooling request that failed (TEI's causes: the client's input, overload, a client that left, a fault of
-        the server's)."""
-        self.te_failure.labels(
-            {429: "overloaded", 499: "dropped"}.get(status, "validation" if status < 500 else "inference")
-        ).inc()
+    def on_failure(self, status: int, err: str | None = None) -> None:
+        """A pooling request that failed: `err`, TEI's cause where the handler named it, else by status (the
+        client's input, overload, a task the model lacks, a client that left, a fault of the server's)."""
+        by_status = {429: "overloaded", 424: "model_type", 499: "dropped", 413: "batch_size"}
+        self.te_failure.labels(err or by_status.get(status, "validation" if status < 500 else "inference")).inc()
 
     def on_request(self, prompt_tokens: list[int], seconds: float, method: str = "batch") -> None:
         """One HTTP request's engine work done: its prompts' token counts, the time since it was received, and

@@ -57,7 +57,12 @@ class ServerState:
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
         async_engine = AsyncEngine(engine, warmup=config.warmup)
         names = config.served_model_names or [engine.model_config.model]
-        metrics = ServerMetrics(lambda: async_engine.queue_depth, lambda: async_engine.num_pending, names[0])
+        metrics = ServerMetrics(
+            lambda: async_engine.queue_depth,
+            lambda: async_engine.num_pending,
+            names[0],
+            engine.model_config.max_model_len,  # TEI's input-length buckets stop at the longest input
+        )
         async_engine.on_batch = metrics.on_batch
         async_engine.on_abort = metrics.aborted.inc
         return cls(engine, async_engine, config, metrics, names)
@@ -335,6 +340,16 @@ def _param_of(message: str) -> str | None:
     return name if name in _BODY_PARAMS else None
 
 
+def count_request(state: ServerState, raw: Request, single: bool) -> str:
+    """Count a pooling request in TEI's te_request_count once (a TEI route counts it before its own checks, as
+    TEI does); returns its method label."""
+    method = raw.scope.get(TE_COUNTED)
+    if method is None:
+        method = raw.scope[TE_COUNTED] = "single" if single else "batch"
+        state.metrics.te_count.labels(method).inc()
+    return method
+
+
 async def run_pooling(
     state: ServerState,
     raw: Request,
@@ -354,9 +369,7 @@ async def run_pooling(
     input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any).
     `single`: the body gave one input, not a list (TEI's metrics tell them apart)."""
     start = time.perf_counter()
-    method = "single" if single else "batch"
-    state.metrics.te_count.labels(method).inc()
-    raw.scope[TE_COUNTED] = True
+    method = count_request(state, raw, single)
     requests = await process_prompts(
         state,
         prompts,

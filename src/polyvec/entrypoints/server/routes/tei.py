@@ -42,11 +42,15 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import APIError, ErrorResponse, error_responses, shorten, validation_message
-from ..serving import ServerState, State, json_body, run_pooling
+from ..metrics import TE_ERR
+from ..serving import ServerState, State, count_request, json_body, run_pooling
 
 # ---------------------------------------------------------------------------------------------- errors
 
 _STATUS = {"Unhealthy": 503, "Backend": 424, "Overloaded": 429, "Validation": 422, "Tokenizer": 422, "Empty": 400}
+# te_request_failure's err label, as TEI's infer.rs and server.rs count each kind (424: a task the model lacks)
+_ERR = {"Unhealthy": "inference", "Backend": "model_type", "Overloaded": "overloaded", "Validation": "validation",
+        "Tokenizer": "tokenization", "Empty": "validation"}  # fmt: skip
 
 
 class _TEIJSON(JSONResponse):
@@ -59,11 +63,15 @@ class _TEIJSON(JSONResponse):
 class TEIError(Exception):
     """A refusal in TEI's terms: `{"error": message, "error_type": kind}` with the kind's status (or `status`)."""
 
-    def __init__(self, kind: T.TEIErrorType, message: str, status: int | None = None):
+    def __init__(self, kind: T.TEIErrorType, message: str, status: int | None = None, err: str | None = None):
         super().__init__(message)
         self.kind, self.message, self.status = kind, message, status or _STATUS[kind]
+        self.err = err or _ERR[kind]
+        """TEI's te_request_failure label for it."""
 
-    def response(self) -> Response:
+    def response(self, request: Request | None = None) -> Response:
+        if request is not None:
+            request.scope[TE_ERR] = self.err
         return _TEIJSON({"error": self.message, "error_type": self.kind}, status_code=self.status)
 
 
@@ -75,6 +83,15 @@ def invalid(message: str) -> TEIError:
 def _empty_input(name: str = "inputs", where: str | None = None) -> TEIError:
     """TEI's words for an empty input; `where` names the item of a batch (TEI names none)."""
     return TEIError("Empty", f"Input validation error: `{name}` cannot be empty" + (f" ({where})" if where else ""))
+
+
+def _single(inputs: Any) -> bool:
+    """One input, as TEI's `Input::Single`: a text or one list of token ids."""
+    return isinstance(inputs, str) or (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs)
+    )
 
 
 def _first_empty(prompts: list) -> int | None:
@@ -90,10 +107,11 @@ def _from_api_error(exc: APIError) -> TEIError:
     (a token id outside the vocabulary, an image over its pixel budget, ...) a validation error; a request over a
     per-request limit (tokens, windows) keeps its 413, as on every route, in TEI's body."""
     if exc.too_long is not None:
-        given, most, where = exc.too_long  # TEI's words, and which item (TEI names none)
-        return invalid(f"`inputs` must have less than {most} tokens. Given: {given} ({where})")
+        given, most, where = exc.too_long  # TEI's words, and which item (TEI names none); TEI's tokenizer says it
+        message = f"Input validation error: `inputs` must have less than {most} tokens. Given: {given} ({where})"
+        return TEIError("Validation", message, err="tokenization")
     if exc.status == 413:
-        return TEIError("Validation", f"Input validation error: {exc.message}", 413)
+        return TEIError("Validation", f"Input validation error: {exc.message}", 413, err="batch_size")
     if exc.status == 503:
         return TEIError("Unhealthy", exc.message)
     return invalid(exc.message)
@@ -159,7 +177,7 @@ class TEIRoute(APIRoute):
             try:
                 return await handler(request)
             except TEIError as exc:
-                return exc.response()
+                return exc.response(request)
             except RequestValidationError as exc:
                 errors = exc.errors()
                 tag = errors[0].get("loc", (None, None))[1:2] if errors else ()
@@ -174,7 +192,7 @@ class TEIRoute(APIRoute):
             except APIError as exc:
                 if not tei_by_default or exc.status == 499:
                     raise
-                return _from_api_error(exc).response()
+                return _from_api_error(exc).response(request)
 
         return tei_handler
 
@@ -235,7 +253,7 @@ def _check_batch(state: ServerState, n: int, name: str) -> None:
         raise TEIError("Empty", f"`{name}` cannot be empty")
     most = state.config.max_inputs_per_request
     if n > most:
-        raise TEIError("Validation", f"batch size {n} > maximum allowed batch size {most}")
+        raise TEIError("Validation", f"batch size {n} > maximum allowed batch size {most}", err="batch_size")
 
 
 def _embed_inputs(state: ServerState, inputs: str | list) -> list:
@@ -377,6 +395,7 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
     """One vector per input, `[[float, ...], ...]`; `dimensions` keeps the first values of the vector (for any
     model, as TEI), then `normalize` L2-normalizes it."""
     start = time.perf_counter()
+    count_request(state, raw, single=_single(req.inputs))
     tasks = state.engine.supported_tasks
     splade = "embed" not in tasks and "embed_sparse" in tasks
     if splade and req.normalize:
@@ -388,7 +407,7 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
     params = PoolingParams(use_activation=req.normalize and dims is None)  # with dimensions: normalized below
     # SPLADE (normalize false): its pooled vector over the vocabulary, dense, as TEI returns it
     task = "embed_sparse" if splade else "embed"
-    single = isinstance(req.inputs, str)
+    single = _single(req.inputs)
     outputs = await _run(
         state,
         raw,
@@ -414,6 +433,7 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     """Per input, one vector per token, `[[[float, ...], ...], ...]`: the model's token states, not normalized
     (a late-interaction model's normalized token vectors, bge-m3's its ColBERT vectors)."""
     start = time.perf_counter()
+    count_request(state, raw, single=_single(req.inputs))
     if "token_embed" not in state.engine.supported_tasks:
         raise _not_embedding()
     prompts = _embed_inputs(state, req.inputs)
@@ -421,7 +441,7 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     # are bge-m3's, its token_embed output (projected, without [CLS]: un-normalized they were neither form)
     multi_vector = state.engine.is_late_interaction or state.model_config.bge_m3 is not None
     params = PoolingParams(use_activation=None if multi_vector else False)
-    single = isinstance(req.inputs, str)
+    single = _single(req.inputs)
     outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name, single=single)
     matrices = [float_array(o.outputs.data) for o in outputs]
     return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))
@@ -431,10 +451,11 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
 async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State) -> Response:
     """Per input, its non-zero weights `[[{"index", "value"}, ...], ...]` by ascending vocabulary id."""
     start = time.perf_counter()
+    count_request(state, raw, single=_single(req.inputs))
     if "embed_sparse" not in state.engine.supported_tasks:
         raise TEIError("Backend", "Backend error: Model is not an embedding model with SPLADE pooling")
     prompts = _embed_inputs(state, req.inputs)
-    single = isinstance(req.inputs, str)
+    single = _single(req.inputs)
     outputs = await _run(
         state, raw, prompts, PoolingParams(), "embed_sparse", req, prompt_name=req.prompt_name, single=single
     )
@@ -450,7 +471,11 @@ async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State)
 async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) -> Response:
     """The cosine similarity of each of `inputs.sentences` with `inputs.source_sentence`, `[float, ...]`."""
     start = time.perf_counter()
-    if "embed" not in state.engine.supported_tasks:
+    count_request(state, raw, single=False)
+    tasks = state.engine.supported_tasks
+    # SPLADE: TEI embeds with normalize false, the pooled vector over the vocabulary (cosine normalizes it)
+    task = "embed" if "embed" in tasks else "embed_sparse" if "embed_sparse" in tasks else None
+    if task is None:
         raise _not_embedding()
     source, sentences = req.inputs.source_sentence, req.inputs.sentences
     if not sentences:
@@ -462,7 +487,7 @@ async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) ->
         raise _empty_input("inputs.source_sentence") if empty == 0 else _empty_input(*_sentence(empty)[::-1])
     options = req.parameters or T.TEISimilarityParameters()
     outputs = await _run(
-        state, raw, prompts, PoolingParams(), "embed", options, prompt_name=options.prompt_name, locate=_sentence
+        state, raw, prompts, PoolingParams(), task, options, prompt_name=options.prompt_name, locate=_sentence
     )
     vectors = torch.stack([o.outputs.data for o in outputs]).float()
     scores = F.cosine_similarity(vectors[:1], vectors[1:], dim=-1)
@@ -503,7 +528,7 @@ def _predictions(logits: torch.Tensor, id2label: dict[int, str], raw_scores: boo
     else:
         scores = torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)
     if torch.isnan(scores).any():
-        raise TEIError("Backend", "score is NaN")
+        raise TEIError("Backend", "score is NaN", err="inference")
     values = scores.tolist()
     order = sorted(range(len(values)), key=lambda i: -values[i])
     return [{"score": values[i], "label": id2label.get(i, f"LABEL_{i}")} for i in order]
@@ -514,6 +539,13 @@ async def predict(req: T.TEIPredictRequest, raw: Request, state: State) -> Respo
     """Per input (a text or a text pair), each label's score, best first: `[{"score", "label"}, ...]`, or a list of
     those for a batch."""
     start = time.perf_counter()
+    count_request(
+        state,
+        raw,
+        single=isinstance(req.inputs, str)
+        or isinstance(req.inputs[:1] or None, list)
+        and isinstance(req.inputs[0], str),
+    )
     if "classify" not in state.engine.supported_tasks:
         raise TEIError("Backend", "Backend error: Model is not a classifier model")
     single, prompts = _predict_inputs(state, req.inputs)
@@ -531,6 +563,7 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
     a late-interaction one by MaxSim."""
     with _as_tei():
         start = time.perf_counter()
+        count_request(state, raw, single=False)
         _check_batch(state, len(req.texts), "texts")
         engine = state.engine
         try:
@@ -566,7 +599,7 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         if cross and not req.raw_scores:
             scores = torch.sigmoid(scores)
         if torch.isnan(scores).any():
-            raise TEIError("Backend", "score is NaN")
+            raise TEIError("Backend", "score is NaN", err="inference")
         values = scores.tolist()
         ranks: list[dict[str, Any]] = []
         for i in sorted(range(len(values)), key=lambda i: -values[i]):
@@ -733,7 +766,7 @@ async def model_route(raw: Request, state: State) -> Response:
     """As TEI binds `/`: a classifier answers /predict, a reranker (one-label classifier) /rerank, a SPLADE model
     /embed_sparse, an embedding model /embed."""
     tasks = state.engine.supported_tasks
-    kind: tuple[type[BaseModel], Callable[..., Coroutine[Any, Any, Response]]]
+    kind: tuple[type[BaseModel], Callable[..., Coroutine[Any, Any, Response]]] | None
     if "classify" in tasks:
         kind = (T.TEIRerankRequest, rerank) if state.engine.is_cross_encoder else (T.TEIPredictRequest, predict)
     elif "embed" in tasks:
@@ -741,8 +774,14 @@ async def model_route(raw: Request, state: State) -> Response:
     elif "embed_sparse" in tasks:
         kind = (T.TEIEmbedSparseRequest, embed_sparse)
     else:
-        raise TEIError("Backend", "Backend error: this model has no route of TEI's")
+        kind = None
     body = await json_body(raw)  # its failures worded as /embed's (TEIRoute)
+    if kind is None:  # a body TEI would refuse is refused as such first (400 / 422, not 424)
+        try:
+            T.TEIEmbedRequest.model_validate(body)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        raise TEIError("Backend", "Backend error: this model has no route of TEI's")
     if kind[1] is embed and isinstance(body, dict) and isinstance(body.get("inputs"), dict):
         # huggingface_hub's InferenceClient.sentence_similarity posts /similarity's body to the base URL
         kind = (T.TEISimilarityRequest, similarity)
@@ -759,6 +798,6 @@ async def invoke_model_route(raw: Request, state: State) -> Response:
     try:
         return await model_route(raw, state)
     except TEIError as exc:
-        return exc.response()
+        return exc.response(raw)
     except RequestValidationError as exc:
         return _body_error(RequestValidationError(_untagged(list(exc.errors())), body=exc.body)).response()
