@@ -30,6 +30,13 @@ def test_embeddings_and_models(server, minilm_llm):
     assert got.parsed.model == "minilm" and got.parsed.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in want)
     named = OpenAIEmbeddingInputText(input_=TEXTS[:1], model="minilm", dimensions=0)
     assert embeddings.sync_detailed(client=client, body=named).status_code == 200
+    # Infinity's dimensions: the normalized vector's first values, of any model (400 on MiniLM before)
+    cut = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, dimensions=4))
+    assert cut.status_code == 200, cut.content
+    for item, out in zip(cut.parsed.data, want):
+        assert item.embedding == pytest.approx(out.outputs.data[:4].tolist(), abs=1e-6)
+    wide = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, dimensions=385))
+    assert wide.status_code == 400 and json.loads(wide.content)["error"]["param"] == "dimensions"
     wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))
     assert wrong.status_code == 404
     for path, extra in (

@@ -307,16 +307,27 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     (the chunks' token and character ranges). Text input within max_model_len; encoding_format float."""
     modality: Literal["text", "image"] | None = None
     """Infinity's: "image" reads each `input` string as an image (a base64 data: URL, or an http(s) URL on a host
-    the server allows), for an image model; "text", the default, as without it. With it, `dimensions` 0 means the
-    full size, as Infinity's client sends it."""
+    the server allows), for an image model; "text", the default, as without it. With it, `dimensions` is
+    Infinity's: the first values of the (normalized) vector of any model, not normalized again; 0 the full size."""
+    _cut: int | None = PrivateAttr(default=None)
+    """Infinity's `dimensions` (a body with `modality`): the vectors' first values kept once they are made."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _infinity_dimensions(cls, data: Any, handler: Any) -> Any:
+        """Infinity's body (one with `modality`) cuts any model's vector to `dimensions` values after it is
+        normalized (0: the full size); vLLM's `dimensions` is the model's Matryoshka reduction."""
+        cut = data.get("dimensions") if isinstance(data, dict) and "modality" in data else None
+        if not isinstance(cut, int) or isinstance(cut, bool) or cut < 0:
+            return handler(data)
+        model = handler({k: v for k, v in data.items() if k != "dimensions"})
+        model._cut = cut or None
+        return model
 
     @model_validator(mode="before")
     @classmethod
     def _conversations_in_input(cls, data: Any) -> Any:
-        """vLLM takes conversations in `input` too: they are `messages`; Infinity's body says `dimensions` 0 for
-        the full size."""
-        if isinstance(data, dict) and "modality" in data and data.get("dimensions") == 0:
-            data = {k: v for k, v in data.items() if k != "dimensions"}
+        """vLLM takes conversations in `input` too: they are `messages`."""
         if isinstance(data, dict) and "messages" not in data:
             given = data.get("input")
             if _is_conversation(given) or (

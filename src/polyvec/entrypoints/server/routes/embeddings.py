@@ -52,6 +52,14 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         locate=locate,
         single=isinstance(req.input, str),
     )
+    if req._cut is not None:  # Infinity's dimensions: the first values, in its range check
+        width = outputs[0].outputs.data.shape[-1]
+        if req._cut > width:
+            raise APIError(
+                400, f"dimensions={req._cut} is not in a valid range: select between 1 and {width}", "dimensions"
+            )
+        for o in outputs:
+            o.outputs.data = o.outputs.data[..., : req._cut]
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
