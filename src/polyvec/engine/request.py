@@ -26,6 +26,7 @@ class Request:
     static_output: Any = None  # an output known without the model (inference-free SPLADE queries)
     images: list[Any] | None = None  # multimodal.image.Qwen2VLPixels of the prompt's images, in prompt order
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None  # time.monotonic() when a step first took it (a window's: its parent's)
     # Causal models (chunked prefill):
     chunkable: bool = False
     num_computed_tokens: int = 0  # tokens scheduled so far (their KV is in kv_cache)

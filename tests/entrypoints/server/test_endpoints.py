@@ -215,6 +215,9 @@ def test_tei_metrics_under_teis_names(server):
         'te_request_failure{err="validation"}',
         "te_request_duration_count",
         "te_request_input_length_sum",
+        "te_request_tokenization_duration_count",
+        "te_request_queue_duration_count",
+        "te_request_inference_duration_count",
     )
     metrics = lambda: server.get("/metrics").text  # noqa: E731
     before = [_metric(metrics(), n) if n in metrics() else 0.0 for n in names]
@@ -225,7 +228,7 @@ def test_tei_metrics_under_teis_names(server):
     assert server.post("/v1/embeddings", {"input": "one"}).status_code == 200
     text = metrics()
     after = [_metric(text, n) for n in names]
-    assert [b - a for a, b in zip(before, after)] == [2, 1, 1, 2, 4 + 6 + 3]
+    assert [b - a for a, b in zip(before, after)] == [2, 1, 1, 2, 4 + 6 + 3, 2, 2, 2]
     assert _metric(text, 'te_request_success{method="single"}') >= 1
     for name in ("# TYPE te_batch_next_size histogram", "# TYPE te_batch_next_tokens histogram", "te_queue_size "):
         assert name in text, name

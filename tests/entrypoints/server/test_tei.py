@@ -67,6 +67,9 @@ def test_embed_matches_offline(server, minilm_llm):
     assert len(r.json()) == 1 and torch.allclose(torch.tensor(r.json()), ref[:1], atol=1e-6)
     tokens = sum(len(o.prompt_token_ids) for o in minilm_llm.embed(TEXTS[:1], use_tqdm=False))
     assert r.headers["x-compute-tokens"] == str(tokens) and r.headers["x-compute-characters"] == str(len(TEXTS[0]))
+    # TEI's stage times (ms): tokenization, the wait for a forward pass, the passes; within the request's total
+    stages = [int(r.headers[f"x-{name}-time"]) for name in ("tokenization", "queue", "inference")]
+    assert min(stages) >= 0 and sum(stages) <= int(r.headers["x-total-time"]) + 2, (stages, r.headers)
     batch = server.post("/embed", {"inputs": TEXTS}).json()
     assert torch.allclose(torch.tensor(batch), ref, atol=1e-6)
     assert abs(float(torch.tensor(batch[0]).norm()) - 1) < 1e-5  # normalize defaults to true

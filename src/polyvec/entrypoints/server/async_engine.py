@@ -263,6 +263,11 @@ class AsyncEngine:
             if batch is None:
                 self._warm_step()
                 continue
+            now = time.monotonic()
+            for c in batch:  # the end of a request's wait in the queue (TEI's queue time)
+                first = c.request.parent or c.request
+                if first.scheduled_time is None:
+                    first.scheduled_time = now
             start = time.perf_counter()
             failures: list[tuple[list[str], Exception]] = []
             try:

@@ -16,6 +16,8 @@ _TEI_POWERS = tuple(float(2**k) for k in range(21))
 TE_COUNTED = "polyvec.te_counted"
 """Scope key: te_request_count's method label ("single" or "batch") of a request a pooling handler counted (so its
 failure counts, as TEI's)."""
+TE_STAGES = "polyvec.te_stages"
+"""Scope key: a pooling request's (tokenization, queue, inference) seconds, TEI's stages (its x-*-time headers)."""
 TE_ERR = "polyvec.te_err"
 """Scope key: a failed request's te_request_failure label where the handler knows TEI's (batch_size, model_type,
 tokenization, ...)."""
@@ -82,6 +84,14 @@ class ServerMetrics:
         self.te_duration = Histogram(
             "te_request_duration", "Pooling request latency (TEI's)", buckets=_TEI_DURATION_BUCKETS, registry=r
         )
+        self.te_stages = [
+            Histogram(f"te_request_{name}_duration", f"{what} (TEI's)", buckets=_TEI_DURATION_BUCKETS, registry=r)
+            for name, what in (
+                ("tokenization", "Time to tokenize a request's inputs"),
+                ("queue", "Time a request's inputs waited for a forward pass, mean over them"),
+                ("inference", "Time from a request's inputs' first forward pass to their results, mean over them"),
+            )
+        ]
         self.te_input_length = Histogram(
             "te_request_input_length",
             "Tokens per input (TEI's)",
@@ -110,11 +120,19 @@ class ServerMetrics:
         by_status = {429: "overloaded", 424: "model_type", 499: "dropped", 413: "batch_size"}
         self.te_failure.labels(err or by_status.get(status, "validation" if status < 500 else "inference")).inc()
 
-    def on_request(self, prompt_tokens: list[int], seconds: float, method: str = "batch") -> None:
-        """One HTTP request's engine work done: its prompts' token counts, the time since it was received, and
-        TEI's method label (single: the body gave one input)."""
+    def on_request(
+        self,
+        prompt_tokens: list[int],
+        seconds: float,
+        method: str = "batch",
+        stages: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    ) -> None:
+        """One HTTP request's engine work done: its prompts' token counts, the time since it was received, TEI's
+        method label (single: the body gave one input) and its stages' seconds (tokenization, queue, inference)."""
         self.te_success.labels(method).inc()
         self.te_duration.observe(seconds)
+        for histogram, value in zip(self.te_stages, stages):
+            histogram.observe(value)
         total = sum(prompt_tokens)
         self.prompt_tokens.inc(total)
         self.vllm_prompt_tokens.inc(total)

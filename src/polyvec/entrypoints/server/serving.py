@@ -33,7 +33,7 @@ from . import protocol as P
 from .async_engine import AsyncEngine
 from .encoding import VectorJSONResponse, encode_bytes, encode_json
 from .errors import APIError, shorten
-from .metrics import TE_COUNTED, ServerMetrics
+from .metrics import TE_COUNTED, TE_STAGES, ServerMetrics
 
 if TYPE_CHECKING:  # app.py imports the routes, which import this module
     from .app import ServerConfig
@@ -370,6 +370,7 @@ async def run_pooling(
     `single`: the body gave one input, not a list (TEI's metrics tell them apart)."""
     start = time.perf_counter()
     method = count_request(state, raw, single)
+    began = time.monotonic()
     requests = await process_prompts(
         state,
         prompts,
@@ -383,8 +384,14 @@ async def run_pooling(
         **kwargs,
     )
     check_limits(state, requests, field, locate)
+    queued = time.monotonic()
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
-    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start, method)
+    done = time.monotonic()
+    # TEI's stages, per input then averaged over the request's inputs: tokenization, the wait for a step, the steps
+    taken = [r.scheduled_time or done for r in requests]  # one no step ran (an inference-free query): all waiting
+    stages = (queued - began, sum(t - queued for t in taken) / len(taken), sum(done - t for t in taken) / len(taken))
+    raw.scope[TE_STAGES] = stages
+    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start, method, stages)
     return outputs
 
 

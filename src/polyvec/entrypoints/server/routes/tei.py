@@ -42,7 +42,7 @@ from ....tokenizer import PolyTokenizer
 from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import APIError, ErrorResponse, error_responses, shorten, validation_message
-from ..metrics import TE_ERR
+from ..metrics import TE_ERR, TE_STAGES
 from ..serving import ServerState, State, count_request, json_body, run_pooling
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -362,15 +362,19 @@ async def _run(
     return await run_pooling(state, raw, prompts, params, task, field=field, locate=locate, single=single, **kwargs)
 
 
-def _headers(state: ServerState, start: float, outputs: list, chars: int) -> dict[str, str]:
-    """TEI's x-compute-* headers, less its per-stage times (requests share the engine's batches)."""
+def _headers(state: ServerState, raw: Request, start: float, outputs: list, chars: int) -> dict[str, str]:
+    """TEI's x-compute-* headers and its stages' times (milliseconds; a batch's, the mean over its inputs)."""
     ms = str(int((time.perf_counter() - start) * 1000))
+    tokenization, queue, inference = raw.scope.get(TE_STAGES, (0.0, 0.0, 0.0))
     return {
         "x-compute-type": "gpu" if state.engine.device.type == "cuda" else "cpu",
         "x-compute-time": ms,
         "x-compute-characters": str(chars),
         "x-compute-tokens": str(sum(len(o.prompt_token_ids) for o in outputs)),
         "x-total-time": ms,
+        "x-tokenization-time": str(int(tokenization * 1000)),
+        "x-queue-time": str(int(queue * 1000)),
+        "x-inference-time": str(int(inference * 1000)),
     }
 
 
@@ -425,7 +429,7 @@ async def embed(req: T.TEIEmbedRequest, raw: Request, state: State) -> Response:
             v = v[:dims].double()
             v = F.normalize(v, dim=-1) if req.normalize else v
         vectors.append(float_array(v))
-    return VectorJSONResponse(vectors, headers=_headers(state, start, outputs, _chars(prompts)))
+    return VectorJSONResponse(vectors, headers=_headers(state, raw, start, outputs, _chars(prompts)))
 
 
 @router.post("/embed_all", summary="TEI embed_all: token vectors", responses=_responses(T.TEIEmbedAllResponse))
@@ -444,7 +448,7 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     single = _single(req.inputs)
     outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name, single=single)
     matrices = [float_array(o.outputs.data) for o in outputs]
-    return VectorJSONResponse(matrices, headers=_headers(state, start, outputs, _chars(prompts)))
+    return VectorJSONResponse(matrices, headers=_headers(state, raw, start, outputs, _chars(prompts)))
 
 
 @router.post("/embed_sparse", summary="TEI embed_sparse: SPLADE", responses=_responses(T.TEIEmbedSparseResponse))
@@ -464,7 +468,7 @@ async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State)
         v = o.outputs.data
         ids = v.nonzero().squeeze(1)
         body.append([{"index": i, "value": x} for i, x in zip(ids.tolist(), v[ids].tolist())])
-    return VectorJSONResponse(body, headers=_headers(state, start, outputs, _chars(prompts)))
+    return VectorJSONResponse(body, headers=_headers(state, raw, start, outputs, _chars(prompts)))
 
 
 @router.post("/similarity", summary="TEI sentence similarity", responses=_responses(T.TEISimilarityResponse))
@@ -491,7 +495,7 @@ async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) ->
     )
     vectors = torch.stack([o.outputs.data for o in outputs]).float()
     scores = F.cosine_similarity(vectors[:1], vectors[1:], dim=-1)
-    return VectorJSONResponse(float_array(scores), headers=_headers(state, start, outputs, _chars(prompts)))
+    return VectorJSONResponse(float_array(scores), headers=_headers(state, raw, start, outputs, _chars(prompts)))
 
 
 def _sentence(i: int) -> tuple[str, str]:
@@ -554,7 +558,7 @@ async def predict(req: T.TEIPredictRequest, raw: Request, state: State) -> Respo
     id2label = state.model_config.id2label
     results = [_predictions(o.outputs.data, id2label, req.raw_scores) for o in outputs]
     body = results[0] if single else results
-    return JSONResponse(body, headers=_headers(state, start, outputs, _chars(prompts)))
+    return JSONResponse(body, headers=_headers(state, raw, start, outputs, _chars(prompts)))
 
 
 async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> Response:
@@ -609,7 +613,7 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
             rank["score"] = values[i]
             ranks.append(rank)
         chars = len(req.query) * len(req.texts) + sum(map(len, req.texts))
-        return JSONResponse(ranks, headers=_headers(state, start, outputs, chars))
+        return JSONResponse(ranks, headers=_headers(state, raw, start, outputs, chars))
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
