@@ -132,3 +132,35 @@ def test_a_prefix_load_that_fails_is_loaded_again_when_the_chunk_runs_alone(qwen
     assert len(calls) == 2
     for rid, ref in zip("ab", want):
         assert torch.allclose(got[rid], ref.outputs.data, atol=1e-5), rid
+
+
+def test_an_abort_while_a_chunk_runs_again_after_a_fault_keeps_its_cache(qwen3_folder, monkeypatch):
+    """After a fault the server runs a batch's chunks again one at a time, outside a scheduled step: a client
+    leaving meanwhile released the running chunk's KV reservation at once (as the scheduler does for a step's
+    requests, it is now kept until the run ends)."""
+    from polyvec.entrypoints.server.async_engine import AsyncEngine
+
+    engine = LLM(str(qwen3_folder), dtype="float32", max_num_batched_tokens=20).engine
+    async_engine = AsyncEngine(engine, warmup=False)
+    engine.add_requests(engine.process([list(range(1000, 1030)), [5, 6, 7]], None, "embed", ["a", "b"]))
+    assert engine.step() == []  # a's first 20 tokens, into the KV cache it holds
+    batch = engine.schedule()
+    assert [(c.request.request_id, c.num_tokens) for c in batch] == [("a", 10), ("b", 3)]
+    execute, calls, held = engine.runner.execute, [], []
+
+    def fault_then_abort_a(chunks):
+        calls.append([c.request.request_id for c in chunks])
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        if calls[-1] == ["a"]:  # a's chunk running again alone: its client leaves now
+            async_engine.abort(["a"])
+            held.append(engine.scheduler.holds_cache("a"))
+        return execute(chunks)
+
+    monkeypatch.setattr(engine.runner, "execute", fault_then_abort_a)
+    try:
+        engine.run(batch)
+    except RuntimeError as exc:
+        outputs, failures = async_engine._after_fault(batch, exc)
+    assert calls == [["a", "b"], ["a"], ["b"]] and held == [True] and not failures
+    assert [o.request_id for o in outputs] == ["b"] and not engine.scheduler.holds_cache("a")

@@ -108,6 +108,12 @@ class Scheduler(Generic[R]):
             self.release(rid)
         return before - len(self.waiting) - len(self.running)
 
+    def hold(self, request_ids: set[str]) -> None:
+        """Requests about to run outside a scheduled step (a batch's chunks run again after a fault): as for a
+        step's, an abort meanwhile keeps their reservations until the run ends (`end_step`)."""
+        with self._kv_lock:
+            self._in_flight = set(request_ids)
+
     def aborted_in_step(self) -> set[str]:
         """The requests of the running batch aborted while it ran."""
         with self._kv_lock:

@@ -221,6 +221,7 @@ class AsyncEngine:
                     self.engine.fail([chunk])
                 continue
             try:
+                self.engine.scheduler.hold({chunk.request.request_id})  # an abort meanwhile: its KV kept till the end
                 outputs += self.engine.run([chunk])
             except FinishError as alone:  # the outputs that need no forward pass came with it
                 outputs += alone.finished
