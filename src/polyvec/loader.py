@@ -559,7 +559,9 @@ def load_model_config(
 
     return ModelConfig(
         model=str(model),
-        is_causal=architecture.startswith(CAUSAL_FAMILIES) or architecture == "ColQwen2",
+        # a decoder with vLLM's `is_causal: false` (gte-Qwen2) reads whole prompts both ways, as an encoder
+        is_causal=(architecture.startswith(CAUSAL_FAMILIES) and hf_config.get("is_causal", True) is not False)
+        or architecture == "ColQwen2",
         colqwen2=colqwen2,
         lora=lora,
         prompts=prompts,

@@ -149,3 +149,36 @@ def test_token_id_prompts_equal_text_prompts(minilm_llm):
     long_ids = [101] + [2000] * 300 + [102]
     cut = minilm_llm.embed(long_ids, use_tqdm=False)[0]
     assert len(cut.prompt_token_ids) == 256 and cut.prompt_token_ids[-1] == 102 and cut.num_input_tokens == 302
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key' is not supported"),
+        ({"is_decoder": True}, "is_decoder: true"),
+    ],
+)
+def test_bert_options_that_change_outputs_are_refused(tmp_path, minilm_path, config, message):
+    """A BERT whose config asks for relative-position attention terms, or causal attention (is_decoder), loaded
+    and ran as a plain BERT (outputs silently unlike transformers'); vLLM refuses the first by name too."""
+    import json
+
+    from tests.helpers import TINY, save_tiny_model
+
+    folder = save_tiny_model("BertModel", "BertConfig", tmp_path, minilm_path, **TINY)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, **config}))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(folder), dtype="float32")
+
+
+def test_token_types_beyond_the_model_are_refused_by_prompt(tmp_path, minilm_path):
+    """token_type_ids past type_vocab_size raised IndexError inside the forward pass; they are refused with the
+    prompt named, and a text pair on a one-segment model too."""
+    from tests.helpers import TINY, save_tiny_model
+
+    folder = save_tiny_model("BertModel", "BertConfig", tmp_path, minilm_path, **{**TINY, "type_vocab_size": 1})
+    llm = LLM(str(folder), dtype="float32")
+    with pytest.raises(ValueError, match=r"prompt 1.*token type 1 is beyond the model's 1 segment types"):
+        llm.embed(["fine", {"prompt_token_ids": [101, 2000, 102], "token_type_ids": [0, 0, 1]}], use_tqdm=False)
+    assert llm.embed([{"prompt_token_ids": [101, 2000, 102], "token_type_ids": [0, 0, 0]}], use_tqdm=False)

@@ -402,3 +402,38 @@ def test_a_templated_pair_too_long_has_its_document_cut_not_the_template(tmp_pat
     assert len(long_query.prompt_token_ids) <= 48 and tok.decode(long_query.prompt_token_ids).endswith("yes or no")
     with pytest.raises(ValueError, match="the chat template's own words exceed max_model_len=48"):
         llm.score(query, [doc], use_tqdm=False, chat_template=template + " filler" * 60)
+
+
+def test_a_decoder_with_is_causal_false_attends_both_ways(tmp_path, minilm_path):
+    """vLLM's `is_causal: false` (gte-Qwen2's config): every token attends to its whole prompt. It was ignored (the
+    model ran causally: the first token's state did not see the rest). The reference is transformers' Qwen2 with
+    an all-visible attention mask; outputs do not depend on the batch."""
+    import json
+
+    model = save_decoder("qwen2", "ForCausalLM", tmp_path, minilm_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert not llm.model_config.is_causal
+    ps = prompts()
+    outs = llm.token_embed([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
+    for p, out in zip(ps, outs):
+        with torch.no_grad():
+            visible = torch.zeros(1, 1, len(p), len(p))  # additive mask: nothing hidden
+            ref = model.model(input_ids=torch.tensor([p]), attention_mask=visible).last_hidden_state[0]
+        assert cosine_rows(out.outputs.data, ref).min().item() >= 0.9999
+    (alone,) = llm.token_embed({"prompt_token_ids": ps[2]}, PoolingParams(use_activation=False), use_tqdm=False)
+    assert torch.allclose(alone.outputs.data, outs[2].outputs.data, atol=1e-5)
+    overridden = LLM(str(tmp_path), dtype="float32", hf_overrides={"is_causal": True})
+    assert overridden.model_config.is_causal  # vLLM's hf_overrides set it too
+
+
+def test_a_llama_config_with_a_stray_sliding_window_attends_to_everything(tmp_path, minilm_path):
+    """transformers' and vLLM's Llama apply no window unless layer_types ask for one; a `sliding_window` left in a
+    Llama config (Mistral conversions) was applied to every layer (cosine 0.37 to the reference)."""
+    model = save_decoder("llama", "ForCausalLM", tmp_path, minilm_path, sliding_window=8)
+    llm = LLM(str(tmp_path), dtype="float32")
+    ps = prompts()
+    outs = llm.token_embed([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
+    for p, out in zip(ps, outs):
+        assert cosine_rows(out.outputs.data, reference_hidden(model, p)).min().item() >= 0.9999

@@ -55,6 +55,10 @@ class InputProcessor:
         self.kv_cache_tokens = kv_cache_tokens
         self.prefix_caching = prefix_caching
         self.supported_tasks: tuple[str, ...] = model.supported_tasks
+        # segment embeddings' rows (0: none, types unused); a type beyond them failed inside the forward pass
+        self.type_vocab_size = int(
+            getattr(getattr(getattr(model, "encoder", None), "args", None), "type_vocab_size", 0)
+        )
         if model_config.bge_m3 is not None:  # its sparse head: pooled, or per token as vLLM serves it
             self.supported_tasks += ("embed_sparse", "token_classify")
         if model_config.splade_embed is not None:  # vLLM's SPLADE: embed is the sparse vector (its own task)
@@ -284,6 +288,12 @@ class InputProcessor:
                     " has no tokens after tokenization (add_special_tokens is off and the tokenizer keeps nothing"
                     " of the text)",
                     subject="input",
+                )
+            if types and self.type_vocab_size and max(types) >= self.type_vocab_size:
+                raise PromptError(
+                    i,
+                    f": token type {max(types)} is beyond the model's {self.type_vocab_size} segment types "
+                    "(type_vocab_size); a text pair needs a model with two",
                 )
             skip = min(skips[i], max(len(ids) - 1, 0))  # at least one token is pooled
             request = Request(

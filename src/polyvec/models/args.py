@@ -34,6 +34,11 @@ class EncoderArgs:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> EncoderArgs:
+        kind = config.get("position_embedding_type", "absolute")
+        if kind not in (None, "absolute"):  # relative_key(_query) attention terms: refused as vLLM refuses them
+            raise ValueError(f"position_embedding_type {kind!r} is not supported; only 'absolute' is")
+        if config.get("is_decoder"):  # transformers runs such a BERT causally
+            raise ValueError("is_decoder: true (a causal BERT) is not supported; encoders attend both ways")
         pad = config.get("pad_token_id", 1)
         return cls(
             hidden_size=config["hidden_size"],
@@ -91,6 +96,9 @@ class DecoderArgs:
     mrope_section: tuple[int, ...] | None = None
     """Qwen2-VL's multimodal rotary positions: how many of each head's d/2 frequencies turn with the temporal,
     height and width position (their sum is d/2); None: one position per token."""
+    is_causal: bool = True
+    """False: every token attends to every token of its prompt (vLLM's `is_causal` config key, gte-Qwen2's):
+    whole prompts, no KV cache."""
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> DecoderArgs:
@@ -119,6 +127,7 @@ class DecoderArgs:
             classifier_from_token_ids=tuple(config.get("classifier_from_token_ids") or ()),
             classifier_2_way=bool(config.get("classifier_2_way", False)),
             mrope_section=_mrope_section(config),
+            is_causal=config.get("is_causal", True) is not False,
         )
 
 

@@ -11,6 +11,7 @@ within its prefix (all of a ColPali input is prefix). Positions count from 1, as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,37 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers.attention import AttentionMetadata, varlen_attention
-from ..layers.linear import linear_add
+from ..layers.attention import AttentionMetadata
 from .args import DecoderArgs
 from .colqwen2 import ImageBatch
-from .decoder import DecoderLayer, DecoderModel, apply_rope, load_decoder_weights
+from .decoder import DecoderModel, load_decoder_weights
 from .siglip import SiglipArgs, SiglipTower
 
 
-class GemmaBidirectionalLayer(DecoderLayer):
-    """Gemma's block with every token attending to every token of its sequence (no KV cache)."""
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = self.input_layernorm(x)  # [T, H]
-        total = h.shape[0]
-        q = self.q_proj(h).view(total, self.num_heads, self.head_dim)  # [T, heads, d]
-        k = self.k_proj(h).view(total, self.num_kv_heads, self.head_dim)  # [T, kv heads, d]
-        v = self.v_proj(h).view(total, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        group = self.num_heads // self.num_kv_heads
-        if group > 1:  # grouped keys/values shared out to their query heads for the fused attention
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        qkv = torch.cat((q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)), dim=1)  # [T, 3·heads·d]
-        attn = varlen_attention(qkv, meta, self.num_heads, meta.attn_mask())  # [T, heads·d]
-        x = linear_add(self.o_proj, attn, x)
-        h = self.post_attention_layernorm(x)
-        return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)
-
-
 class GemmaModel(DecoderModel):
+    """Gemma as PaliGemma runs a ColPali prompt: all prefix, attended both ways."""
+
     causal = False
-    layer_class = GemmaBidirectionalLayer
 
 
 class ColPaliTrunk(nn.Module):
@@ -58,7 +39,7 @@ class ColPaliTrunk(nn.Module):
 
     def __init__(self, text: Mapping[str, Any], vision: Mapping[str, Any], image_token_id: int):
         super().__init__()
-        self.args = DecoderArgs.from_hf(text)
+        self.args = dataclasses.replace(DecoderArgs.from_hf(text), is_causal=False)
         self.decoder = GemmaModel(self.args)
         self.visual = SiglipTower(SiglipArgs.from_hf(vision))
         self.projector = nn.Linear(int(vision["hidden_size"]), self.args.hidden_size)

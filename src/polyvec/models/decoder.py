@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..layers.activation import get_act_fn
-from ..layers.attention import AttentionMetadata, causal_attention
+from ..layers.attention import AttentionMetadata, causal_attention, varlen_attention
 from ..layers.embedding import Embedding
 from ..layers.linear import linear_add
 from .args import DecoderArgs
@@ -102,6 +102,9 @@ class DecoderLayer(nn.Module):
         self.down_proj: nn.Module = nn.Linear(args.intermediate_size, hidden, bias=args.mlp_bias)
         self.act = get_act_fn(args.hidden_act)
         self.sliding_window = _sliding_window(args, index)
+        self.bidirectional = not args.is_causal
+        if self.bidirectional and self.sliding_window is not None:
+            raise ValueError("is_causal: false with a sliding window is not supported")
 
     def replace_projections(self, pack: ProjectionPacker) -> None:
         """Swap the seven projections for the platform's forms (the activation stays separate)."""
@@ -117,23 +120,39 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:  # both or neither (Qwen3)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)  # [T, heads, d]
+        if self.bidirectional:
+            attn = self._attend_whole(q, k, v, meta)
+        else:
+            attn = causal_attention(q, k, v, meta, self.index, self.sliding_window)  # [T, heads, d]
         x = linear_add(self.o_proj, attn.reshape(total, self.num_heads * self.head_dim), x)  # [T, H]
         h = self.post_attention_layernorm(x)
         return linear_add(self.down_proj, self.act(self.gate_proj(h)) * self.up_proj(h), x)  # [T, H]
 
+    def _attend_whole(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Every token of a prompt attends to all of its tokens (whole prompts, no KV cache): [T, heads·d]."""
+        total, group = q.shape[0], self.num_heads // self.num_kv_heads
+        if group > 1:  # grouped keys/values shared out to their query heads for the fused attention
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        qkv = torch.cat((q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)), dim=1)  # [T, 3·heads·d]
+        return varlen_attention(qkv, meta, self.num_heads, meta.attn_mask())
+
 
 def _sliding_window(args: DecoderArgs, index: int) -> int | None:
+    """The layer's attention window, where its family applies one (transformers' configs): Qwen's only with
+    use_sliding_window (then per layer_types, else from layer max_window_layers on), Mistral's on every layer
+    unless layer_types say otherwise, any other family's per layer_types only (a Llama config's stray
+    sliding_window is not used by transformers' or vLLM's Llama)."""
     window = args.sliding_window
     if not window:
         return None
+    if (args.model_type or "").startswith("qwen"):
+        if not args.use_sliding_window:
+            return None
+        if args.layer_types is None:
+            return window if index >= args.max_window_layers else None
     if args.layer_types is not None:
         return window if args.layer_types[index] == "sliding_attention" else None
-    if args.model_type in ("qwen2", "qwen3"):
-        # Qwen applies the window only with use_sliding_window, from layer max_window_layers on.
-        use = args.use_sliding_window and index >= args.max_window_layers
-        return window if use else None
-    return window
+    return window if args.model_type == "mistral" else None
 
 
 class DecoderModel(nn.Module):
@@ -155,6 +174,7 @@ class DecoderModel(nn.Module):
             self.layer_class(args, i, qkv_bias, self.qk_norm) for i in range(args.num_hidden_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.causal = args.is_causal and self.causal
         # Not a buffer: the model is built on the meta device and only its parameters are loaded.
         self._inv_freq: torch.Tensor | None = None
 

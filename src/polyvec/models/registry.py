@@ -126,9 +126,9 @@ class PoolingModel(nn.Module):
         args = self.encoder.args
         hidden = args.hidden_size
         self.causal = bool(self.encoder.causal)
-        # What transformers' classifiers read (CLS for encoders, the last token for decoders); embedders
-        # usually override it through their sentence-transformers Pooling module.
-        self.default_pooling = "LAST" if self.causal else "CLS"
+        # What transformers' classifiers read (CLS for encoders, the last token for decoders, causal or not);
+        # embedders usually override it through their sentence-transformers Pooling module.
+        self.default_pooling = "LAST" if isinstance(self.encoder, DecoderModel) else "CLS"
         if isinstance(args, ModernBertArgs):  # its heads: a dense → act → norm block before the last layer
             self.default_pooling = "MEAN" if args.classifier_pooling == "mean" else "CLS"
             if head == "ForSequenceClassification":
