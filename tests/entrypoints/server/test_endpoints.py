@@ -253,8 +253,9 @@ def test_tei_routes_count_their_failures_as_tei(server):
     assert server.post("/embed", {"inputs": ["a"] * 4097}).status_code == 422  # --max-inputs-per-request 4096
     assert server.post("/embed", {"inputs": ["a", ""]}).status_code == 400
     assert server.post("/embed", {"inputs": [101, 7592, 102]}).status_code == 200
+    assert server.post("/rerank", {"query": "q", "texts": []}).status_code == 400  # TEI: a failure, not counted
     after = read()
-    assert [b - a for a, b in zip(before, after)] == [3, 2, 1, 1, 1, 1]
+    assert [b - a for a, b in zip(before, after)] == [3, 2, 1, 1, 1, 2]
     text = server.get("/metrics").text  # input-length buckets stop at the longest input, as TEI's
     buckets = [float(line.split('le="')[1].split('"')[0]) for line in text.splitlines()
                if line.startswith("te_request_input_length_bucket")]  # fmt: skip

@@ -37,6 +37,9 @@ def test_embeddings_and_models(server, minilm_llm):
         assert item.embedding == pytest.approx(out.outputs.data[:4].tolist(), abs=1e-6)
     wide = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, dimensions=385))
     assert wide.status_code == 400 and json.loads(wide.content)["error"]["param"] == "dimensions"
+    for path, extra in (("/pooling", {}), ("/v1/embeddings", {"late_chunking_params": {"chunk_size": 2}})):
+        r = server.post(path, {"input": TEXTS[0], "modality": "text", "dimensions": 4, **extra})  # not Infinity's
+        assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", (path, r.text)
     wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))
     assert wrong.status_code == 404
     for path, extra in (
@@ -110,3 +113,26 @@ def test_rerank_with_raw_scores_and_string_documents(tmp_path, minilm_path, acti
         assert [r.document for r in got.parsed.results] == [docs[i] for i in order[:2]]
         logits = torch.logit(torch.tensor([want[i] for i in order[:2]]))
         assert [r.relevance_score for r in got.parsed.results] == pytest.approx(logits.tolist(), abs=1e-4)
+
+
+def test_scores_as_infinity_computes_them_from_the_logits(tmp_path, minilm_path):
+    """A one-label model declaring sentence-transformers' Identity, its logits near -1000: Infinity's /classify
+    (transformers' pipeline) and /rerank give the sigmoid, 0.0 (polyvec gave the logit on /classify, and a 500
+    from math.exp's overflow on /rerank)."""
+    from transformers import BertForSequenceClassification
+
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path, num_labels=1, **TINY)
+    model = BertForSequenceClassification.from_pretrained(folder)
+    with torch.no_grad():
+        model.classifier.bias.fill_(-1000.0)
+    model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
+    model.save_pretrained(folder)
+    llm = LLM(str(folder), dtype="float32")
+    with in_process_server(llm.engine, warmup=False) as url:
+        client = Client(base_url=url)
+        got = classify.sync_detailed(client=client, body=ClassifyInput(input_=TEXTS, raw_scores=False))
+        assert got.status_code == 200, got.content
+        assert [[s.score for s in scores] for scores in got.parsed.data] == [[0.0], [0.0]]
+        ranked = rerank.sync_detailed(client=client, body=RerankInput(query="wing", documents=TEXTS))
+        assert ranked.status_code == 200, ranked.content
+        assert [r.relevance_score for r in ranked.parsed.results] == [0.0, 0.0]

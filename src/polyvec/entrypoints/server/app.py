@@ -159,7 +159,9 @@ class ServerMiddleware:
             self.metrics.requests.labels(endpoint, str(response["status"])).inc()
             status = response["status"]
             # TEI counts the failures of requests it counted, and its refusals for lack of capacity
-            if status >= 400 and (scope.get(TE_COUNTED) or (status == 429 and scope["method"] == "POST")):
+            # (a TEI route's refusal before it counted the request, e.g. an empty `texts`, names its cause: counted)
+            counted_failure = scope.get(TE_COUNTED) or scope.get(TE_ERR)
+            if status >= 400 and (counted_failure or (status == 429 and scope["method"] == "POST")):
                 self.metrics.on_failure(status, scope.get(TE_ERR))
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -13,7 +14,7 @@ from ....late_chunking import LateChunkingParams
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
-from ..serving import State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
+from ..serving import ServerState, State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
 
 router = APIRouter()
 
@@ -63,9 +64,23 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
 
 
+def _pipeline_scores(state: ServerState, output: Any) -> list[float]:
+    """Infinity's classify scores: transformers' text-classification pipeline on the logits, whatever activation
+    the model declares elsewhere: sigmoid for one label or multi-label, else softmax (else the config's own)."""
+    logits, config = output.outputs.data.double(), state.model_config.hf_config
+    problem, labels = config.get("problem_type"), logits.shape[-1]
+    if problem == "multi_label_classification" or labels == 1:
+        return torch.sigmoid(logits).tolist()
+    if problem == "single_label_classification" or labels > 1 or config.get("function_to_apply") == "softmax":
+        return torch.softmax(logits, dim=-1).tolist()
+    return logits.tolist()
+
+
 async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, model: str) -> Response:
     """vLLM 0.34's late chunking over HTTP: raw token vectors of each whole text, averaged per chunk."""
     field = "late_chunking_params"
+    if req._cut is not None:
+        raise APIError(400, "Infinity's dimensions does not apply to late chunking", "dimensions")
     if late_chunking.tokenization_changes({"padding": req.padding}):
         message = "Late chunking does not support input padding, truncation or renderer text normalization"
         raise APIError(400, message, "padding")
@@ -218,11 +233,12 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     prompts, add_special_tokens, locate = request_prompts(state, req)
+    infinity = req.raw_scores is not None  # Infinity's body: the logits, then its pipeline's activation below
     outputs = await run_pooling(
         state,
         raw,
         prompts,
-        pooling_params(req),
+        pooling_params(req, use_activation=False) if infinity else pooling_params(req),
         "classify",
         add_special_tokens=add_special_tokens,
         truncation_side=req.truncation_side,
@@ -232,14 +248,12 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
     )
     id2label = state.model_config.id2label
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    if req.raw_scores is not None:  # Infinity's body: its response, every label by score, highest first
-        ranked = [
-            sorted(
-                ({"score": s, "label": id2label.get(j, str(j))} for j, s in enumerate(o.outputs.data.tolist())),
-                key=lambda x: -x["score"],
-            )
-            for o in outputs
-        ]
+    if infinity:  # its response: every label by score, highest first
+        ranked = []
+        for o in outputs:
+            scores = _pipeline_scores(state, o)
+            order = sorted(range(len(scores)), key=lambda j: -scores[j])
+            ranked.append([{"score": scores[j], "label": id2label.get(j, str(j))} for j in order])
         return VectorJSONResponse(
             {**P.envelope("classify", model, ranked, tokens, req.request_id), "object": "classify"}
         )

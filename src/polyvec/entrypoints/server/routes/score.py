@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -117,7 +117,7 @@ async def _rerank(req: P.RerankRequest, raw: Request, state: State) -> Response:
     prompts_of(state, req.documents, "documents")
     scores, tokens = await score_pairs(state, raw, ("query", req.query), ("documents", req.documents), req)
     if req.raw_scores is False and state.engine.is_cross_encoder:  # Infinity's sigmoid of the logit
-        scores = [1 / (1 + math.exp(-s)) for s in scores]
+        scores = torch.sigmoid(torch.tensor(scores, dtype=torch.float64)).tolist()  # saturates, as numpy's
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     if req.top_n:
         order = order[: req.top_n]

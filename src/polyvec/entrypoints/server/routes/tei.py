@@ -475,7 +475,6 @@ async def embed_sparse(req: T.TEIEmbedSparseRequest, raw: Request, state: State)
 async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) -> Response:
     """The cosine similarity of each of `inputs.sentences` with `inputs.source_sentence`, `[float, ...]`."""
     start = time.perf_counter()
-    count_request(state, raw, single=False)
     tasks = state.engine.supported_tasks
     # SPLADE: TEI embeds with normalize false, the pooled vector over the vocabulary (cosine normalizes it)
     task = "embed" if "embed" in tasks else "embed_sparse" if "embed_sparse" in tasks else None
@@ -485,6 +484,7 @@ async def similarity(req: T.TEISimilarityRequest, raw: Request, state: State) ->
     if not sentences:
         raise TEIError("Empty", "`inputs.sentences` cannot be empty")
     _check_batch(state, len(sentences) + 1, "inputs.sentences")
+    count_request(state, raw, single=False)  # as TEI: its embed call counts the request, after those checks
     prompts = [source, *sentences]
     empty = _first_empty(prompts)
     if empty is not None:
@@ -567,6 +567,8 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
     a late-interaction one by MaxSim."""
     with _as_tei():
         start = time.perf_counter()
+        if not req.texts:  # TEI's failure before it counts the request
+            raise TEIError("Empty", "`texts` cannot be empty")
         count_request(state, raw, single=False)
         _check_batch(state, len(req.texts), "texts")
         engine = state.engine
