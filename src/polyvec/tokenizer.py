@@ -27,7 +27,8 @@ class TokenizedPrompt:
     token_type_ids: list[int] | None
     """Segment ids; None when all are 0 (single texts), which the model runner then does not look up."""
     num_input_tokens: int
-    """Length before truncation (what the caller sent, in tokens)."""
+    """Length before truncation (what the caller sent, in tokens); for a text being cut that is over 256 Ki
+    characters (and 32 per token kept), the length of the part of it read (_PART_CHARS)."""
 
 
 def _prompt(enc, num_input_tokens: int) -> TokenizedPrompt:
@@ -37,6 +38,26 @@ def _prompt(enc, num_input_tokens: int) -> TokenizedPrompt:
 
 TruncationSide = Literal["left", "right"]
 """Which end truncation cuts: "right" keeps the first tokens (the default), "left" the last ones."""
+
+
+_CHARS_PER_TOKEN = 32
+_PART_CHARS = 1 << 18
+"""A text being cut that is longer than these (characters per token kept, or characters) is read in part (see
+PolyTokenizer._part); its length before truncation is then that of the part."""
+_GROUP_CHARS = 1 << 20
+
+
+def _groups(items: list[int], sizes: list[int], most: int) -> list[list[int]]:
+    """`items` in order, in consecutive groups of at most `most` total size (an item larger alone)."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for item, size in zip(items, sizes):
+        if groups[-1] and total + size > most:
+            groups.append([])
+            total = 0
+        groups[-1].append(item)
+        total += size
+    return [g for g in groups if g]
 
 
 class PromptTooLongError(ValueError):
@@ -191,11 +212,41 @@ class PolyTokenizer:
         `overflowing` pieces the truncating tokenizer returns, each less the special tokens it also gets."""
         processor = self._base.post_processor
         special = processor.num_special_tokens_to_add(False) if add_special_tokens and processor else 0
-        # Either side, the overflowing pieces partition the cut-off tokens (stride 0).
-        encoded = self._truncating_copy(max_length, side).encode_batch_fast(
-            texts, add_special_tokens=add_special_tokens
-        )
-        return [_prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing)) for enc in encoded]
+        tok = self._truncating_copy(max_length, side)
+        most = max(max_length * _CHARS_PER_TOKEN, _PART_CHARS)
+        content = max_length - special
+        out: list[Any] = [None] * len(texts)
+        whole = []
+        for i, text in enumerate(texts):
+            part = self._part(tok, text, most, content, add_special_tokens, side) if len(text) > most else None
+            if part is not None:
+                out[i] = _prompt(part, len(part.ids) + sum(len(o.ids) - special for o in part.overflowing))
+            else:
+                whole.append(i)
+        # In groups of ~1M characters: each token cut off is an Encoding of ~0.5 KB until its group is counted
+        for group in _groups(whole, [len(texts[i]) for i in whole], _GROUP_CHARS):
+            encoded = tok.encode_batch_fast([texts[i] for i in group], add_special_tokens=add_special_tokens)
+            for i, enc in zip(group, encoded):
+                # Either side, the overflowing pieces partition the cut-off tokens (stride 0).
+                out[i] = _prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing))
+        return out
+
+    @staticmethod
+    def _part(tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide):
+        """A text of more than `most` characters read in part (the whole was tokenized to be cut: gigabytes and
+        seconds for a few megabytes of text): its first (left: last) `most` characters, when the tokens kept
+        from them end before a whitespace that is still inside the part, so that they are the whole text's own.
+        None where that cannot be shown (too few tokens in the part, no whitespace after them)."""
+        part = text[:most] if side == "right" else text[-most:]
+        enc = tok.encode(part, add_special_tokens=add_special_tokens)
+        kept = [k for k, m in enumerate(enc.special_tokens_mask) if not m]
+        if len(kept) < content:  # the part was not cut: the whole text's tokens may run on past it
+            return None
+        if side == "right":
+            rest = part[enc.offsets[kept[-1]][1] :]
+        else:
+            rest = part[: enc.offsets[kept[0]][0]]
+        return enc if any(c.isspace() for c in rest) else None
 
     def token_ids(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
         """One text's ids and token strings."""

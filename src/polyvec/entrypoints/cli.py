@@ -806,7 +806,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         p,
         "--max-tokens-per-request",
         1024 * 1024,
-        "most tokens of all inputs in one request, after tokenization and truncation; more get 413 (0: no limit)",
+        "most tokens of all inputs in one request, after tokenization and truncation (token ids: as sent, before "
+        "it); more get 413 (0: no limit)",
         cast=int,
     )
     _flag(

@@ -4,6 +4,8 @@ is queued; under them, the same requests succeed."""
 
 from __future__ import annotations
 
+import orjson
+
 AUTH = {"Authorization": "Bearer sekret"}
 WORDS_60 = "word " * 60  # 62 tokens with [CLS] and [SEP]: fits in max_model_len 64
 
@@ -45,6 +47,27 @@ def test_tokens_per_request(strict_server):
         assert r.status_code == 413 and r.json()["error_type"] == "Validation", (path, r.text)
         assert "--max-tokens-per-request" in r.json()["error"]
     assert s.post("/tokenize", {"prompt": WORDS_60}, headers=AUTH).json()["count"] == 62
+
+
+def test_token_ids_count_as_sent(strict_server):
+    """Token ids are counted as sent, before truncation: 8 million ids in one prompt were validated on the event
+    loop (/health held 2 s, 2 GB), then cut to max_model_len. A large body's are counted before it is parsed,
+    a small one's after: the same 413 either way."""
+    s = strict_server
+    small = {"input": [[2773] * 5001, [2773] * 5000]}  # 10001 ids, a body of ~60 KB
+    error = _error(s.post("/v1/embeddings", small, headers=AUTH))
+    assert (
+        error["message"].startswith("the request carries 10001 token ids; the limit is 10000")
+        and error["param"] == "input"
+    )
+    from polyvec.entrypoints.server.app import _too_many_items  # what the middleware runs on a large body
+
+    large = orjson.dumps({"input": [2773] * 300_000})
+    assert _too_many_items(large, 4096, 10000) == ("input", 300_000, True)
+    assert _too_many_items(orjson.dumps({"input": [[1, 2]] * 6000}), 8000, 10000) == ("input", 12000, True)
+    assert _too_many_items(large, 4096, 0) is None  # no limit
+    ok = s.post("/v1/embeddings", {"input": [[2773] * 5000] * 2, "truncate_prompt_tokens": 64}, headers=AUTH)
+    assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 128, ok.text
 
 
 def test_windows_per_input(strict_server):

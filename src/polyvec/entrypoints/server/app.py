@@ -231,10 +231,16 @@ class ServerMiddleware:
     async def _check_items(self, body: bytes) -> None:
         """A large body's item lists against --max-inputs-per-request, in a thread, before FastAPI parses and
         validates it on the event loop (millions of one-token items held /health for seconds)."""
-        limit = self.config.max_inputs_per_request
-        found = await asyncio.get_running_loop().run_in_executor(None, _too_many_items, body, limit)
+        limit, most_ids = self.config.max_inputs_per_request, self.config.max_tokens_per_request
+        found = await asyncio.get_running_loop().run_in_executor(None, _too_many_items, body, limit, most_ids)
         if found is not None:
-            name, n = found
+            name, n, ids = found
+            if ids:  # millions of ids were validated on the event loop (2 s, 2 GB for 8M), then cut to length
+                message = (
+                    f"'{name}' carries {n} token ids; the limit is {most_ids} per request (--max-tokens-per-request, "
+                    "counted before truncation for token ids)"
+                )
+                raise APIError(413, message, name)
             raise APIError(400, f"'{name}' has {n} items; the limit is {limit} per request", name)
 
 
@@ -245,9 +251,10 @@ _ITEM_FIELDS = ("input", "inputs", "texts", "documents", "text_1", "text_2", "da
                 "images", "ids")  # fmt: skip
 
 
-def _too_many_items(body: bytes, limit: int) -> tuple[str, int] | None:
-    """(field, length) of a top-level list of prompts longer than `limit`; a flat list of ints is one prompt of
-    token ids. None for anything else, invalid JSON included (FastAPI says what is wrong with it)."""
+def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, int, bool] | None:
+    """(field, count, whether of token ids) of a top-level list of prompts longer than `limit`, or one whose token
+    ids (a flat list of ints is one prompt of them) number more than `most_ids` (0: no limit). None for anything
+    else, invalid JSON included (FastAPI says what is wrong with it)."""
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -256,8 +263,14 @@ def _too_many_items(body: bytes, limit: int) -> tuple[str, int] | None:
         return None
     for name in _ITEM_FIELDS:
         items = value.get(name)
-        if isinstance(items, list) and len(items) > limit and not all(type(x) is int for x in items):
-            return name, len(items)
+        if not isinstance(items, list):
+            continue
+        flat = all(type(x) is int for x in items)
+        if len(items) > limit and not flat:
+            return name, len(items), False
+        ids = len(items) if flat else sum(len(x) for x in items if type(x) is list and all(type(t) is int for t in x))
+        if most_ids and ids > most_ids:
+            return name, ids, True
     return None
 
 

@@ -330,6 +330,26 @@ def check_limits(state: ServerState, requests: list, field: str = "input", locat
             )
 
 
+def check_ids_sent(state: ServerState, prompts: list, param: str | None) -> None:
+    """413 for token ids numbering more than --max-tokens-per-request as sent, before truncation (a large body's
+    are counted before it is parsed, ServerMiddleware._check_items: the same limit, whatever the body's size)."""
+    most = state.config.max_tokens_per_request
+    if most <= 0:
+        return
+    sent = 0
+    for p in prompts:
+        ids = p.get("prompt_token_ids") if isinstance(p, dict) else p
+        if isinstance(ids, list) and ids and type(ids[0]) is int:
+            sent += len(ids)
+    if sent > most:
+        raise APIError(
+            413,
+            f"the request carries {sent} token ids; the limit is {most} per request (--max-tokens-per-request, "
+            "counted before truncation for token ids)",
+            param,
+        )
+
+
 _PARAM = re.compile(r"^([a-z_]+)\b")
 
 
@@ -370,6 +390,7 @@ async def run_pooling(
     `single`: the body gave one input, not a list (TEI's metrics tell them apart)."""
     start = time.perf_counter()
     method = count_request(state, raw, single)
+    check_ids_sent(state, prompts, field if locate is None else None)
     began = time.monotonic()
     requests = await process_prompts(
         state,
