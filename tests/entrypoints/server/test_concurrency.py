@@ -16,7 +16,7 @@ import torch
 
 from polyvec.entrypoints.server.async_engine import AsyncEngine
 from tests.conftest import MINILM
-from tests.entrypoints.server.conftest import Server, free_port
+from tests.entrypoints.server.conftest import Server, free_port, in_process_server
 from tests.helpers import cosine_rows
 
 
@@ -174,3 +174,26 @@ def test_waiting_requests_count_a_long_input_once():
     plain = req("c")
     assert waiting_requests([*whole.windows, *started.windows[1:], plain]) == 2  # a and c; b is running
     assert waiting_requests([]) == 0
+
+
+def test_a_large_response_is_encoded_off_the_event_loop(minilm_llm, monkeypatch):
+    """Encoding token vectors as JSON ran on the event loop: a 1.2 GB body held /health for 2.3 s. Responses of
+    more than 2^18 numbers are built in a worker thread; small ones stay in place."""
+    from polyvec.entrypoints.server import serving
+
+    threads = []
+    encode = serving.encoded_response
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "encoded_response", recording)
+    monkeypatch.setattr("polyvec.entrypoints.server.routes.embeddings.encoded_response", recording)
+    with in_process_server(minilm_llm.engine, warmup=False) as url:
+        small = httpx.post(url + "/pooling", json={"input": "short", "task": "token_embed"}, timeout=60)
+        big = httpx.post(url + "/pooling", json={"input": ["word " * 200] * 8, "task": "token_embed"}, timeout=60)
+        assert small.status_code == big.status_code == 200
+        assert big.json()["data"][0]["shape"] == [202, 384]  # 8 x 202 x 384 numbers: over 2^18
+    loop_thread = threads[0]
+    assert threads[1] is not loop_thread  # a worker thread

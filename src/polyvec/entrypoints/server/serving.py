@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+import torch
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -450,6 +451,19 @@ async def process_prompts(
         if about is not None and names and about in names:  # the check's words, with the body's name
             message, about = names[about] + message[len(about) :], names[about]
         raise APIError(400, message, about) from None
+
+
+_OFF_LOOP_NUMBERS = 1 << 18
+"""Outputs of more numbers than this are encoded in a worker thread (a 1 GB body held /health for 2 s)."""
+
+
+async def off_loop(outputs: list, build: Callable[[], Response]) -> Response:
+    """`build()` (a response encoding `outputs`) off the event loop when the outputs are large; small ones are
+    encoded in place (a thread hop costs more than they do)."""
+    numbers = sum(o.outputs.data.numel() for o in outputs if isinstance(o.outputs.data, torch.Tensor))
+    if numbers <= _OFF_LOOP_NUMBERS:
+        return build()
+    return await asyncio.get_running_loop().run_in_executor(None, build)
 
 
 def encoded_response(

@@ -14,7 +14,16 @@ from ....late_chunking import LateChunkingParams
 from .. import protocol as P
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import POST_ERRORS, APIError
-from ..serving import ServerState, State, check_model, encoded_response, pooling_params, request_prompts, run_pooling
+from ..serving import (
+    ServerState,
+    State,
+    check_model,
+    encoded_response,
+    off_loop,
+    pooling_params,
+    request_prompts,
+    run_pooling,
+)
 
 router = APIRouter()
 
@@ -61,7 +70,9 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
             )
         for o in outputs:
             o.outputs.data = o.outputs.data[..., : req._cut]
-    return encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
+    return await off_loop(
+        outputs, lambda: encoded_response(req, outputs, "embd", "embedding", "embedding", model, with_shape=multi)
+    )
 
 
 def _pipeline_scores(state: ServerState, output: Any) -> list[float]:
@@ -222,7 +233,9 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
             data.append(item)
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
         return VectorJSONResponse(P.envelope("pooling", model, data, tokens, req.request_id))
-    return encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
+    return await off_loop(
+        outputs, lambda: encoded_response(req, outputs, "pooling", "pooling", "data", model, with_shape=True)
+    )
 
 
 @router.post(

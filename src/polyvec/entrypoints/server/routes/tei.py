@@ -43,7 +43,7 @@ from .. import protocol_tei as T
 from ..encoding import VectorJSONResponse, float_array
 from ..errors import APIError, ErrorResponse, error_responses, shorten, validation_message
 from ..metrics import TE_ERR, TE_STAGES
-from ..serving import ServerState, State, count_request, json_body, run_pooling
+from ..serving import ServerState, State, count_request, json_body, off_loop, run_pooling
 
 # ---------------------------------------------------------------------------------------------- errors
 
@@ -447,8 +447,10 @@ async def embed_all(req: T.TEIEmbedAllRequest, raw: Request, state: State) -> Re
     params = PoolingParams(use_activation=None if multi_vector else False)
     single = _single(req.inputs)
     outputs = await _run(state, raw, prompts, params, "token_embed", req, prompt_name=req.prompt_name, single=single)
-    matrices = [float_array(o.outputs.data) for o in outputs]
-    return VectorJSONResponse(matrices, headers=_headers(state, raw, start, outputs, _chars(prompts)))
+    headers = _headers(state, raw, start, outputs, _chars(prompts))
+    return await off_loop(
+        outputs, lambda: VectorJSONResponse([float_array(o.outputs.data) for o in outputs], headers=headers)
+    )
 
 
 @router.post("/embed_sparse", summary="TEI embed_sparse: SPLADE", responses=_responses(T.TEIEmbedSparseResponse))
