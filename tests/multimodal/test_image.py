@@ -44,6 +44,9 @@ def test_patches_equal_transformers_processor(size, pixels):
     assert list(got.grid_thw) == ref["image_grid_thw"][0].tolist()
     assert got.patches.shape == ref["pixel_values"].shape
     assert (got.patches - ref["pixel_values"].float()).abs().max() <= 1e-6
+    # held until its batch runs as the resized image's bytes (its float32 patches, two frames, were 8x that)
+    h, w = got.grid_thw[1] * 14, got.grid_thw[2] * 14
+    assert got.num_patches == got.patches.shape[0] and got.data.nbytes == h * w * 3
 
 
 def test_transparent_images_are_on_white_as_transformers_makes_them():

@@ -414,7 +414,7 @@ class InputProcessor:
         k = 0
         for t in ids:
             if t == pad:
-                out += [pad] * (pixels[k].patches.shape[0] // merge)
+                out += [pad] * (pixels[k].num_patches // merge)
                 k += 1
             else:
                 out.append(t)

@@ -245,10 +245,40 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 @dataclass(frozen=True)
 class Qwen2VLPixels:
-    """One image as a Qwen2-VL vision tower reads it."""
+    """One image as a Qwen2-VL (or SigLIP) vision tower reads it."""
 
-    patches: torch.Tensor  # [grid_h * grid_w, 3 * temporal * patch * patch] float32
+    data: torch.Tensor | np.ndarray
+    """The patches [grid_h * grid_w, 3 * temporal * patch * patch] float32, or Qwen2-VL's resized image [h, w, 3]
+    uint8 with `recipe`: made into patches when its batch is built (a queued page held ~15 bytes of float32
+    patches per pixel, 2 frames of it, against 3 bytes)."""
     grid_thw: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
+    recipe: tuple[tuple[float, ...], tuple[float, ...], int, int, int] | None = None
+    """For a uint8 image: (mean, std, patch size, merge size, temporal patch size)."""
+
+    @property
+    def patches(self) -> torch.Tensor:
+        if self.recipe is None:
+            assert isinstance(self.data, torch.Tensor)
+            return self.data
+        assert isinstance(self.data, np.ndarray)
+        return torch.from_numpy(_qwen2_vl_layout(self.data, *self.recipe))
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_thw[1] * self.grid_thw[2]
+
+
+def _qwen2_vl_layout(
+    image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...], p: int, m: int, temporal: int
+) -> np.ndarray:
+    """A resized image [h, w, 3] uint8 → its normalized patches, in the order the processor writes them."""
+    h, w = image.shape[:2]
+    x = image.astype(np.float32).transpose(2, 0, 1) * np.float32(1 / 255)  # [3, h, w]
+    x = (x - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]
+    gh, gw = h // p, w // p
+    x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, 3, p, p]
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], temporal, p, p))  # frames: the image twice
+    return np.ascontiguousarray(x).reshape(gh * gw, 3 * temporal * p * p)
 
 
 def qwen2_vl_patches(
@@ -268,14 +298,9 @@ def qwen2_vl_patches(
         h, w = smart_resize(image.height, image.width, patch_size * merge_size, min_pixels, max_pixels)
     except ValueError as e:
         raise ImageError(index, str(e)) from None
-    resized = image.resize((w, h), resample=Image.Resampling.BICUBIC)
-    x = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) * np.float32(1 / 255)  # [3, h, w]
-    x = (x - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]
-    gh, gw, m, p = h // patch_size, w // patch_size, merge_size, patch_size
-    x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, 3, p, p]
-    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], temporal_patch_size, p, p))  # frames: the image twice
-    patches = np.ascontiguousarray(x).reshape(gh * gw, 3 * temporal_patch_size * p * p)
-    return Qwen2VLPixels(torch.from_numpy(patches), (1, gh, gw))
+    resized = np.asarray(image.resize((w, h), resample=Image.Resampling.BICUBIC), dtype=np.uint8)  # [h, w, 3]
+    recipe = (tuple(mean), tuple(std), patch_size, merge_size, temporal_patch_size)
+    return Qwen2VLPixels(resized, (1, h // patch_size, w // patch_size), recipe)
 
 
 def siglip_patches(
