@@ -209,6 +209,71 @@ def test_truncate_dim_of_the_model_config(tmp_path, minilm_path):
     assert _vectors(llm, TEXTS, dimensions=384).shape == (len(TEXTS), 384)  # a request may still ask for more
 
 
+def _dense(folder, name, module_input=None, module_output=None):
+    """A sentence-transformers Dense module 384 → 128 (Tanh) in `folder`/`name`."""
+    import safetensors.torch
+
+    (folder / name).mkdir()
+    cfg = {"in_features": 384, "out_features": 128, "bias": True,
+           "activation_function": "torch.nn.modules.activation.Tanh"}  # fmt: skip
+    if module_input:
+        cfg["module_input_name"] = module_input
+    if module_output:
+        cfg["module_output_name"] = module_output
+    (folder / name / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    weights = {"linear.weight": torch.randn(128, 384, generator=g) * 0.05, "linear.bias": torch.zeros(128)}
+    safetensors.torch.save_file(weights, str(folder / name / "model.safetensors"))
+    return {"idx": 9, "name": name, "path": name, "type": "sentence_transformers.models.Dense"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["layernorm", "normalize_before_dense", "token_dense_before_pooling", "dense_to_another_output", "prompt_name"],
+)
+def test_sentence_transformers_layouts_it_would_compute_otherwise_are_refused(tmp_path, minilm_path, case):
+    """Modules polyvec does not compute were skipped (a LayerNorm module: cosine 0.67 to sentence-transformers),
+    modules out of the order polyvec runs them were run in its order (Normalize before a Dense: 0.77), a Dense over
+    token vectors before Pooling was left out of embed (384-d, not 128), one writing another output was applied,
+    and an unknown default_prompt_name was ignored. Each is refused by name now."""
+    folder = _st_folder(tmp_path, minilm_path, case)
+    modules = json.loads((folder / "modules.json").read_text())  # Transformer, Pooling, Normalize
+    if case == "layernorm":
+        modules.insert(2, {"idx": 2, "name": "2_LayerNorm", "path": "2_LayerNorm",
+                           "type": "sentence_transformers.models.LayerNorm"})  # fmt: skip
+        match = r"module 2 \(sentence_transformers.models.LayerNorm, 2_LayerNorm\) is not supported"
+    elif case == "normalize_before_dense":
+        modules.append(_dense(folder, "3_Dense"))
+        match = "a Normalize module before Dense"
+    elif case == "token_dense_before_pooling":
+        modules.insert(1, _dense(folder, "1b_Dense", module_input="token_embeddings"))
+        match = "a Dense over token embeddings before Pooling"
+    elif case == "dense_to_another_output":
+        modules.insert(2, _dense(folder, "2_Dense", module_output="projected"))
+        match = "a Dense writing 'projected'"
+    else:
+        (folder / "config_sentence_transformers.json").write_text(
+            json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "doc"})
+        )
+        match = r"default_prompt_name 'doc' is not among the prompts \(query\)"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match=match):
+        LLM(str(folder), dtype="float32")
+
+
+def test_a_dropout_module_is_read_as_nothing(tmp_path, minilm_path):
+    folder = _st_folder(tmp_path, minilm_path, "dropout")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(
+        2, {"idx": 2, "name": "2_Dropout", "path": "2_Dropout", "type": "sentence_transformers.models.Dropout"}
+    )
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "2_Dropout").mkdir()
+    (folder / "2_Dropout" / "config.json").write_text(json.dumps({"dropout": 0.2}))
+    got = _vectors(LLM(str(folder), dtype="float32"), TEXTS)
+    assert cosine_rows(got, _st_vectors(folder, TEXTS)).min() >= 0.9999
+
+
 def test_vocab_txt_tokenizer_reads_its_casing(tmp_path, minilm_path):
     """A folder with vocab.txt and no tokenizer.json: do_lower_case (and strip_accents) from tokenizer_config.json,
     as transformers' BertTokenizer reads them."""

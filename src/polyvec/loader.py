@@ -120,19 +120,42 @@ def _read_sentence_transformers(root: Path) -> dict[str, Any]:
     return out
 
 
+_ST_MODULES = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling", "Router", "Dropout")
+"""sentence-transformers modules read (Dropout does nothing at inference); any other is refused by name."""
+
+
 def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]) -> None:
-    for module in modules:
+    for k, module in enumerate(modules):
         kind = module.get("type", "").rsplit(".", 1)[-1]
         folder = root / module.get("path", "")
+        if kind not in _ST_MODULES:  # skipped, it changed every vector (a LayerNorm: cosine 0.67 to the reference)
+            raise ValueError(
+                f"{root / 'modules.json'}: module {k} ({module.get('type')}, {module.get('path')}) is not supported; "
+                f"supported: {', '.join(_ST_MODULES)}"
+            )
+        if out["normalize"] and kind != "Dropout":  # sentence-transformers runs modules in order
+            raise ValueError(f"{root / 'modules.json'}: a Normalize module before {kind} (module {k}) is not supported")
         if kind == "Transformer" or kind == "MLMTransformer":
             if (folder / "config.json").is_file():
                 out["transformer_dir"] = folder
         elif kind == "Pooling":
+            if out.get("token_dense_first") is not None:
+                raise ValueError(
+                    f"{out['token_dense_first']}: a Dense over token embeddings before Pooling is not supported"
+                )
             cfg = _read_json(folder / "config.json")
             out["pooling"] = _st_pooling_modes(cfg)
             out["include_prompt"] = cfg.get("include_prompt", True) is not False
         elif kind == "Dense":
             cfg = _read_json(folder / "config.json")
+            on_tokens = (
+                module.get("type", "").startswith("pylate") or cfg.get("module_input_name") == "token_embeddings"
+            )
+            if on_tokens and out["pooling"] is None and not module.get("type", "").startswith("pylate"):
+                out["token_dense_first"] = folder  # refused if a Pooling follows (embed skipped it: 384-d, not 128)
+            if cfg.get("module_output_name", "sentence_embedding") != "sentence_embedding" and not on_tokens:
+                # sentence-transformers writes it elsewhere: the sentence embedding is left as it was
+                raise ValueError(f"{folder}: a Dense writing {cfg['module_output_name']!r} is not supported")
             out["dense"].append(
                 DenseSpec(
                     path=folder,
@@ -141,8 +164,7 @@ def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]
                     bias=bool(cfg.get("bias", True)),
                     activation=_activation_name(cfg.get("activation_function")),
                     use_residual=bool(cfg.get("use_residual", False)),
-                    on_tokens=module.get("type", "").startswith("pylate")
-                    or cfg.get("module_input_name") == "token_embeddings",
+                    on_tokens=on_tokens,
                 )
             )
         elif kind == "Normalize":
@@ -544,6 +566,11 @@ def load_model_config(
         st_model = _read_json(st_model_cfg)
         prompts = {k: v for k, v in (st_model.get("prompts") or {}).items() if isinstance(v, str)}
         default_prompt = st_model.get("default_prompt_name")
+        if default_prompt is not None and default_prompt not in prompts:  # sentence-transformers refuses it too
+            names = ", ".join(prompts) or "none"
+            raise ValueError(
+                f"{st_model_cfg}: default_prompt_name {default_prompt!r} is not among the prompts ({names})"
+            )
         if prompts:
             sources["prompts"] = "config_sentence_transformers.json"
         truncate_dim = st_model.get("truncate_dim")
