@@ -73,6 +73,8 @@ class PoolerConfig:
     """STEP pooling: only tokens with this id are returned (all tokens when None)."""
     returned_token_ids: list[int] | None = None
     """STEP pooling: only these output columns are returned."""
+    enable_flash_late_interaction: bool | None = None
+    """vLLM's choice of a Triton MaxSim kernel: accepted, no effect (MaxSim here is the reference's)."""
 
     def __post_init__(self) -> None:
         if self.task is not None and self.task not in POOLING_TASKS:

@@ -67,6 +67,7 @@ def test_a_pasted_vllm_command_line_parses_and_warns_once(caplog):
         (["--task", "generate"], "task='generate' is not supported: polyvec runs pooling models only"),
         (["--task", "score", "--pooler-config.task", "embed"], "task='score' and pooler_config task='embed' disagree"),
         (["--task", "embed", "--convert", "classify"], "task='embed' and convert='classify' disagree"),
+        (["--disable-sliding-window"], "disable_sliding_window is not supported: polyvec applies the model's"),
     ],
 )
 def test_flags_that_would_change_results_are_refused(argv, message):
@@ -139,6 +140,33 @@ def test_vllm_spellings_of_a_command_line(capsys):
     code = main(["serve", "--model", "/nonexistent/model", "--port", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "--model is vLLM's deprecated form" in err and "'/nonexistent/model' is not a folder" in err
+
+
+def test_more_of_vllm_034s_flags(monkeypatch, caplog):
+    """Flags of vLLM 0.34's `vllm serve` that stopped a pasted command line ("unrecognized arguments", or a value
+    refused): accepted with no effect and named in the warning, or read as vLLM reads them."""
+    monkeypatch.setenv("HF_TOKEN", "before")  # undone after the test, whatever the code sets
+    args = parse(
+        "--max-model-len", "auto", "--kv-cache-memory-bytes", "4G", "--hf-token", "hf_x", "--config-format", "hf",
+        "--generation-config", "auto", "--max-logprobs", "5", "--enable-log-outputs", "--response-role", "x",
+        "--middleware", "m.M", "--no-enable-flash-late-interaction",
+        "--pooler-config.enable_flash_late_interaction", "false",
+    )  # fmt: skip
+    assert args.max_model_len is None and args.kv_cache_memory_bytes == 4 << 30
+    with caplog.at_level(logging.WARNING, logger="polyvec"):
+        options = vllm_options(args)
+    assert options["pooler_config"] == PoolerConfig(enable_flash_late_interaction=False)
+    import os
+
+    assert os.environ["HF_TOKEN"] == "hf_x"
+    warned = next(r.getMessage() for r in caplog.records if "no effect" in r.getMessage())
+    for flag in ("--config-format", "--generation-config", "--max-logprobs", "--middleware", "--response-role"):
+        assert flag in warned, flag
+    assert parse("--max-model-len", "-1").max_model_len is None and parse("--hf-token").hf_token is True
+
+
+def test_llm_max_model_len_auto(minilm_path):
+    assert LLM(str(minilm_path), max_model_len=-1).model_config.max_model_len == 256  # vLLM's auto: the model's
 
 
 def test_check_returns_only_given_flags():

@@ -64,6 +64,11 @@ def token_count(value: str) -> int:
     return count
 
 
+def token_count_or_auto(value: str) -> int | None:
+    """`token_count`, or vLLM's "auto" / -1 (None: the model's own)."""
+    return None if value.strip().lower() in ("auto", "-1") else token_count(value)
+
+
 def port_number(value: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one wrapped around silently)."""
     number = non_negative(int)(value)
@@ -747,8 +752,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(
         p,
         "--max-model-len",
-        help="longest input in tokens, e.g. 8192, 8k or 8K (default: the model's)",
-        cast=token_count,
+        help="longest input in tokens, e.g. 8192, 8k or 8K (default, or auto: the model's)",
+        cast=token_count_or_auto,
     )
     _flag(
         p,
@@ -782,8 +787,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(
         p,
         "--kv-cache-memory-bytes",
-        help="causal models: memory for KV caches of chunked prefills (default 4 GiB)",
-        cast=int,
+        help="causal models: memory for KV caches of chunked prefills, e.g. 4G (default 4 GiB)",
+        cast=token_count,
     )
     var = env_name("--enable-prefix-caching")
     p.add_argument(
@@ -910,6 +915,10 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(*flags, type=int, dest=name, help="only 1: polyvec runs a model whole on one device")
     for name in ("ssl_keyfile", "ssl_certfile"):
         g.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS)
+    g.add_argument("--disable-sliding-window", action="store_true", default=None, help=argparse.SUPPRESS)
+    g.add_argument(
+        "--hf-token", nargs="?", const=True, help="a Hugging Face token for downloads (vLLM's; or set HF_TOKEN)"
+    )
     for name, takes_value in {**vllm_compat.IGNORED, **vllm_compat.IGNORED_SERVER}.items():
         flag = f"--{name.replace('_', '-')}"
         if takes_value:
@@ -926,6 +935,9 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
     the engine arguments they carry."""
     from . import vllm_compat
 
+    token = getattr(args, "hf_token", None)
+    if isinstance(token, str):  # without a value: the token stored by `hf auth login`, which downloads read anyway
+        os.environ["HF_TOKEN"] = token
     try:
         ignored = vllm_compat.check(vars(args))
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)

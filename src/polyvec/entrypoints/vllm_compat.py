@@ -34,6 +34,9 @@ IGNORED: dict[str, bool] = {
     "disable_custom_all_reduce": False,
     "max_log_len": True,
     "optimization_level": True,  # -O<n>: torch.compile and CUDA-graph levels
+    "config_format": True,
+    "generation_config": True,  # sampling defaults: nothing is generated here
+    "max_logprobs": True,
 }
 
 # vLLM 0.34's LLM() keywords that have no effect here (no CLI flag of polyvec's): accepted, a warning when set.
@@ -55,6 +58,7 @@ VALUE_TYPES: dict[str, type] = {
     "block_size": int,
     "max_seq_len_to_capture": int,
     "max_log_len": int,
+    "max_logprobs": int,
 }
 
 # Server-only flags with no effect here.
@@ -69,6 +73,11 @@ IGNORED_SERVER: dict[str, bool] = {
     "allowed_headers": True,
     "allow_credentials": False,
     "root_path": True,
+    "enable_log_outputs": False,
+    "response_role": True,
+    "middleware": True,  # vLLM imports the named ASGI middleware; none is run here
+    "enable_flash_late_interaction": False,  # a Triton MaxSim kernel's choice
+    "no_enable_flash_late_interaction": False,
 }
 
 # Parallelism that would split the model or the data over devices: only 1 is accepted.
@@ -93,6 +102,11 @@ def check(values: Mapping[str, Any]) -> list[str]:
     for name in ("ssl_keyfile", "ssl_certfile"):
         if values.get(name):
             raise ValueError(f"{name} is not supported: polyvec serves plain HTTP; terminate TLS in a proxy")
+    if values.get("disable_sliding_window"):
+        raise ValueError(
+            "disable_sliding_window is not supported: polyvec applies the model's sliding window (vLLM would cap "
+            "max_model_len to it instead; pass --max-model-len for that)"
+        )
     for name, kind in VALUE_TYPES.items():
         value = values.get(name)
         numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))

@@ -37,9 +37,15 @@ def test_embeddings_and_models(server, minilm_llm):
         assert item.embedding == pytest.approx(out.outputs.data[:4].tolist(), abs=1e-6)
     wide = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, dimensions=385))
     assert wide.status_code == 400 and json.loads(wide.content)["error"]["param"] == "dimensions"
-    for path, extra in (("/pooling", {}), ("/v1/embeddings", {"late_chunking_params": {"chunk_size": 2}})):
-        r = server.post(path, {"input": TEXTS[0], "modality": "text", "dimensions": 4, **extra})  # not Infinity's
+    for path, extra in (
+        ("/pooling", {}),
+        ("/v1/embeddings", {}),
+        ("/v1/embeddings", {"late_chunking_params": {"chunk_size": 2}}),
+    ):  # not Infinity's route: vLLM's dimensions, refused on a model not trained for Matryoshka
+        r = server.post(path, {"input": TEXTS[0], "modality": "text", "dimensions": 4, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", (path, r.text)
+    raw = server.post("/embeddings", {"input": TEXTS, "model": "default/not-specified", "dimensions": 4})
+    assert raw.status_code == 200 and len(raw.json()["data"][0]["embedding"]) == 4  # a raw Infinity body
     wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))
     assert wrong.status_code == 404
     for path, extra in (

@@ -317,7 +317,11 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
     def _infinity_dimensions(cls, data: Any, handler: Any) -> Any:
         """Infinity's body (one with `modality`) cuts any model's vector to `dimensions` values after it is
         normalized (0: the full size); vLLM's `dimensions` is the model's Matryoshka reduction."""
-        infinity = cls is EmbeddingRequest and isinstance(data, dict) and "modality" in data  # not /pooling's body
+        infinity = (  # Infinity's body (its client sends modality; raw bodies its model name), not /pooling's
+            cls is EmbeddingRequest
+            and isinstance(data, dict)
+            and ("modality" in data or data.get("model") == "default/not-specified")
+        )
         cut = data.get("dimensions") if infinity else None
         if not isinstance(cut, int) or isinstance(cut, bool) or cut < 0:
             return handler(data)

@@ -44,6 +44,8 @@ def _encoded(model: type) -> dict[int | str, dict[str, Any]]:
 @router.post("/v1/embeddings", summary="OpenAI embeddings", responses=_encoded(P.EmbeddingResponse))
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
+    if req._cut is not None and raw.url.path != "/embeddings":  # Infinity's route only: here vLLM's dimensions
+        req.dimensions, req._cut = req._cut, None
     if req.late_chunking_params is not None:
         return await _late_chunked(req, raw, state, model)
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode), and so is any
