@@ -502,12 +502,25 @@ async def overhead(args: argparse.Namespace, server: Server, texts: list[str]) -
             return await fan_out_aiohttp(server, args.clients, args.timeout, work)
         return await fan_out(server, args.clients, args.timeout, work, one)
 
+    def passes() -> tuple[float, float]:
+        """The server's forward passes so far and the sequences in them (its polyvec_batch_sequences histogram)."""
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        value = {
+            n: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            for n in ("polyvec_batch_sequences_count", "polyvec_batch_sequences_sum")
+            if line.startswith(n + " ")
+        }
+        return value.get("polyvec_batch_sequences_count", 0.0), value.get("polyvec_batch_sequences_sum", 0.0)
+
     async def measure_server() -> dict:
-        c0, w0, own, t0 = cpu_s(server.pid), time.perf_counter(), cpu_s(), thread_cpu(server.pid)
+        c0, w0, own, t0, p0 = cpu_s(server.pid), time.perf_counter(), cpu_s(), thread_cpu(server.pid), passes()
         done = await load()
         threads = {k: v - t0.get(k, 0.0) for k, v in thread_cpu(server.pid).items()}
+        p1 = passes()
         return {"cpu": cpu_s(server.pid) - c0, "wall": time.perf_counter() - w0, "tokens": sum(x[1] for x in done),
-                "own": cpu_s() - own, "latencies": [x[0] for x in done], "threads": threads}  # fmt: skip
+                "own": cpu_s() - own, "latencies": [x[0] for x in done], "threads": threads,
+                "seqs": (p1[1] - p0[1]) / max(p1[0] - p0[0], 1)}  # fmt: skip
 
     await settle(server)  # the server compiles its kernels while idle after start; not part of the figure
     await load()  # warm-up, as the offline side's
@@ -546,6 +559,7 @@ async def overhead(args: argparse.Namespace, server: Server, texts: list[str]) -
           f"{max(i for _, _, i in rounds):.2f} CPU s at most while the offline ran")  # fmt: skip
     top = sorted(((v, k) for k, v in busy.items() if v >= 0.05), reverse=True)
     print("server CPU s by thread, mean of the rounds: " + ", ".join(f"{k} {v:.2f}" for v, k in top))
+    print("sequences per forward pass by round: " + ", ".join(f"{s['seqs']:.1f}" for s, _, _ in rounds))
     ratio = statistics.median(ratios)
     verdict(ratio <= 1.15, "server CPU per token <= 1.15x offline, median of the rounds", f"{ratio:.2f}x")
 
