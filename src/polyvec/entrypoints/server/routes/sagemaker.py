@@ -94,7 +94,7 @@ def _defining_field(model: type[BaseModel]) -> str:
 
 router.add_api_route(
     "/ping",
-    utility.health,
+    utility.liveness,
     methods=["GET", "POST"],
     summary="Liveness (SageMaker)",
     response_class=Response,

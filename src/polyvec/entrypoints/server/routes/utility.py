@@ -228,6 +228,11 @@ async def health(state: State) -> Response:
     return Response(f'{{"unix":{time.time():.6f}}}', media_type="application/json")  # fixed length: HEAD = GET
 
 
+async def liveness(state: State) -> Response:
+    """/health's status with an empty body: SageMaker's /ping, as vLLM's."""
+    return Response(status_code=200 if state.async_engine.alive else 503)
+
+
 router.add_api_route(
     "/",
     health,
