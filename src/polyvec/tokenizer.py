@@ -47,6 +47,36 @@ PolyTokenizer._part); its length before truncation is then that of the part."""
 _GROUP_CHARS = 1 << 20
 
 
+def _word_boundary(text: str, positions: range) -> int | None:
+    """The first position (in the order given) of a space with a character other than whitespace on each side:
+    where a text can be cut into words that tokenize as in the whole (see PolyTokenizer._part)."""
+    for i in positions:
+        if text[i] == " " and not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i
+    return None
+
+
+def _splits_at_spaces(serialized: str) -> bool:
+    """Whether a tokenizer (its JSON) pre-tokenizes at spaces, so that words are tokenized each on their own: BERT's,
+    byte-level BPE's regex, Metaspace that splits, whitespace splitters; not a model run over the whole text
+    (SentencePiece tokenizers with no pre-tokenizer)."""
+    splitting = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"}
+
+    def splits(pre: Any) -> bool:
+        if not isinstance(pre, dict):
+            return False
+        kind = pre.get("type")
+        if kind == "Sequence":
+            return any(splits(p) for p in pre.get("pretokenizers") or ())
+        if kind == "ByteLevel":
+            return bool(pre.get("use_regex", True))
+        if kind == "Metaspace":
+            return bool(pre.get("split", True))
+        return kind in splitting
+
+    return splits(json.loads(serialized).get("pre_tokenizer"))
+
+
 def _groups(items: list[int], sizes: list[int], most: int) -> list[list[int]]:
     """`items` in order, in consecutive groups of at most `most` total size (an item larger alone)."""
     groups: list[list[int]] = [[]]
@@ -119,6 +149,7 @@ class PolyTokenizer:
         base.no_truncation()
         self._base = base
         self._serialized = base.to_str()
+        self._splits_at_spaces = _splits_at_spaces(self._serialized)
         self._truncating: dict[tuple[int, str], Tokenizer] = {}
         self._lock = threading.Lock()
         self.do_lower_case = do_lower_case
@@ -231,22 +262,29 @@ class PolyTokenizer:
                 out[i] = _prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing))
         return out
 
-    @staticmethod
-    def _part(tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide):
+    def _part(
+        self, tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide
+    ) -> Any:
         """A text of more than `most` characters read in part (the whole was tokenized to be cut: gigabytes and
-        seconds for a few megabytes of text): its first (left: last) `most` characters, when the tokens kept
-        from them end before a whitespace that is still inside the part, so that they are the whole text's own.
-        None where that cannot be shown (too few tokens in the part, no whitespace after them)."""
-        part = text[:most] if side == "right" else text[-most:]
-        enc = tok.encode(part, add_special_tokens=add_special_tokens)
-        kept = [k for k, m in enumerate(enc.special_tokens_mask) if not m]
-        if len(kept) < content:  # the part was not cut: the whole text's tokens may run on past it
+        seconds for a few megabytes of text): up to its last (left: from its first) word boundary within `most`
+        characters, a single space between two other characters, where this tokenizer's pre-tokenizer splits
+        (words are tokenized each on their own, so the part's tokens are the whole text's, up to that word). None
+        where that cannot be shown: a tokenizer that does not split at spaces, no such space, too few tokens."""
+        if not self._splits_at_spaces:
             return None
         if side == "right":
-            rest = part[enc.offsets[kept[-1]][1] :]
+            cut = _word_boundary(text, range(min(most, len(text) - 2), max(most // 2, 1), -1))
+            part = None if cut is None else text[:cut]
         else:
-            rest = part[: enc.offsets[kept[0]][0]]
-        return enc if any(c.isspace() for c in rest) else None
+            start = len(text) - most
+            cut = _word_boundary(text, range(start, min(start + most // 2, len(text) - 1)))
+            part = None if cut is None else text[cut:]
+        if part is None:
+            return None
+        enc = tok.encode(part, add_special_tokens=add_special_tokens)
+        if sum(1 for m in enc.special_tokens_mask if not m) < content:  # not cut in the part: it may run on past
+            return None
+        return enc
 
     def token_ids(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
         """One text's ids and token strings."""
