@@ -127,3 +127,10 @@ def test_a_text_of_megabytes_is_cut_from_a_part_as_from_the_whole(minilm_path, c
     full = [len(ids) for ids in ref(texts)["input_ids"]]
     assert 64 < got[0].num_input_tokens < full[0] and got[1].num_input_tokens == full[1]  # a part's own length
     assert got[2].num_input_tokens == full[2] and 64 < got[3].num_input_tokens < full[3]
+    # refused as too long (--truncation error, TEI's truncate false) from its part, which already has too many
+    with pytest.raises(PromptTooLongError, match="input 0 has at least") as part:
+        ours.encode_prompts(texts[:1], 64, truncate=False, truncation_side=side)
+    assert part.value.at_least and 64 < part.value.num_tokens < full[0]
+    with pytest.raises(PromptTooLongError) as whole:  # no word boundary near the cut: counted whole
+        ours.encode_prompts(texts[2:3], 64, truncate=False, truncation_side=side)
+    assert not whole.value.at_least and whole.value.num_tokens == full[2]

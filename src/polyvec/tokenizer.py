@@ -91,9 +91,11 @@ def _groups(items: list[int], sizes: list[int], most: int) -> list[list[int]]:
 
 
 class PromptTooLongError(ValueError):
-    def __init__(self, index: int, num_tokens: int, max_length: int):
-        super().__init__(f"input {index} has {num_tokens} tokens, more than the maximum of {max_length}")
-        self.index, self.num_tokens, self.max_length = index, num_tokens, max_length
+    def __init__(self, index: int, num_tokens: int, max_length: int, at_least: bool = False):
+        """`at_least`: `num_tokens` counts a part of the text only (a huge one), the whole has more."""
+        has = f"at least {num_tokens}" if at_least else str(num_tokens)
+        super().__init__(f"input {index} has {has} tokens, more than the maximum of {max_length}")
+        self.index, self.num_tokens, self.max_length, self.at_least = index, num_tokens, max_length, at_least
 
 
 _CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m")]
@@ -212,6 +214,12 @@ class PolyTokenizer:
             ]
         if truncate and all(isinstance(t, str) for t in texts):
             return self._encode_truncating(cast(Sequence[str], texts), max_length, add_special_tokens, truncation_side)
+        if not truncate and max_length < 1 << 40:  # refused if too long: a huge text's part may show it already
+            most = max(max_length * _CHARS_PER_TOKEN, _PART_CHARS)
+            for i, text in enumerate(texts):
+                seen = self._part_length(text, most, add_special_tokens) if isinstance(text, str) else None
+                if seen is not None and seen > max_length:
+                    raise PromptTooLongError(i, seen, max_length, at_least=True)
         full = self._base.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
         out: list[TokenizedPrompt] = []
         too_long = [i for i, enc in enumerate(full) if len(enc.ids) > max_length]
@@ -261,6 +269,15 @@ class PolyTokenizer:
                 # Either side, the overflowing pieces partition the cut-off tokens (stride 0).
                 out[i] = _prompt(enc, len(enc.ids) + sum(len(o.ids) - special for o in enc.overflowing))
         return out
+
+    def _part_length(self, text: str, most: int, add_special_tokens: bool) -> int | None:
+        """The tokens of a text of more than `most` characters up to its last word boundary within them (fewer
+        than the whole text's: the same tokens, up to that word; see _part); None for a shorter text, or where
+        that cannot be shown."""
+        if len(text) <= most or not self._splits_at_spaces:
+            return None
+        cut = _word_boundary(text, range(min(most, len(text) - 2), max(most // 2, 1), -1))
+        return None if cut is None else len(self._base.encode(text[:cut], add_special_tokens=add_special_tokens).ids)
 
     def _part(
         self, tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide

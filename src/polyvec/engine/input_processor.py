@@ -257,7 +257,7 @@ class InputProcessor:
                     truncation_side=side,
                 )
             except PromptTooLongError as exc:
-                raise _too_long(members[exc.index], exc.num_tokens, max_len) from None
+                raise _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least) from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
 
@@ -624,14 +624,13 @@ class PromptError(ValueError):
         """The end of `detail` that says what to do (a server route offers its own body's options instead)."""
 
 
-def _too_long(index: int, num_tokens: int, max_len: int) -> PromptError:
+def _too_long(index: int, num_tokens: int, max_len: int, at_least: bool = False) -> PromptError:
+    has = f"at least {num_tokens}" if at_least else str(num_tokens)  # a huge text: what a part of it showed
     advice = (
         " (this model's maximum context length, max_model_len, or truncate_prompt_tokens when set); shorten it, "
         "pass truncate_prompt_tokens, run with truncation='auto', or split it with long_input='window'"
     )
-    error = PromptError(
-        index, f" has {num_tokens} tokens, more than the maximum input length of {max_len} tokens{advice}"
-    )
+    error = PromptError(index, f" has {has} tokens, more than the maximum input length of {max_len} tokens{advice}")
     error.num_tokens, error.max_len, error.advice = num_tokens, max_len, advice
     return error
 
