@@ -125,10 +125,11 @@ _ST_MODULES = ("Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize",
 
 
 def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    token_dense_first: Path | None = None  # a Dense over token vectors before any Pooling
     for k, module in enumerate(modules):
         kind = module.get("type", "").rsplit(".", 1)[-1]
         folder = root / module.get("path", "")
-        if kind not in _ST_MODULES:  # skipped, it changed every vector (a LayerNorm: cosine 0.67 to the reference)
+        if kind not in _ST_MODULES:  # skipped, it would change every vector unseen
             raise ValueError(
                 f"{root / 'modules.json'}: module {k} ({module.get('type')}, {module.get('path')}) is not supported; "
                 f"supported: {', '.join(_ST_MODULES)}"
@@ -139,20 +140,17 @@ def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]
             if (folder / "config.json").is_file():
                 out["transformer_dir"] = folder
         elif kind == "Pooling":
-            if out.get("token_dense_first") is not None:
-                raise ValueError(
-                    f"{out['token_dense_first']}: a Dense over token embeddings before Pooling is not supported"
-                )
+            if token_dense_first is not None:  # embed would leave it out
+                raise ValueError(f"{token_dense_first}: a Dense over token embeddings before Pooling is not supported")
             cfg = _read_json(folder / "config.json")
             out["pooling"] = _st_pooling_modes(cfg)
             out["include_prompt"] = cfg.get("include_prompt", True) is not False
         elif kind == "Dense":
             cfg = _read_json(folder / "config.json")
-            on_tokens = (
-                module.get("type", "").startswith("pylate") or cfg.get("module_input_name") == "token_embeddings"
-            )
-            if on_tokens and out["pooling"] is None and not module.get("type", "").startswith("pylate"):
-                out["token_dense_first"] = folder  # refused if a Pooling follows (embed skipped it: 384-d, not 128)
+            pylate = module.get("type", "").startswith("pylate")
+            on_tokens = pylate or cfg.get("module_input_name") == "token_embeddings"
+            if on_tokens and not pylate and out["pooling"] is None:
+                token_dense_first = folder
             if cfg.get("module_output_name", "sentence_embedding") != "sentence_embedding" and not on_tokens:
                 # sentence-transformers writes it elsewhere: the sentence embedding is left as it was
                 raise ValueError(f"{folder}: a Dense writing {cfg['module_output_name']!r} is not supported")

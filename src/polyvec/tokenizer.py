@@ -262,7 +262,7 @@ class PolyTokenizer:
                 out[i] = _prompt(part, len(part.ids) + sum(len(o.ids) - special for o in part.overflowing))
             else:
                 whole.append(i)
-        # In groups of ~1M characters: each token cut off is an Encoding of ~0.5 KB until its group is counted
+        # In groups of characters: each token cut off is an Encoding of its own until its group is counted
         for group in _groups(whole, [len(texts[i]) for i in whole], _GROUP_CHARS):
             encoded = tok.encode_batch_fast([texts[i] for i in group], add_special_tokens=add_special_tokens)
             for i, enc in zip(group, encoded):
@@ -274,28 +274,28 @@ class PolyTokenizer:
         """The tokens of a text of more than `most` characters up to its last word boundary within them (fewer
         than the whole text's: the same tokens, up to that word; see _part); None for a shorter text, or where
         that cannot be shown."""
-        if len(text) <= most or not self._splits_at_spaces:
-            return None
-        cut = _word_boundary(text, range(min(most, len(text) - 2), max(most // 2, 1), -1))
-        return None if cut is None else len(self._base.encode(text[:cut], add_special_tokens=add_special_tokens).ids)
+        head = self._piece(text, most, "right") if len(text) > most else None
+        return None if head is None else len(self._base.encode(head, add_special_tokens=add_special_tokens).ids)
 
-    def _part(
-        self, tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide
-    ) -> Any:
-        """A text of more than `most` characters read in part (the whole was tokenized to be cut: gigabytes and
-        seconds for a few megabytes of text): up to its last (left: from its first) word boundary within `most`
-        characters, a single space between two other characters, where this tokenizer's pre-tokenizer splits
-        (words are tokenized each on their own, so the part's tokens are the whole text's, up to that word). None
-        where that cannot be shown: a tokenizer that does not split at spaces, no such space, too few tokens."""
+    def _piece(self, text: str, most: int, side: TruncationSide) -> str | None:
+        """The text up to its last (left: from its first) word boundary within `most` characters, where this
+        tokenizer splits words: a single space between two other characters. None where there is none."""
         if not self._splits_at_spaces:
             return None
         if side == "right":
             cut = _word_boundary(text, range(min(most, len(text) - 2), max(most // 2, 1), -1))
-            part = None if cut is None else text[:cut]
-        else:
-            start = len(text) - most
-            cut = _word_boundary(text, range(start, min(start + most // 2, len(text) - 1)))
-            part = None if cut is None else text[cut:]
+            return None if cut is None else text[:cut]
+        start = len(text) - most
+        cut = _word_boundary(text, range(start, min(start + most // 2, len(text) - 1)))
+        return None if cut is None else text[cut:]
+
+    def _part(
+        self, tok: Tokenizer, text: str, most: int, content: int, add_special_tokens: bool, side: TruncationSide
+    ) -> Any:
+        """A text of more than `most` characters, truncated from a part of it (`_piece`) rather than tokenized
+        whole: words are tokenized each on their own, so the part's tokens are the whole text's, up to that word.
+        None where that cannot be shown: no such part, or too few tokens in it to be cut there."""
+        part = self._piece(text, most, side)
         if part is None:
             return None
         enc = tok.encode(part, add_special_tokens=add_special_tokens)

@@ -43,7 +43,7 @@ def create_engine(
     allowed_media_domains: list[str] | tuple[str, ...] | None = None,
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
-    if max_model_len == -1 and not isinstance(max_model_len, bool):  # vLLM's "auto": the model's own
+    if max_model_len == -1:  # vLLM's "auto": the model's own
         max_model_len = None
     for name, value in (("max_model_len", max_model_len), ("max_num_batched_tokens", max_num_batched_tokens)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -249,8 +249,8 @@ class Qwen2VLPixels:
 
     data: torch.Tensor | np.ndarray
     """The patches [grid_h * grid_w, 3 * temporal * patch * patch] float32, or Qwen2-VL's resized image [h, w, 3]
-    uint8 with `recipe`: made into patches when its batch is built (a queued page held ~15 bytes of float32
-    patches per pixel, 2 frames of it, against 3 bytes)."""
+    uint8 with `recipe`: made into patches when its batch is built (a queued page then holds its bytes, not
+    float32 patches of two frames)."""
     grid_thw: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
     recipe: tuple[tuple[float, ...], tuple[float, ...], int, int, int] | None = None
     """For a uint8 image: (mean, std, patch size, merge size, temporal patch size)."""

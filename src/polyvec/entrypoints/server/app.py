@@ -235,7 +235,7 @@ class ServerMiddleware:
         found = await asyncio.get_running_loop().run_in_executor(None, _too_many_items, body, limit, most_ids)
         if found is not None:
             name, n, ids = found
-            if ids:  # millions of ids were validated on the event loop (2 s, 2 GB for 8M), then cut to length
+            if ids:  # parsed, millions of ids would be validated on the event loop, then cut to length
                 message = (
                     f"'{name}' carries {n} token ids; the limit is {most_ids} per request (--max-tokens-per-request, "
                     "counted before truncation for token ids)"

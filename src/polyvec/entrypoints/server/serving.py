@@ -454,7 +454,7 @@ async def process_prompts(
 
 
 _OFF_LOOP_NUMBERS = 1 << 18
-"""Outputs of more numbers than this are encoded in a worker thread (a 1 GB body held /health for 2 s)."""
+"""Outputs of more numbers than this are encoded in a worker thread (a large body held the event loop)."""
 
 
 async def off_loop(outputs: list, build: Callable[[], Response]) -> Response:

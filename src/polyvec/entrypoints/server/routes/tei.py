@@ -513,7 +513,7 @@ def _sentence(i: int) -> tuple[str, str]:
 def _predict_inputs(state: ServerState, inputs: str | list) -> tuple[bool, list[str | tuple[str, str]]]:
     """TEI's `PredictInput`: (whether it is one input, its texts and text pairs)."""
     items: list[Any]
-    if isinstance(inputs, str) or isinstance(inputs[0], str):  # one text, or one pair
+    if _one_prediction(inputs):
         single, items = True, [inputs]
     else:
         single, items = False, list(inputs)
@@ -524,6 +524,11 @@ def _predict_inputs(state: ServerState, inputs: str | list) -> tuple[bool, list[
     if any(p == "" or p == ("", "") for p in prompts):
         raise _empty_input()
     return single, prompts
+
+
+def _one_prediction(inputs: str | list) -> bool:
+    """TEI's `PredictInput::Single`: one text, or one pair (a list of texts), not a list of those."""
+    return isinstance(inputs, str) or (bool(inputs) and isinstance(inputs[0], str))
 
 
 def _predictions(logits: torch.Tensor, id2label: dict[int, str], raw_scores: bool) -> list[dict[str, Any]]:
@@ -545,13 +550,7 @@ async def predict(req: T.TEIPredictRequest, raw: Request, state: State) -> Respo
     """Per input (a text or a text pair), each label's score, best first: `[{"score", "label"}, ...]`, or a list of
     those for a batch."""
     start = time.perf_counter()
-    count_request(
-        state,
-        raw,
-        single=isinstance(req.inputs, str)
-        or isinstance(req.inputs[:1] or None, list)
-        and isinstance(req.inputs[0], str),
-    )
+    count_request(state, raw, single=_one_prediction(req.inputs))
     if "classify" not in state.engine.supported_tasks:
         raise TEIError("Backend", "Backend error: Model is not a classifier model")
     single, prompts = _predict_inputs(state, req.inputs)
