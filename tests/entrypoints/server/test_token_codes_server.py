@@ -79,3 +79,20 @@ def test_bad_muvera_is_400(server, body, param, message):
     if message is not None:
         assert message in err["message"], err
     assert server.post("/pooling", {"input": "x", "task": "token_embed", "muvera": {}}).status_code == 200
+
+
+def test_muvera_output_is_held_to_the_token_limit(minilm_llm):
+    """MUVERA's numbers do not shrink with the input: a request of many short inputs is held to the numbers the
+    token limit allows as token vectors (40 tokens x 384 here), a 413 naming muvera; one under it passes."""
+    import httpx
+
+    from .conftest import in_process_server
+
+    with in_process_server(minilm_llm.engine, max_tokens_per_request=40, warmup=False) as url:
+        spec = {"k_sim": 3, "dim_proj": 16, "r_reps": 20}  # 2,560 numbers an input; 15,360 allowed
+        r = httpx.post(f"{url}/pooling", json={"input": ["a"] * 7, "task": "token_embed", "muvera": spec})
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert err["param"] == "muvera" and "17920 MUVERA numbers (7 inputs)" in err["message"], err
+        r = httpx.post(f"{url}/pooling", json={"input": ["a"] * 6, "task": "token_embed", "muvera": spec})
+        assert r.status_code == 200 and len(r.json()["data"][5]["data"]) == 2560, r.text

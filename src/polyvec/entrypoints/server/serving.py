@@ -28,6 +28,7 @@ from ...chat import ChatError, find_template, load_template, render, text_messag
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
+from ...muvera import MuveraParams
 from ...pooling_params import PoolingParams, TaskError
 from ...tokenizer import special_tokens_map
 from . import protocol as P
@@ -328,6 +329,16 @@ def check_limits(state: ServerState, requests: list, field: str = "input", locat
                 f"the request's inputs have {total} tokens after tokenization and truncation; the limit is "
                 f"{most_tokens} tokens per request (--max-tokens-per-request)",
                 None if locate is not None else field,
+            )
+        # MUVERA's size does not shrink with the input: held to the token vectors the token limit allows
+        most_numbers = most_tokens * state.model_config.token_dim
+        numbers = sum(r.params.muvera.output_dim() for r in requests if isinstance(r.params.muvera, MuveraParams))
+        if numbers > most_numbers:
+            raise APIError(
+                413,
+                f"the request asks for {numbers} MUVERA numbers ({len(requests)} inputs); the limit is "
+                f"{most_numbers}, as many as the token vectors of {most_tokens} tokens (--max-tokens-per-request)",
+                "muvera",
             )
 
 
