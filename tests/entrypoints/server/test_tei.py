@@ -233,6 +233,37 @@ def classifier(tmp_path_factory, minilm_path):
         yield url, texts, ref
 
 
+def test_per_input_metrics_by_kind(classifier):
+    """TEI's te_embed_* and te_predict_* count and time each input (a batch of three is three), classify and
+    scores under predict, vectors under embed; TEI's counters are typed counter under their names (no _total)."""
+    url = classifier[0]
+
+    def read() -> tuple[str, dict[str, float]]:
+        text = httpx.get(url + "/metrics").text
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith(("te_predict_", "te_embed_")) and name.endswith(("count", "success")):
+                values[name] = float(value)
+        return text, values
+
+    _, before = read()
+    assert httpx.post(url + "/predict", json={"inputs": [["a"], ["b"], ["c", "d"]]}).status_code == 200
+    assert httpx.post(url + "/pooling", json={"input": ["a", "b"], "task": "token_classify"}).status_code == 200
+    text, after = read()
+    moved = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    assert moved == {
+        "te_predict_count": 3, "te_predict_success": 3, "te_predict_duration_count": 3,
+        "te_predict_tokenization_duration_count": 3, "te_predict_queue_duration_count": 3,
+        "te_predict_inference_duration_count": 3,
+        "te_embed_count": 2, "te_embed_success": 2, "te_embed_duration_count": 2,
+        "te_embed_tokenization_duration_count": 2, "te_embed_queue_duration_count": 2,
+        "te_embed_inference_duration_count": 2,
+    }, moved  # fmt: skip
+    for name in ("te_request_count", "te_request_success", "te_request_failure", "te_predict_count"):
+        assert f"# TYPE {name} counter\n" in text, name
+
+
 def _ranked(probs: torch.Tensor) -> list[tuple[str, float]]:
     labels = ["neg", "neu", "pos"]
     return sorted(((labels[i], float(p)) for i, p in enumerate(probs)), key=lambda x: -x[1])

@@ -4,7 +4,9 @@ TEI's `te_*` ones, so existing vLLM and TEI dashboards read this server too."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -77,7 +79,7 @@ class ServerMetrics:
             "polyvec_aborted_requests", "Queued requests dropped because their client left", registry=r
         )
         self.busy = Counter("polyvec_engine_busy_seconds", "Time the engine spent in forward passes", registry=r)
-        # TEI's: its counters are exported under their own names, which prometheus_client gives only a gauge
+        # TEI's counters keep their names (no _total): gauges here, typed counter by export()
         self.te_count = Gauge("te_request_count", "Pooling requests received (TEI's)", ["method"], registry=r)
         self.te_success = Gauge("te_request_success", "Pooling requests answered (TEI's)", ["method"], registry=r)
         self.te_failure = Gauge("te_request_failure", "Pooling requests failed, by cause (TEI's)", ["err"], registry=r)
@@ -105,6 +107,8 @@ class ServerMetrics:
             "te_batch_next_tokens", "Tokens per forward pass (TEI's)", buckets=_TEI_POWERS, registry=r
         )
         Gauge("te_queue_size", "Requests waiting for the engine (TEI's)", registry=r).set_function(queue_depth)
+        # TEI's per-input families: embed for vectors of any kind, predict for classify and scores
+        self.te_inputs = {kind: _InputMetrics(kind, r) for kind in ("embed", "predict")}
 
     def on_batch(self, tokens: int, seqs: int, seconds: float) -> None:
         self.vllm_iteration_tokens.observe(tokens)
@@ -126,13 +130,18 @@ class ServerMetrics:
         seconds: float,
         method: str = "batch",
         stages: tuple[float, float, float] = (0.0, 0.0, 0.0),
+        kind: str | None = None,
+        per_input: Sequence[tuple[float, float]] = (),
     ) -> None:
         """One HTTP request's engine work done: its prompts' token counts, the time since it was received, TEI's
-        method label (single: the body gave one input) and its stages' seconds (tokenization, queue, inference)."""
+        method label (single: the body gave one input), its stages' seconds (tokenization, queue, inference) and,
+        for TEI's te_embed_* or te_predict_* (`kind`), each input's (queue, inference) seconds."""
         self.te_success.labels(method).inc()
         self.te_duration.observe(seconds)
         for histogram, value in zip(self.te_stages, stages):
             histogram.observe(value)
+        if kind is not None:
+            self.te_inputs[kind].on_inputs(seconds, stages[0], per_input)
         total = sum(prompt_tokens)
         self.prompt_tokens.inc(total)
         self.vllm_prompt_tokens.inc(total)
@@ -142,3 +151,45 @@ class ServerMetrics:
             self.te_input_length.observe(n)
             # vLLM observes each prompt (an engine request); they are answered together, when the last is done
             self.vllm_e2e.observe(seconds)
+
+
+TE_COUNTERS = (
+    "te_request_count", "te_request_success", "te_request_failure",
+    "te_embed_count", "te_embed_success", "te_predict_count", "te_predict_success",
+)  # fmt: skip
+"""TEI's counters, kept under their names without prometheus_client's `_total` (gauges here, typed counter on
+export)."""
+
+
+def export(registry: CollectorRegistry) -> bytes:
+    """The text exposition, TEI's counters typed as TEI's exporter types them."""
+    text = generate_latest(registry)
+    for name in TE_COUNTERS:
+        text = text.replace(f"# TYPE {name} gauge\n".encode(), f"# TYPE {name} counter\n".encode())
+    return text
+
+
+class _InputMetrics:
+    """TEI's te_embed_* / te_predict_*: counted and timed per input (each of a request's inputs is one call of
+    TEI's infer)."""
+
+    def __init__(self, kind: str, r: CollectorRegistry):
+        self.count = Gauge(f"te_{kind}_count", f"Inputs received ({kind}, TEI's)", registry=r)
+        self.success = Gauge(f"te_{kind}_success", f"Inputs answered ({kind}, TEI's)", registry=r)
+        self.duration, self.tokenization, self.queue, self.inference = (
+            Histogram(f"te_{kind}{name}_duration", f"{what} ({kind}, TEI's)", buckets=_TEI_DURATION_BUCKETS, registry=r)
+            for name, what in (
+                ("", "Time from an input's request received to its result"),
+                ("_tokenization", "Time to tokenize an input's request"),
+                ("_queue", "Time an input waited for a forward pass"),
+                ("_inference", "Time from an input's first forward pass to its result"),
+            )
+        )
+
+    def on_inputs(self, seconds: float, tokenization: float, per_input: Sequence[tuple[float, float]]) -> None:
+        self.success.inc(len(per_input))
+        for queue, inference in per_input:
+            self.duration.observe(seconds)
+            self.tokenization.observe(tokenization)
+            self.queue.observe(queue)
+            self.inference.observe(inference)

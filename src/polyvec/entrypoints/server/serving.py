@@ -417,14 +417,19 @@ async def run_pooling(
         **kwargs,
     )
     check_limits(state, requests, field, locate)
+    kind = "predict" if {r.params.task for r in requests} <= {"classify", "score"} else "embed"
+    state.metrics.te_inputs[kind].count.inc(len(requests))
     queued = time.monotonic()
     outputs = await until_disconnect(raw, state.async_engine.run(requests))
     done = time.monotonic()
     # TEI's stages, per input then averaged over the request's inputs: tokenization, the wait for a step, the steps
     taken = [r.scheduled_time or done for r in requests]  # one no step ran (an inference-free query): all waiting
-    stages = (queued - began, sum(t - queued for t in taken) / len(taken), sum(done - t for t in taken) / len(taken))
+    per_input = [(t - queued, done - t) for t in taken]
+    stages = (queued - began, sum(q for q, _ in per_input) / len(taken), sum(i for _, i in per_input) / len(taken))
     raw.scope[TE_STAGES] = stages
-    state.metrics.on_request([len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start, method, stages)
+    state.metrics.on_request(
+        [len(o.prompt_token_ids) for o in outputs], time.perf_counter() - start, method, stages, kind, per_input
+    )
     return outputs
 
 

@@ -13,13 +13,14 @@ from typing import Any, cast
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .... import __version__
 from ....tokenizer import PolyTokenizer
 from .. import protocol as P
 from .. import protocol_tei as T
 from ..errors import POST_ERRORS, APIError, error_responses
+from ..metrics import export
 from ..serving import (
     ServerState,
     State,
@@ -275,4 +276,4 @@ async def version() -> dict[str, str]:
     responses=_GET_ERRORS,
 )
 async def prometheus(state: State) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(export(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
