@@ -134,3 +134,23 @@ def test_a_text_of_megabytes_is_cut_from_a_part_as_from_the_whole(minilm_path, c
     with pytest.raises(PromptTooLongError) as whole:  # no word boundary near the cut: counted whole
         ours.encode_prompts(texts[2:3], 64, truncate=False, truncation_side=side)
     assert not whole.value.at_least and whole.value.num_tokens == full[2]
+
+
+def test_a_part_cut_on_the_left_keeps_no_token_of_its_first_word(tmp_path):
+    """Cut on the left, a huge text's part begins with the space before a word; a tokenizer that strips it
+    (a Strip normalizer) read that word as "bar" where the whole text has "▁bar", and kept it when the part
+    held exactly the tokens to keep. Only tokens after the part's first word are kept from a part now."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "bar": 3, "▁bar": 4}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Strip()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = "z" * 1000 + " bar" + (" " + "q" * 999) * 262  # 263,004 characters: read in part
+    ref = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ref.enable_truncation(265, direction="left")
+    got = PolyTokenizer(tmp_path / "tokenizer.json").encode_prompts([text], 265, True, True, "left")[0]
+    assert got.input_ids == ref.encode(text).ids and got.input_ids[1] == 4

@@ -299,8 +299,11 @@ class PolyTokenizer:
         if part is None:
             return None
         enc = tok.encode(part, add_special_tokens=add_special_tokens)
-        if sum(1 for m in enc.special_tokens_mask if not m) < content:  # not cut in the part: it may run on past
-            return None
+        # Left, the part's first word is read without what came before it (a Strip normalizer, an added token's
+        # rstrip would read it otherwise): only tokens after it may be kept
+        first = (part.find(" ", 1) % (len(part) + 1)) if side == "left" else 0  # no other word: none kept
+        if sum(1 for m, (start, _) in zip(enc.special_tokens_mask, enc.offsets) if not m and start >= first) < content:
+            return None  # not cut in the part past that: it may run on past
         return enc
 
     def token_ids(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[str]]:
