@@ -7,7 +7,7 @@ vLLM exposes (`embedding`, `probs`) are built on first access, so a large offlin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import torch
 
@@ -22,10 +22,35 @@ class PoolingOutput:
     codes: TokenCodes | None = None
     """token_embed with PoolingParams.token_encoding: the codes (and scales); `data` is then `codes.codes`."""
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and _same(self.data, other.data)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """vLLM's output equality: every element equal (several tasks' outputs: the same tasks, each equal)."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        )
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+
+
+def _one_dim(output: PoolingOutput, what: str) -> torch.Tensor:
+    if not isinstance(output.data, torch.Tensor) or output.data.ndim != 1:
+        raise ValueError(f"pooled_data should be a 1-D {what}")
+    return output.data
+
 
 @dataclass
 class EmbeddingOutput:
     data: torch.Tensor
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and _same(self.data, other.data)
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> EmbeddingOutput:
+        return EmbeddingOutput(_one_dim(pooling_output, "embedding vector"))
 
     @property
     def embedding(self) -> list[float]:
@@ -45,6 +70,9 @@ class SparseEmbeddingOutput:
     tokens: list[str] | None = None
     """With return_tokens: the vocabulary string of each index."""
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and _same(self.data, other.data) and self.tokens == other.tokens
+
     @property
     def indices(self) -> list[int]:
         return self.data.nonzero().squeeze(1).tolist()
@@ -62,6 +90,13 @@ class SparseEmbeddingOutput:
 class ClassificationOutput:
     data: torch.Tensor
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and _same(self.data, other.data)
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> ClassificationOutput:
+        return ClassificationOutput(_one_dim(pooling_output, "probability vector"))
+
     @property
     def probs(self) -> list[float]:
         return self.data.tolist()
@@ -74,6 +109,13 @@ class ClassificationOutput:
 @dataclass
 class ScoringOutput:
     score: float
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> ScoringOutput:
+        data = pooling_output.data.squeeze() if isinstance(pooling_output.data, torch.Tensor) else None
+        if data is None or data.ndim != 0:
+            raise ValueError("pooled_data should be a scalar score")
+        return ScoringOutput(float(data.item()))
 
 
 OutputT = TypeVar("OutputT")
@@ -94,6 +136,8 @@ class PoolingRequestOutput(Generic[OutputT]):
     """ColBERT models: the mode used ("query" or "document")."""
     late_chunking: LateChunkingMetadata | None = None
     """With late_chunking_params: the token and character span of each output row."""
+    error: Any = None
+    """vLLM's request-level error; always None here (a failed request raises)."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -101,11 +145,18 @@ class PoolingRequestOutput(Generic[OutputT]):
 
 
 class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
-    pass
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return EmbeddingRequestOutput(
+            outputs=EmbeddingOutput.from_base(request_output.outputs), **_shared(request_output)
+        )
 
 
 class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
-    pass
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        outputs = ClassificationOutput.from_base(request_output.outputs)
+        return ClassificationRequestOutput(outputs=outputs, **_shared(request_output))
 
 
 class SparseEmbeddingRequestOutput(PoolingRequestOutput[SparseEmbeddingOutput]):
@@ -113,7 +164,9 @@ class SparseEmbeddingRequestOutput(PoolingRequestOutput[SparseEmbeddingOutput]):
 
 
 class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
-    pass
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput) -> ScoringRequestOutput:
+        return ScoringRequestOutput(outputs=ScoringOutput.from_base(request_output.outputs), **_shared(request_output))
 
 
 class _SharedFields(TypedDict):
@@ -128,9 +181,8 @@ class _SharedFields(TypedDict):
     input_type: str | None
 
 
-def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
-    """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
-    fields = _SharedFields(
+def _shared(out: PoolingRequestOutput) -> _SharedFields:
+    return _SharedFields(
         request_id=out.request_id,
         prompt_token_ids=out.prompt_token_ids,
         num_input_tokens=out.num_input_tokens,
@@ -139,6 +191,11 @@ def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOu
         task=out.task,
         input_type=out.input_type,
     )
+
+
+def as_task_output(out: PoolingRequestOutput[PoolingOutput]) -> PoolingRequestOutput:
+    """Re-wrap a generic pooling output as the typed output of its task (embed → Embedding..., ...)."""
+    fields = _shared(out)
     if out.task == "embed":
         return EmbeddingRequestOutput(outputs=EmbeddingOutput(out.outputs.data), **fields)
     if out.task == "classify":

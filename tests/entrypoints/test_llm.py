@@ -31,6 +31,31 @@ def test_embed_output_fields(minilm_llm):
     assert outs[0].request_id != outs[1].request_id
 
 
+def test_outputs_as_vllms(minilm_llm):
+    """vLLM 0.34's output surface: outputs compare by value (a tensor-holding dataclass raised "Boolean value
+    of Tensor ... is ambiguous"), `error` is None, `from_base` re-wraps a generic pooling output, an empty
+    prompt list is vLLM's ValueError, and numpy integers are token ids."""
+    import numpy as np
+
+    from polyvec.outputs import ClassificationOutput, EmbeddingOutput, PoolingOutput
+
+    a, b = (minilm_llm.encode(QUERY, pooling_task="token_embed", use_tqdm=False)[0] for _ in range(2))
+    assert a.outputs == b.outputs and a.outputs != minilm_llm.encode(DOCS[0], use_tqdm=False)[0].outputs
+    one = minilm_llm.encode(QUERY, pooling_task="embed", use_tqdm=False)[0]
+    assert one.error is None and minilm_llm.embed(QUERY, use_tqdm=False)[0].error is None
+    typed = EmbeddingRequestOutput.from_base(one)
+    assert typed.outputs == minilm_llm.embed(QUERY, use_tqdm=False)[0].outputs and typed.request_id == one.request_id
+    assert EmbeddingOutput(torch.ones(2)) == EmbeddingOutput(torch.ones(2)) != ClassificationOutput(torch.ones(2))
+    with pytest.raises(ValueError, match="1-D embedding vector"):
+        EmbeddingOutput.from_base(PoolingOutput(torch.ones(2, 3)))
+    for call in (minilm_llm.embed, minilm_llm.encode):
+        with pytest.raises(ValueError, match="You must pass at least one prompt"):
+            call([], use_tqdm=False)
+    ids = [101, 7592, 102]
+    got = minilm_llm.embed([[np.int64(t) for t in ids]], use_tqdm=False)[0]
+    assert got.outputs == minilm_llm.embed([ids], use_tqdm=False)[0].outputs and got.prompt_token_ids == ids
+
+
 def test_encode_picks_token_embed_and_honours_task(minilm_llm):
     out = minilm_llm.encode(QUERY, use_tqdm=False)[0]
     assert isinstance(out, PoolingRequestOutput) and out.task == "token_embed"
@@ -159,7 +184,8 @@ def test_sentence_transformers_dense_and_concatenated_pooling(tmp_path, minilm_p
 
 
 def test_prompt_validation(minilm_llm):
-    assert minilm_llm.embed([], use_tqdm=False) == []
+    with pytest.raises(ValueError, match="at least one prompt"):  # vLLM refuses an empty list
+        minilm_llm.embed([], use_tqdm=False)
     with pytest.raises(TypeError, match="prompt 1 must be a string"):
         minilm_llm.embed(["ok", 3.5], use_tqdm=False)
     with pytest.raises(ValueError, match="prompt 0 has no tokens"):

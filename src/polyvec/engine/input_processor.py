@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -568,7 +569,8 @@ class InputProcessor:
     def _token_prompt(
         self, i: int, prompt: Sequence[int], max_len: int, truncate: bool, side: TruncationSide = "right"
     ) -> tuple[list[int], None, int]:
-        ids = list(prompt)
+        # numpy's integers are token ids too (vLLM takes them), as Python ints; bools are not
+        ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
         if not ids:
             raise PromptError(i, " has no tokens")
         vocab = self.tokenizer.vocab_size

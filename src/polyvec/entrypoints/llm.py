@@ -207,6 +207,8 @@ class LLM:
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         prompts = _as_prompt_list(prompts)
+        if not prompts:
+            raise ValueError("You must pass at least one prompt")  # vLLM's words
         truncate_prompt_tokens, options = _tokenization_options(
             tokenization_kwargs, truncate_prompt_tokens, self.model_config.max_model_len
         )
