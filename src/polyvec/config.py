@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +110,10 @@ class PoolerConfig:
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.logit_sigma is not None and self.logit_sigma == 0:
             raise ValueError("logit_sigma cannot be 0 (division by zero)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields set (JSON, as `from_dict` reads them)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PoolerConfig:

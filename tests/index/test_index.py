@@ -221,8 +221,60 @@ def test_bad_arguments(minilm_llm, tmp_path):
     with Index.create(tmp_path / "b", minilm_llm, first_stage="none") as index:
         with pytest.raises(ValueError, match=r"document 'x': expected token vectors of shape \(n >= 1, 384\)"):
             index.add_vectors(["x"], [np.zeros((3, 128), dtype=np.float32)])
-        with pytest.raises(ValueError, match="k and prefetch must be positive"):
+        with pytest.raises(ValueError, match="k must be a positive integer, got 0"):
             index.search_vectors([np.ones((2, 384), dtype=np.float32)], k=0)
+        # Qdrant's own options: a negative hnsw_ef overflowed in the embedded index, was taken by a server
+        for option, message in (({"hnsw_ef": -5}, "hnsw_ef must be a positive integer"),
+                                ({"oversampling": 0}, "oversampling must be a number of at least 1")):  # fmt: skip
+            with pytest.raises(ValueError, match=message):
+                index.search("wing", **option)
+
+
+@pytest.mark.parametrize("first_stage", ["dense", "muvera"])
+def test_no_query_finds_nothing(minilm_llm, tmp_path, first_stage):
+    """An empty list of queries: no results (a dense first stage stacked no embeddings: RuntimeError)."""
+    with Index.create(tmp_path / "e", minilm_llm, first_stage=first_stage) as index:
+        index.add(["a wing", "a flap"])
+        assert index.search([]) == [] and index.search_vectors([]) == []
+
+
+def test_one_call_repeating_an_id_is_refused(minilm_llm, tmp_path):
+    """Two documents under one id in one call: the second replaced the first, and add said two were added."""
+    with Index.create(tmp_path / "r", minilm_llm, first_stage="none") as index:
+        with pytest.raises(ValueError, match="id 2 repeats 'x', the id of document 0"):
+            index.add(["aaa", "bbb", "ccc"], ["x", "y", "x"])
+        assert len(index) == 0
+        with pytest.raises(ValueError, match="id 1 repeats 'x'"):
+            index.add(["aaa", "bbb"], ["x", "x"], batch_size=1)  # across batches too
+
+
+def test_the_recipe_keeps_the_models_options(minilm_path, corpus, tmp_path, capsys):
+    """A model loaded with options that shape its vectors (a Matryoshka override and a pooler_config's
+    dimensions cut token vectors to 128): the index took the config's 384 and refused every document; and
+    `Index.open` / `polyvec search` loaded the model without them, so queries did not fit. The recipe now keeps
+    the width the model gives and its loading options."""
+    from polyvec import LLM
+
+    options = {"hf_overrides": {"is_matryoshka": True}, "pooler_config": {"dimensions": 128}}
+    llm = LLM(str(minilm_path), dtype="float32", **options)
+    ids, texts, queries = corpus
+    path = tmp_path / "m"
+    with Index.create(path, llm, first_stage="none") as index:
+        assert index.config.dim == 128 and index.config.engine == options
+        index.add(texts[:20], ids[:20])
+        want = index.search(queries[:2], k=3)
+    with Index.open(path) as reopened:  # the model loaded again with the options, in its default dtype (bf16 here
+        # on CPUs with AMX): the same hits, scores as close as that dtype gives
+        assert_same(reopened.search(queries[:2], k=3), [[(h.id, h.score) for h in hits] for hits in want], atol=0.05)
+    corpus_file = tmp_path / "c.jsonl"
+    corpus_file.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in zip(ids[:20], texts[:20])))
+    idx = str(tmp_path / "cli")
+    code, err = _main(capsys, "index", str(corpus_file), "--index", idx, "--model", str(minilm_path), "--quiet",
+                      "--first-stage", "none", "--dtype", "float32", "--hf-overrides", '{"is_matryoshka": true}',
+                      "--pooler-config", '{"dimensions": 128}')  # fmt: skip
+    assert code == 0, err
+    code, err = _main(capsys, "search", "--index", idx, "--dtype", "float32", "-k", "3", queries[0])
+    assert code == 0, err
 
 
 def test_cli_index_and_search(minilm_path, corpus, tmp_path):

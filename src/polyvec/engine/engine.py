@@ -75,6 +75,8 @@ class Engine:
             )
         self.model_config = model_config
         self.engine_config = engine_config
+        self.options: dict[str, Any] = {}
+        """The loading options that shape the vectors, as given to create_engine (JSON): an index records them."""
         # model_max_length as transformers reads it, for `encode(..., truncation=True)` (get_tokenizer's users)
         limit = tokenizer_max_length(Path(model_config.tokenizer_path).parent)
         self.tokenizer = PolyTokenizer(model_config.tokenizer_path, model_config.do_lower_case, limit)

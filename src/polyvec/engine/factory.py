@@ -94,7 +94,20 @@ def create_engine(
             f"max_model_len={model_config.max_model_len}: each window must move on"
         )
     budget = max_num_batched_tokens or platform.default_max_num_batched_tokens(model_config, quantization)
-    return Engine(model_config, dataclasses.replace(checked, max_num_batched_tokens=budget))
+    engine = Engine(model_config, dataclasses.replace(checked, max_num_batched_tokens=budget))
+    shaping = {
+        "hf_overrides": hf_overrides,
+        "pooler_config": None if pooler_config is None else pooler_config.to_dict(),
+        "max_model_len": max_model_len,
+        "revision": revision,
+        "tokenizer": tokenizer,
+        "convert": convert,
+        "mm_processor_kwargs": mm_processor_kwargs,
+        "long_input": None if long_input == "truncate" else long_input,
+        "window_overlap": window_overlap or None,
+    }
+    engine.options = {name: value for name, value in shaping.items() if value is not None}
+    return engine
 
 
 def _images_per_prompt(limit: dict[str, int] | None) -> int | None:

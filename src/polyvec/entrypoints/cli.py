@@ -237,7 +237,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         bar = tqdm(total=len(texts), desc="Indexed", dynamic_ncols=True)
     with index:
         for i in range(0, len(texts), args.batch_size):
-            index.add(texts[i : i + args.batch_size], ids[i : i + args.batch_size])
+            try:
+                index.add(texts[i : i + args.batch_size], ids[i : i + args.batch_size])
+            except ValueError as exc:  # a document the model or the index refuses
+                raise CommandError(f"cannot index {args.file}: {exc}") from None
             if bar is not None:
                 bar.update(min(args.batch_size, len(texts) - i))
         if bar is not None:
@@ -274,7 +277,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise CommandError(str(exc)) from None
     try:
-        llm = LLM(args.model or index.config.model, dtype=args.dtype)  # its recipe's model
+        # its recipe's model, loaded with the options that shaped the documents' vectors
+        same = args.model in (None, index.config.model)
+        llm = LLM(args.model or index.config.model, dtype=args.dtype, **(index.config.engine if same else {}))
         sparse = index.config.sparse_model
         sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
     except ModelNotFoundError as exc:
@@ -300,7 +305,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                     )
                 except ValueError as exc:  # a --model whose vectors or tasks are not the index's
                     if args.model is None:
-                        raise
+                        raise CommandError(str(exc)) from None
                     raise CommandError(
                         f"--model {args.model} does not fit the index (written with {index.config.model}): {exc}"
                     ) from None

@@ -36,6 +36,9 @@ class IndexConfig:
     originals on disk for re-scoring; "none": float32 in RAM."""
     pool_factor: int | None = None
     """Documents' token vectors pooled by this factor before storage (PyLate's hierarchical pooling)."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """The model's loading options that shape its vectors (`hf_overrides`, `pooler_config`, `max_model_len`,
+    ...; `Engine.options`): queries are encoded by the model loaded with them."""
     format: int = FORMAT
 
     def __post_init__(self) -> None:

@@ -83,9 +83,12 @@ class Index:
             sparse_llm, sparse_model = sparse_model, sparse_model.model_config.model
         if sparse_model is not None and first_stage != "sparse":
             raise ValueError(f"sparse_model goes with first_stage 'sparse', not {first_stage!r}")
+        options: dict[str, Any] = {}
         if llm is not None:
             mc = llm.model_config
-            model, dim = model or mc.model, dim or mc.token_dim
+            model, options = model or mc.model, llm.engine.options
+            # the width the model gives (a pooler_config's dimensions cut token vectors too), not its config's
+            dim = dim or int(llm.encode("width", pooling_task="token_embed", use_tqdm=False)[0].outputs.data.shape[-1])
             if first_stage == "dense":
                 if "embed" not in llm.supported_tasks:
                     raise ValueError(f"first_stage 'dense' needs a model with embed; {mc.model} has none")
@@ -110,6 +113,7 @@ class Index:
             sparse_model=sparse_model if first_stage == "sparse" else None,
             quantization=quantization,
             pool_factor=pool_factor,
+            engine=options,
         )
         if muvera is not None:
             config = replace(config, muvera=MuveraParams.coerce(muvera))
@@ -151,7 +155,7 @@ class Index:
         if self._llm is None:
             from ..entrypoints.llm import LLM
 
-            self._llm = LLM(self.config.model)
+            self._llm = LLM(self.config.model, **self.config.engine)
         return self._llm
 
     @property
@@ -208,6 +212,7 @@ class Index:
         id_iter = iter(ids) if ids is not None else None
         batch: list[Any] = []
         added = 0
+        seen: dict[str, int] = {}  # one call's ids: a repeat would replace a document it just added
 
         def flush() -> None:
             nonlocal added
@@ -223,6 +228,10 @@ class Index:
                     )
             else:
                 names = [_doc_id(next(id_iter, None), added + i) for i in range(len(batch))]
+                for i, name in enumerate(names):
+                    first = seen.setdefault(name, added + i)
+                    if first != added + i:
+                        raise ValueError(f"id {added + i} repeats {name!r}, the id of document {first}")
             enc = self._encode(batch, "document")
             self.add_vectors(names, enc.tokens, enc.dense, enc.sparse)
             added += len(batch)
@@ -287,6 +296,9 @@ class Index:
         """The k best documents for each query (a string or a list), best first, by MaxSim over the first
         stage's `prefetch` candidates."""
         texts = [queries] if isinstance(queries, str) else list(queries)
+        self._check_search(k, prefetch, hnsw_ef, oversampling)
+        if not texts:
+            return []
         enc = self._encode(texts, "query")
         return self.search_vectors(
             enc.tokens,
@@ -314,8 +326,9 @@ class Index:
     ) -> list[list[Hit]]:
         """Search with queries already encoded (as queries): token vectors and, for a dense or sparse first stage,
         their embeddings or sparse vectors."""
-        if k < 1 or prefetch < 1:
-            raise ValueError(f"k and prefetch must be positive, got k={k}, prefetch={prefetch}")
+        self._check_search(k, prefetch, hnsw_ef, oversampling)
+        if not tokens:
+            return []
         mats = [_matrix(t, self.config.dim, f"query {i}") for i, t in enumerate(tokens)]
         queries: dict[str, Any] = {TOKENS: mats}
         if self.config.first_stage == "muvera":
@@ -331,6 +344,14 @@ class Index:
                     raise ValueError(f"query {i} has an empty sparse vector: a sparse first stage finds nothing for it")
         options = SearchOptions(hnsw_ef=hnsw_ef, rescore=rescore, oversampling=oversampling, exact=exact)
         return self.backend.search(queries, k, max(prefetch, k), options)
+
+    @staticmethod
+    def _check_search(k: int, prefetch: int, hnsw_ef: int | None, oversampling: float | None) -> None:
+        for name, value in (("k", k), ("prefetch", prefetch), ("hnsw_ef", hnsw_ef)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if oversampling is not None and (isinstance(oversampling, bool) or not oversampling >= 1):
+            raise ValueError(f"oversampling must be a number of at least 1, got {oversampling!r}")
 
     def __len__(self) -> int:
         return self.backend.count()
