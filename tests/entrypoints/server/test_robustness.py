@@ -110,13 +110,23 @@ def test_overload_gets_429_with_retry_after(tight_server):
     stalled = [_stalled(tight_server) for _ in range(2)]  # the server's limit: 2 requests in progress
     try:
         time.sleep(0.2)
+        names = ('te_request_count{method="batch"}', 'te_request_failure{err="overloaded"}')
+
+        def counts() -> list[float]:
+            text = tight_server.get("/metrics").text
+            return [float(next((ln.split()[-1] for ln in text.splitlines() if ln.startswith(n)), 0)) for n in names]
+
+        before = counts()
         r = tight_server.post("/v1/embeddings", OK)
         assert r.status_code == 429, r.text
         assert r.headers["retry-after"] == "1"
         err = r.json()["error"]
         assert err["type"] == "TooManyRequests" and err["code"] == 429 and "limit of 2 requests" in err["message"]
         assert tight_server.get("/health").status_code == 200  # not counted
-        assert 'te_request_failure{err="overloaded"} 1.0' in tight_server.get("/metrics").text  # TEI's cause
+        # as TEI, counted as received and failed for its cause (failures outnumbered requests); not /tokenize's
+        assert [b - a for a, b in zip(before, counts())] == [1, 1]
+        assert tight_server.post("/tokenize", {"prompt": "x"}).status_code == 429
+        assert [b - a for a, b in zip(before, counts())] == [1, 1]
     finally:
         for sock in stalled:
             sock.close()

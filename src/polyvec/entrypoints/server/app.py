@@ -161,7 +161,12 @@ class ServerMiddleware:
             # TEI counts the failures of requests it counted, and its refusals for lack of capacity
             # (a TEI route's refusal before it counted the request, e.g. an empty `texts`, names its cause: counted)
             counted_failure = scope.get(TE_COUNTED) or scope.get(TE_ERR)
-            if status >= 400 and (counted_failure or (status == 429 and scope["method"] == "POST")):
+            if status == 429 and not counted_failure and scope["method"] == "POST" and endpoint in _POOLING_PATHS:
+                # TEI counts a request before it asks for a permit: refused for overload, it is in both counts
+                # (its body unread here: "batch")
+                self.metrics.te_count.labels("batch").inc()
+                counted_failure = "batch"
+            if status >= 400 and counted_failure:
                 self.metrics.on_failure(status, scope.get(TE_ERR))
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
@@ -249,6 +254,14 @@ _COUNT_ITEMS_FROM = 256 * 1024
 
 _ITEM_FIELDS = ("input", "inputs", "texts", "documents", "text_1", "text_2", "data_1", "data_2", "queries", "items",
                 "images", "ids")  # fmt: skip
+
+
+_POOLING_PATHS = frozenset(
+    ("/", "/classify", "/embeddings", "/pooling", "/v1/embeddings", "/v1/embed", "/v2/embed", "/invocations",
+     "/rerank", "/score", "/v1/rerank", "/v1/score", "/v2/rerank", "/embed", "/embed_all", "/embed_sparse",
+     "/predict", "/similarity")
+)  # fmt: skip
+"""POST routes of pooling requests (not /tokenize, /detokenize, /decode): TEI's request counts are theirs."""
 
 
 def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, int, bool] | None:
