@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,64 @@ class VectorJSONResponse(JSONResponse):
     JSONResponse raised; `float_array` raises for vectors, the scores are finite by construction."""
 
     def render(self, content: Any) -> bytes:
+        if getattr(_large, "body", False):
+            return dumps_in_pieces(content)
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+_large = threading.local()
+"""Set by `build_large`: this thread builds a large body (a worker thread's, off the event loop), in pieces."""
+
+
+def build_large(build: Callable[[], Any]) -> Any:
+    """`build()` with VectorJSONResponse rendering in pieces (in a worker thread: see _PIECE_NUMBERS)."""
+    _large.body = True
+    try:
+        return build()
+    finally:
+        _large.body = False
+
+
+_PIECE_NUMBERS = 1 << 16
+"""Most numbers orjson encodes in one call: it holds the GIL for a whole call, and a large body built in a worker
+thread held the event loop (its health checks) as long."""
+
+
+def dumps_in_pieces(value: Any) -> bytes:
+    """orjson.dumps(value) (numpy arrays included), byte for byte, from calls of at most _PIECE_NUMBERS numbers
+    each, joined once: the GIL is free between them."""
+    pieces: list[bytes | memoryview] = []
+    _pieces(value, pieces)
+    return b"".join(pieces)
+
+
+def _pieces(value: Any, out: list[bytes | memoryview]) -> None:
+    if isinstance(value, np.ndarray) and value.size > _PIECE_NUMBERS and value.ndim > 0:
+        rows = max(1, _PIECE_NUMBERS // max(1, value[0].size))
+        out.append(b"[")
+        for i in range(0, len(value), rows):
+            if i:
+                out.append(b",")
+            if value[0].size > _PIECE_NUMBERS:  # rows too large themselves: one at a time, split again
+                _pieces(value[i], out)
+            else:
+                out.append(memoryview(orjson.dumps(value[i : i + rows], option=orjson.OPT_SERIALIZE_NUMPY))[1:-1])
+        out.append(b"]")
+    elif isinstance(value, dict) and value:
+        out.append(b"{")
+        for j, (k, v) in enumerate(value.items()):
+            out.append(orjson.dumps(str(k)) + b":" if not j else b"," + orjson.dumps(str(k)) + b":")
+            _pieces(v, out)
+        out.append(b"}")
+    elif isinstance(value, (list, tuple)) and len(value) > 1:
+        out.append(b"[")
+        for j, v in enumerate(value):
+            if j:
+                out.append(b",")
+            _pieces(v, out)
+        out.append(b"]")
+    else:
+        out.append(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 def float_array(tensor: torch.Tensor) -> np.ndarray | float:

@@ -33,7 +33,7 @@ from ...pooling_params import PoolingParams, TaskError
 from ...tokenizer import special_tokens_map
 from . import protocol as P
 from .async_engine import AsyncEngine
-from .encoding import VectorJSONResponse, encode_bytes, encode_json
+from .encoding import VectorJSONResponse, build_large, encode_bytes, encode_json
 from .errors import APIError, shorten
 from .metrics import TE_COUNTED, TE_STAGES, ServerMetrics
 
@@ -479,7 +479,7 @@ async def off_loop(outputs: list, build: Callable[[], Response]) -> Response:
     numbers = sum(o.outputs.data.numel() for o in outputs if isinstance(o.outputs.data, torch.Tensor))
     if numbers <= _OFF_LOOP_NUMBERS:
         return build()
-    return await asyncio.get_running_loop().run_in_executor(None, build)
+    return await asyncio.get_running_loop().run_in_executor(None, build_large, build)
 
 
 def encoded_response(
