@@ -423,3 +423,43 @@ def test_load_counts_the_requests_in_progress(minilm_llm):
         engine.held.clear()
         assert [f.result().status_code for f in held] == [200, 200]
         assert httpx.get(url + "/load", timeout=10).json() == {"server_load": 0}
+
+
+class _SlowTokenizer:
+    """The real engine, with tokenization that takes `seconds` for a prompt "slow" (a huge request's)."""
+
+    def __init__(self, engine, seconds: float):
+        self._engine, self.seconds, self.started = engine, seconds, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def process(self, prompts, *args, **kwargs):
+        self.started.append(list(prompts))
+        if "slow" in prompts:
+            time.sleep(self.seconds)
+        return self._engine.process(prompts, *args, **kwargs)
+
+
+def test_a_client_leaving_during_tokenization_is_let_go(minilm_llm):
+    """A client that left while its inputs were tokenized held its slot (/load, --max-concurrent-requests)
+    until tokenization ended, and tokenization queued behind busy tokenizer threads still ran for it. It is let
+    go at once now (TEI's "dropped"), and a tokenization its client left before it began never starts."""
+    engine = _SlowTokenizer(minilm_llm.engine, 3.0)
+    with in_process_server(engine, warmup=False) as url, httpx.Client(base_url=url, timeout=60) as client:
+        before = client.get("/metrics").text.count("\n")  # the families are there
+        assert before
+        start = time.monotonic()
+        for body in ({"input": "slow"}, {"input": "slow"}, {"input": "also queued"}):  # 2 tokenizer threads
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/v1/embeddings", json=body, timeout=0.3)
+        deadline = time.monotonic() + 5
+        while client.get("/load").json()["server_load"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/load").json()["server_load"] == 0
+        assert time.monotonic() - start < 2.5  # before the slow tokenizations end
+        time.sleep(3.5)  # both threads free again: the third request's job was skipped, not run
+        assert engine.started == [["slow"], ["slow"]]
+        text = client.get("/metrics").text
+        assert 'te_request_failure{err="dropped"} 3.0' in text, text
+        assert client.post("/v1/embeddings", json=OK).status_code == 200

@@ -143,7 +143,18 @@ class AsyncEngine:
         """Tokenize and verify in the thread pool (ValueError on bad input)."""
         loop = asyncio.get_running_loop()
         pool = self._fetch_pool if any(_fetches(p) for p in prompts) else self._pool
-        return await loop.run_in_executor(pool, partial(self.engine.process, prompts, params, task, **kwargs))
+        left = threading.Event()
+
+        def job() -> list[Request]:
+            if left.is_set():  # its client left while it waited for a tokenizer thread: not started
+                raise asyncio.CancelledError
+            return self.engine.process(prompts, params, task, **kwargs)
+
+        try:
+            return await loop.run_in_executor(pool, job)
+        except asyncio.CancelledError:
+            left.set()
+            raise
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run other tokenizer work (/tokenize, /detokenize) in the same thread pool, off the event loop."""

@@ -404,17 +404,22 @@ async def run_pooling(
     method = count_request(state, raw, single)
     check_ids_sent(state, prompts, field if locate is None else None)
     began = time.monotonic()
-    requests = await process_prompts(
-        state,
-        prompts,
-        params,
-        task,
-        field=field,
-        locate=locate,
-        task_param=task_param,
-        names=names,
-        too_long_hint=too_long_hint,
-        **kwargs,
+    # a client that leaves while its inputs wait for (or are in) tokenization is let go at once; its tokenization
+    # is not started if it has not begun
+    requests = await until_disconnect(
+        raw,
+        process_prompts(
+            state,
+            prompts,
+            params,
+            task,
+            field=field,
+            locate=locate,
+            task_param=task_param,
+            names=names,
+            too_long_hint=too_long_hint,
+            **kwargs,
+        ),
     )
     check_limits(state, requests, field, locate)
     kind = "predict" if {r.params.task for r in requests} <= {"classify", "score"} else "embed"
