@@ -105,3 +105,25 @@ def test_pool_factor_over_http(pylate_model):
         assert r.status_code == 400 and r.json()["error"]["param"] == "pool_factor"
     finally:
         s.stop()
+
+
+def test_a_windowed_input_pools_window_by_window(minilm_path, monkeypatch):
+    """A long input split into windows was clustered whole after its windows were joined: n² distances over
+    every token (16k tokens: gigabytes and a minute of the engine thread, from an 80 KB request). Pooling now
+    clusters blocks of at most max_model_len vectors, the first keeping [CLS]; an input that fits is one block."""
+    from polyvec import token_pooling
+    from polyvec.token_pooling import pool_in_blocks
+
+    sizes: list[int] = []
+    pool = token_pooling.hierarchical_pool
+    monkeypatch.setattr(token_pooling, "hierarchical_pool", lambda v, *a: sizes.append(v.shape[0]) or pool(v, *a))
+    llm = LLM(str(minilm_path), dtype="float32", max_model_len=64, long_input="window")
+    text = " ".join(DOCS * 12)
+    whole = llm.token_embed(text, use_tqdm=False)[0].outputs.data  # [n, 384], n > 64
+    got = llm.token_embed(text, PoolingParams(pool_factor=2), use_tqdm=False)[0].outputs.data
+    n = whole.shape[0]
+    assert n > 3 * 64 and max(sizes) == 64 and sum(sizes) == n
+    want = torch.cat([pool(whole[:64], 2), *[pool(whole[i : i + 64], 2, 0) for i in range(64, n, 64)]])
+    assert torch.allclose(got, want, atol=1e-6) and got.shape[0] < n * 0.6
+    short = torch.randn(30, 8)
+    assert torch.equal(pool_in_blocks(short, 2, 64), pool(short, 2))

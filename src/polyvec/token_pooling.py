@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 PROTECTED_TOKENS = 1  # PyLate's default: the [CLS] vector stays its own
+MAX_POOL_BLOCK = 8192  # most vectors clustered together (~1 GB of distances): longer inputs pool in blocks
 
 
 def ward_labels(distance: np.ndarray, clusters: int) -> np.ndarray:
@@ -49,10 +50,23 @@ def hierarchical_pool(vectors: torch.Tensor, pool_factor: int, protected: int = 
     clusters = max(n // pool_factor, 1)
     if clusters >= n:
         return vectors
-    distance = 1 - torch.mm(rest, rest.t()).numpy()  # [n, n]
+    # [n, n]; at least 0: repeated vectors (a repeated passage's windows) are a rounding error below it
+    distance = np.maximum(1 - torch.mm(rest, rest.t()).numpy(), 0)
     labels = torch.from_numpy(ward_labels(distance, clusters).astype(np.int64)) - 1
     sums = torch.zeros(clusters, rest.shape[1]).index_add_(0, labels, rest)  # [clusters, d]
     counts = torch.bincount(labels, minlength=clusters)
     used = counts > 0  # fcluster may form fewer clusters than asked
     pooled = sums[used] / counts[used].unsqueeze(1)
     return torch.cat([kept, pooled]).to(vectors.dtype)
+
+
+def pool_in_blocks(vectors: torch.Tensor, pool_factor: int, block: int = MAX_POOL_BLOCK) -> torch.Tensor:
+    """`hierarchical_pool` within consecutive blocks of at most `block` vectors (a window's worth: clustering
+    costs n² memory and time, and a long input's windows joined ran to gigabytes), the first block's protected
+    vectors kept; one block, as PyLate pools, for an input that fits."""
+    block = min(block, MAX_POOL_BLOCK)
+    if vectors.shape[0] <= block:
+        return hierarchical_pool(vectors, pool_factor)
+    parts = [hierarchical_pool(vectors[:block], pool_factor)]
+    parts += [hierarchical_pool(vectors[i : i + block], pool_factor, 0) for i in range(block, vectors.shape[0], block)]
+    return torch.cat(parts)

@@ -29,7 +29,7 @@ from ..muvera import MuveraParams, muvera_for
 from ..outputs import PoolingOutput, PoolingRequestOutput
 from ..pooling_params import PoolingParams
 from ..token_codes import encode_tokens
-from ..token_pooling import hierarchical_pool
+from ..token_pooling import pool_in_blocks
 from ..tokenizer import PolyTokenizer, TruncationSide
 from .input_processor import InputProcessor, Prompt
 from .late_interaction import LateInteractionRecipe
@@ -339,7 +339,7 @@ class Engine:
         factor = r.params.pool_factor
         query = (r.input_type or r.params.input_type) == "query"
         if factor and factor > 1 and not query and r.params.task == "token_embed" and data is not None:
-            data = hierarchical_pool(data, factor)  # documents only, as PyLate pools them
+            data = pool_in_blocks(data, factor, self.model_config.max_model_len)  # documents only, as PyLate
         if isinstance(r.params.muvera, MuveraParams) and r.params.task == "token_embed" and data is not None:
             data = torch.from_numpy(muvera_for(data.shape[1], r.params.muvera)(data, query))
         codes = None

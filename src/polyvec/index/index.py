@@ -260,9 +260,10 @@ class Index:
             raise ValueError(f"{len(ids)} ids for {len(tokens)} documents")
         mats = [_matrix(t, self.config.dim, f"document {doc_id!r}") for doc_id, t in zip(ids, tokens)]
         if self.config.pool_factor and self.config.pool_factor > 1:
-            from ..token_pooling import hierarchical_pool
+            from ..token_pooling import MAX_POOL_BLOCK, pool_in_blocks
 
-            mats = [hierarchical_pool(torch.from_numpy(m), self.config.pool_factor).numpy() for m in mats]
+            block = self._llm.model_config.max_model_len if self._llm is not None else MAX_POOL_BLOCK
+            mats = [pool_in_blocks(torch.from_numpy(m), self.config.pool_factor, block).numpy() for m in mats]
         vectors: dict[str, Any] = {TOKENS: mats}
         if self.config.first_stage == "muvera":
             vectors["muvera"] = muvera_for(self.config.dim, self.config.muvera).encode(mats)
