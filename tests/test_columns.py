@@ -81,3 +81,21 @@ def test_token_codes_and_muvera_columns(minilm_llm):
     col = output_columns("token_embed", muvera)["token_embed"]
     assert col.type == pa.list_(pa.float32(), 10240)
     assert np.array_equal(col.values.to_numpy().reshape(5, -1), np.stack([o.outputs.data.numpy() for o in muvera]))
+
+
+def test_one_score_per_token_is_a_width_of_one(minilm_path, tmp_path):
+    """bge-m3's token_classify gives one weight per token ([n], not [n, labels]): the column was taken for an
+    embed's and written as a fixed-size list of the first row's length (Arrow refused a batch of other lengths,
+    or, all alike, the rows came back in the wrong shape). It is list<fixed_size_list<float32, 1>> now."""
+    from polyvec import LLM
+    from tests.helpers import save_tiny_m3
+
+    llm = LLM(str(save_tiny_m3(tmp_path / "m3", minilm_path)), dtype="float32")
+    texts = ["a b", "a b c d", "heat"]
+    path = tmp_path / "t.parquet"
+    assert encode_to_parquet(llm, ["x", "y", "z"], texts, str(path), "token_classify", batch_size=2) == 3
+    table = pq.read_table(path)
+    assert str(table.schema.field("token_classify").type) == "list<element: fixed_size_list<element: float>[1]>"
+    want = llm.encode(texts, pooling_task="token_classify", use_tqdm=False)
+    for got, w in zip(token_rows(table.column("token_classify")), want):
+        assert w.outputs.data.ndim == 1 and np.allclose(got[:, 0], w.outputs.data.numpy(), atol=1e-6)

@@ -59,7 +59,9 @@ def task_column(task: str, outputs: Sequence[Any]) -> Any:
     import pyarrow as pa
 
     arrays = [o.float().numpy() for o in outputs]
-    if task in ("token_embed", "token_classify") and not (arrays and arrays[0].ndim == 1):  # 1-D: MUVERA's
+    if task == "token_classify":  # one score per token (bge-m3's sparse weights) is a width of 1
+        return _vectors([a.reshape(a.shape[0], -1) for a in arrays])
+    if task == "token_embed" and not (arrays and arrays[0].ndim == 1):  # 1-D: MUVERA's
         return _vectors(arrays)
     if task == "embed_sparse":
         indices = [np.flatnonzero(a).astype(np.int32) for a in arrays]

@@ -433,7 +433,7 @@ def _parquet_rows(path: str) -> int:
     return pads.dataset(path, format="parquet").count_rows()
 
 
-_ERROR_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_ERROR_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|ArrowInvalid)): (.+)$")
 
 
 def ray_error_cause(exc: BaseException) -> str | None:
