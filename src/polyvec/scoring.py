@@ -247,6 +247,14 @@ def plan_scores(
             raise SideError(f"{names[side]} is empty: score needs at least one item on each side", side)
     pairs = pair_indices(len(texts_1), len(texts_2), names)
     if cross_encoder:
+        for side, texts in enumerate((texts_1, texts_2)):  # as vLLM: a text-only model's pairs are of texts
+            bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+            if bad is not None:
+                raise SideError(
+                    f"{names[side]} item {bad} is a {type(texts[bad]).__name__}, not a text: a cross-encoder scores "
+                    "pairs of texts",
+                    side,
+                )
         joined = [
             compose(q, d) if compose is not None and isinstance(q, str) and isinstance(d, str) else (q, d)
             for q, d in ((texts_1[i], texts_2[j]) for i, j in pairs)

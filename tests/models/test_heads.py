@@ -227,3 +227,10 @@ def test_cross_encoder_score_matches_transformers(tmp_path, minilm_path):
         assert abs(score - torch.sigmoid(logit).item()) < 1e-6
         # The check is sensitive: dropping the segment ids moves the logit far more than the tolerance.
         assert abs(no_types.item() - logit.item()) > 1e-5
+    # as vLLM ("MultiModalParam is not supported"): a non-text side is refused by name, not read as token ids
+    for args, message in (
+        (({"prompt": "ping"}, "pong"), "data_1 item 0 is a dict, not a text"),
+        (("ping", ["pong", [101, 102]]), "data_2 item 1 is a list, not a text"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            llm.score(*args, use_tqdm=False)
