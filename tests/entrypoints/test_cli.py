@@ -239,3 +239,34 @@ def test_jsonl_lines_for_ray_split_as_python_reads_a_file():
     data = '{"_id": "1", "text": "a\u2028b"}\r\n\n{"_id": "2", "text": "c\x85d"}\r{"_id": "3", "text": "e"}'
     rows = [json.loads(r["text"]) for r in _jsonl_lines({"bytes": data.encode("utf-8")})]
     assert rows == [{"_id": "1", "text": "a\u2028b"}, {"_id": "2", "text": "c\x85d"}, {"_id": "3", "text": "e"}]
+
+
+def test_read_corpus_by_suffix_and_what_it_refuses(tmp_path):
+    """JSON lines under .ndjson / .json and CSV / TSV files were read as raw lines (a CSV's header a document, a
+    quoted newline two); a JSONL row whose text is null was the empty text; a Parquet id of another type was
+    stringified ('True'), where a JSONL one is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from polyvec.entrypoints.cli import read_corpus
+
+    rows = '{"_id": "d1", "title": "T", "text": "alpha"}\n{"_id": "d2", "text": "beta"}\n'
+    for suffix in (".ndjson", ".json"):
+        (tmp_path / f"c{suffix}").write_text(rows)
+        assert read_corpus(str(tmp_path / f"c{suffix}")) == (["d1", "d2"], ["T alpha", "beta"])
+    (tmp_path / "c.csv").write_text('id,text\n007,"a, quoted\nnewline"\n2,42\n')
+    assert read_corpus(str(tmp_path / "c.csv")) == (["007", "2"], ["a, quoted\nnewline", "42"])
+    (tmp_path / "c.tsv").write_text("_id\tbody\na\thello world\n")
+    assert read_corpus(str(tmp_path / "c.tsv"), text_column="body") == (["a"], ["hello world"])
+    (tmp_path / "n.jsonl").write_text('{"_id": "a", "text": "real"}\n{"_id": "b", "text": null}\n')
+    with pytest.raises(ValueError, match="line 2 has null in field 'text' and no title"):
+        read_corpus(str(tmp_path / "n.jsonl"))
+    (tmp_path / "t.jsonl").write_text('{"_id": "a", "title": null}\n')
+    with pytest.raises(ValueError, match="line 1 has null in field 'title'"):
+        read_corpus(str(tmp_path / "t.jsonl"))
+    (tmp_path / "ok.jsonl").write_text('{"_id": "a", "title": null, "text": "body"}\n')  # a null title alone: fine
+    assert read_corpus(str(tmp_path / "ok.jsonl")) == (["a"], ["body"])
+    pq.write_table(pa.table({"id": [True, False], "text": ["x", "y"]}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match="row 0 has bool True in column 'id', not an id"):
+        read_corpus(str(tmp_path / "b.parquet"))

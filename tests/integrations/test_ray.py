@@ -216,6 +216,12 @@ def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_
     r = subprocess.run([*base, str(tmp_path / "t.txt"), "--output", str(tmp_path / "file" / "o")], capture_output=True,
                        text=True, timeout=180)  # fmt: skip
     assert r.returncode == 2 and f"cannot write {tmp_path / 'file' / 'o'}" in r.stderr.splitlines()[-1], r.stderr
+    # JSON lines under .ndjson (read as raw lines before), an id twice (written twice, unlike polyvec embed)
+    (tmp_path / "dup.ndjson").write_text('{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')
+    r = subprocess.run([*base, str(tmp_path / "dup.ndjson"), "--output", str(tmp_path / "dup")], capture_output=True,
+                       text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 2 and "the corpus repeats the id 'a' (2 rows)" in r.stderr.splitlines()[-1], r.stderr
+    assert pq.read_table(str(tmp_path / "dup")).column("text").to_pylist() in (["x", "y"], ["y", "x"])  # parsed
 
 
 def test_pool_plan_leaves_room_for_reading_and_writing(cluster):

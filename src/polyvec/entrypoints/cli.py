@@ -110,6 +110,12 @@ def positive_float(value: str) -> float:
     return number
 
 
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+"""Files read as JSON lines (one object per line: BEIR's corpus.jsonl, and the same under these names)."""
+CSV_SUFFIXES = (".csv", ".tsv")
+"""Files read as tables with a header (as Parquet: `text_column`, ids from `_id` or `id`)."""
+
+
 def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
     """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same; another
     field with `text_column`), of a Parquet file or folder (ids from `_id` or `id`, else the row number; texts
@@ -117,8 +123,10 @@ def read_corpus(path: str, limit: int | None = None, text_column: str = "text") 
     row i is line i (its id). Raises ValueError naming what is wrong."""
     if path.endswith(".parquet") or os.path.isdir(path):
         return _read_parquet(path, limit, text_column)
+    if path.endswith(CSV_SUFFIXES):
+        return _read_parquet(path, limit, text_column, "\t" if path.endswith(".tsv") else ",")
     ids, texts = [], []
-    jsonl = path.endswith(".jsonl")
+    jsonl = path.endswith(JSONL_SUFFIXES)
     with_id: int | None = None  # the line of the first row with an id, and of the first without
     without: int | None = None
     seen: dict[str, int] = {}
@@ -159,12 +167,26 @@ def _jsonl_lines(file: dict[str, Any]) -> list[dict[str, str]]:
     return [{"text": line} for line in lines if line.strip()]
 
 
-def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[str], list[str]]:
+def _read_parquet(
+    path: str, limit: int | None, text_column: str, delimiter: str | None = None
+) -> tuple[list[str], list[str]]:
+    """A Parquet file or folder, or with `delimiter` a CSV / TSV file with a header."""
     try:
         import pyarrow.dataset as pads
     except ImportError:
-        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow") from None
-    data = pads.dataset(path, format="parquet")
+        raise ValueError("reading Parquet or CSV needs pyarrow: pip install pyarrow") from None
+    if delimiter is None:
+        data = pads.dataset(path, format="parquet")
+    else:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        # every column a string: ids as written ("007"), a text of digits still a text
+        read = pacsv.ReadOptions(use_threads=True)
+        parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+        header = pacsv.open_csv(path, read_options=read, parse_options=parse).schema.names
+        convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in header}, strings_can_be_null=False)
+        data = pads.dataset(path, format=pads.CsvFileFormat(parse, convert_options=convert, read_options=read))
     names = data.schema.names
     if text_column not in names:
         raise ValueError(f"no column {text_column!r} (give --text-column); it has: {', '.join(names)}")
@@ -181,6 +203,8 @@ def _read_parquet(path: str, limit: int | None, text_column: str) -> tuple[list[
     for i, value in enumerate(values):
         if value is None:
             raise ValueError(f"row {i} has no {columns[0]!r}")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):  # as a JSONL row's id is checked
+            raise ValueError(f"row {i} has {type(value).__name__} {value!r} in column {columns[0]!r}, not an id")
         first = seen.setdefault(str(value), i)
         if first != i:
             raise ValueError(f"row {i} repeats the {columns[0]!r} {str(value)!r} of row {first}")
@@ -358,7 +382,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {path}: no such file or folder")
     if local and os.path.isfile(path) and os.path.getsize(path) == 0:
         raise CommandError(f"no texts in {path}")
-    parquet, jsonl = path.endswith(".parquet") or os.path.isdir(path), path.endswith(".jsonl")
+    parquet, jsonl = path.endswith(".parquet") or os.path.isdir(path), path.endswith(JSONL_SUFFIXES)
     text_file: tuple[list[str], list[str]] | None = None
     if not parquet and not jsonl:  # lines with their numbers as ids, blank ones kept, as polyvec embed reads them
         try:
@@ -412,6 +436,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
         )
         out.write_parquet(args.output, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
         rows = _parquet_rows(args.output)
+        if text_file is None:  # rows Ray read: their ids were not checked on the way, as polyvec embed checks them
+            _check_unique_ids(args.output, rows)
     except ValueError as exc:  # the pool's plan (before any job)
         raise CommandError(str(exc)) from None
     except OSError as exc:  # the output folder, on the driver
@@ -424,6 +450,22 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
     took = time.perf_counter() - start
     print(f"encoded {rows} rows ({args.pooling_task}) on Ray in {took:.1f} s; written to {args.output}")
     return 0
+
+
+def _check_unique_ids(path: str, rows: int) -> None:
+    """CommandError naming a repeated id among the rows written under `path` (the `id` column alone is read)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    ids = pads.dataset(path, format="parquet").to_table(columns=["id"]).column("id")
+    if pc.count_distinct(ids).as_py() == rows:
+        return
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))[0]
+    raise CommandError(
+        f"the corpus repeats the id {repeated['values'].as_py()!r} ({repeated['counts'].as_py()} rows): ids must be "
+        f"unique; the rows written to {path} hold it more than once"
+    )
 
 
 def _parquet_rows(path: str) -> int:

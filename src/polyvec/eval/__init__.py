@@ -47,6 +47,9 @@ def row_text(row: Any, text_column: str = "text") -> str:
                 from ..entrypoints.server.errors import json_type  # the server's words for JSON types (on error only)
 
                 raise ValueError(f"has {json_type(value)} in field {name!r}, not a string")
+        if not isinstance(row.get("title"), str) and not isinstance(row.get("text"), str):
+            # a missing document, not an empty one: it would be a vector of the empty text, found by searches
+            raise ValueError("has null in field 'text' and no title" if "text" in row else "has null in field 'title'")
         return _text(document_text(row))
     if not isinstance(row.get(text_column), str):
         raise ValueError(f"has no text in field {text_column!r}")
