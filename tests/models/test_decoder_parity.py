@@ -437,3 +437,17 @@ def test_a_llama_config_with_a_stray_sliding_window_attends_to_everything(tmp_pa
     outs = llm.token_embed([{"prompt_token_ids": p} for p in ps], PoolingParams(use_activation=False), use_tqdm=False)
     for p, out in zip(ps, outs):
         assert cosine_rows(out.outputs.data, reference_hidden(model, p)).min().item() >= 0.9999
+
+
+def test_a_mistral_config_without_sliding_window_has_transformers_default():
+    """transformers' MistralConfig windows every layer when config.json leaves `sliding_window` out (vLLM reads
+    the same config); polyvec applied none. An explicit null is no window, as there."""
+    from transformers import MistralConfig
+
+    from polyvec.models.args import DecoderArgs
+
+    base = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2, "intermediate_size": 64,
+            "vocab_size": 100}  # fmt: skip
+    assert DecoderArgs.from_hf({**base, "model_type": "mistral"}).sliding_window == MistralConfig().sliding_window
+    assert DecoderArgs.from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window is None
+    assert DecoderArgs.from_hf({**base, "model_type": "llama"}).sliding_window is None

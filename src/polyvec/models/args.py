@@ -102,7 +102,8 @@ class DecoderArgs:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> DecoderArgs:
-        window = config.get("sliding_window")
+        # transformers' MistralConfig windows 4096 tokens when its config leaves the key out (vLLM reads it so)
+        window = config.get("sliding_window", 4096 if config.get("model_type") == "mistral" else None)
         layer_types = config.get("layer_types")
         return cls(
             hidden_size=config["hidden_size"],
