@@ -154,6 +154,8 @@ class AsyncEngine:
             return await loop.run_in_executor(pool, job)
         except asyncio.CancelledError:
             left.set()
+            if self.on_abort is not None:  # dropped before they were queued: counted as the queued ones are
+                self.on_abort(len(prompts))
             raise
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -76,7 +76,9 @@ class ServerMetrics:
             "polyvec_batch_sequences", "Sequences per forward pass", buckets=_SEQ_BUCKETS, registry=r
         )
         self.aborted = Counter(
-            "polyvec_aborted_requests", "Queued requests dropped because their client left", registry=r
+            "polyvec_aborted_requests",
+            "Inputs dropped because their client left (queued or being tokenized)",
+            registry=r,
         )
         self.busy = Counter("polyvec_engine_busy_seconds", "Time the engine spent in forward passes", registry=r)
         # TEI's counters keep their names (no _total): gauges here, typed counter by export()
