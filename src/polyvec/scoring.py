@@ -282,7 +282,8 @@ def colbert_score(query: torch.Tensor, doc: torch.Tensor) -> float:
 
 
 def bge_m3_score(dense: float, sparse: float, colbert: float, weights=(0.4, 0.2, 0.4)) -> float:
-    """bge-m3's combined score: FlagEmbedding's weighted sum of the dense, sparse and multi-vector scores
-    (its default weights), divided by the weights' sum."""
+    """bge-m3's combined score: FlagEmbedding's weighted sum of the dense, sparse and multi-vector scores, divided
+    by the weights' sum; the default weights are the bge-m3 model card's (FlagEmbedding's compute_score defaults
+    to equal weights: pass (1, 1, 1) for its numbers)."""
     w = list(weights)
     return (w[0] * dense + w[1] * sparse + w[2] * colbert) / sum(w)
