@@ -192,6 +192,7 @@ class Engine:
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
         padding: str | int | None = None,
+        max_window_tokens: int | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts (see `InputProcessor.process`); thread-safe. Several tasks (a list): each
         output's data is a dict, task name → output, all from one forward pass."""
@@ -204,6 +205,7 @@ class Engine:
             truncation=truncation,
             truncation_side=truncation_side,
             padding=padding,
+            max_window_tokens=max_window_tokens,
         )
 
     def warmup(self) -> Iterator[int]:

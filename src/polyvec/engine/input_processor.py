@@ -116,6 +116,7 @@ class InputProcessor:
         truncation: str | None = None,
         truncation_side: TruncationSide | None = None,
         padding: str | int | None = None,
+        max_window_tokens: int | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
@@ -124,7 +125,9 @@ class InputProcessor:
         "max_length" (vLLM's, for models trained on fixed-length input without an attention mask) fills each text
         or token prompt, once truncated, with the tokenizer's pad token up to max_model_len (a number: up to that
         many tokens, offline tokenization_kwargs' max_length); the pads are attended, as in vLLM. Several tasks (a
-        list) are all read from one forward pass of each prompt (`Request.extra`).
+        list) are all read from one forward pass of each prompt (`Request.extra`). `max_window_tokens`: the most
+        tokens an input split into windows may have (a server's window limit), longer refused as too long with
+        that max_len (a huge text from a part of it, not tokenized whole).
         """
         limit = self.model_config.max_model_len
         if isinstance(padding, int) and not isinstance(padding, bool):  # a length (False is vLLM's "do not pad")
@@ -180,6 +183,8 @@ class InputProcessor:
                 max_len = 1 << 62  # tokenized whole, then split into windows of max_model_len
                 if self.model_config.pooler_config.max_embed_len:  # vLLM's cap on chunked inputs: longer is an error
                     max_len = self.model_config.pooler_config.max_embed_len
+                if max_window_tokens:
+                    max_len = min(max_len, max_window_tokens)
             if self.colbert is not None and self.colbert.inserts_marker:  # its length, less a marker after [CLS]
                 max_len = min(max_len, self.colbert.length(p.input_type))
                 max_len -= int(self.colbert.marker(p.input_type) is not None)
@@ -258,7 +263,9 @@ class InputProcessor:
                     truncation_side=side,
                 )
             except PromptTooLongError as exc:
-                raise _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least) from None
+                error = _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least)
+                error.over_windows = windowed[members[exc.index]] and max_len == max_window_tokens
+                raise error from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
 
@@ -624,6 +631,8 @@ class PromptError(ValueError):
         self.max_len: int | None = None
         self.advice = ""
         """The end of `detail` that says what to do (a server route offers its own body's options instead)."""
+        self.over_windows = False
+        """Over-long for `max_window_tokens`: an input to be split into windows, longer than they may hold."""
 
 
 def _too_long(index: int, num_tokens: int, max_len: int, at_least: bool = False) -> PromptError:

@@ -90,3 +90,28 @@ def test_limits_are_documented(strict_server):
     doc = strict_server.get("/openapi.json", headers=AUTH).json()
     described = doc["paths"]["/v1/embeddings"]["post"]["responses"]["413"]["description"]
     assert "--max-tokens-per-request" in described and "--max-windows-per-input" in described
+
+
+def test_a_huge_text_over_the_window_limit_is_refused_from_a_part(minilm_llm):
+    """An input to be split into windows was tokenized whole before the window limit refused it (a 16 MB text:
+    seconds of a tokenizer thread and gigabytes); one longer than the windows can hold is refused from a part
+    of it now, as too long, with the window limit's 413. An input that fits the windows still passes."""
+    import httpx
+
+    from .conftest import in_process_server
+
+    window = minilm_llm.model_config.max_model_len
+    with in_process_server(minilm_llm.engine, max_windows_per_input=4, warmup=False) as url:
+        huge = {"input": ["short", "word " * 200_000], "long_input": "window"}  # 1 MB: read in part
+        r = httpx.post(f"{url}/v1/embeddings", json=huge, timeout=60)
+        assert r.status_code == 413, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input" and error["message"].startswith("'input' item 1 has at least "), error
+        assert error["message"].endswith(
+            f"tokens, more than 4 windows of {window} tokens hold; the limit is 4 windows per input "
+            "(--max-windows-per-input)"
+        )
+        n = int(error["message"].split()[6])
+        assert 4 * window < n < 200_000  # the part's tokens, not the whole text's
+        fits = httpx.post(f"{url}/v1/embeddings", json={"input": "word " * (3 * window), "long_input": "window"})
+        assert fits.status_code == 200, fits.text

@@ -454,10 +454,19 @@ async def process_prompts(
     """Tokenize and check a request's prompts (the engine's Requests); a 400 naming the field and item (`names`:
     the body's names of PoolingParams fields it spells differently, e.g. Cohere's output_dimension;
     `too_long_hint`: what the route's own body offers against an over-long input, in place of the engine's list)."""
+    windows, window = state.config.max_windows_per_input, state.model_config.max_model_len
+    bound = windows * window if windows > 0 else None  # more tokens than this: over the window limit, surely
     try:
-        return await state.async_engine.process(prompts, params, task, **kwargs)
+        return await state.async_engine.process(prompts, params, task, max_window_tokens=bound, **kwargs)
     except PromptError as exc:  # named by its position in `prompts`: say which field's item it is
         where, param = locate(exc.index) if locate is not None else (f"'{field}' item {exc.index}", field)
+        if exc.over_windows:
+            raise APIError(
+                413,
+                f"{where} has at least {exc.num_tokens} tokens, more than {windows} windows of {window} tokens hold; "
+                f"the limit is {windows} windows per input (--max-windows-per-input)",
+                param,
+            ) from None
         detail = exc.detail
         if exc.advice and too_long_hint is not None:
             detail = f"{detail.removesuffix(exc.advice)}; {too_long_hint}"
