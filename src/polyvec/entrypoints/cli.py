@@ -1330,10 +1330,10 @@ def replica_error(serve: Any) -> str | None:
 
 def ingress_env(ingress: str, body_timeout: float = 0) -> dict[str, str]:
     """Environment for a Ray of its own: with HAProxy in front, each replica answers HTTP itself (no hop through
-    Ray's Python proxy and an actor call per request); HAProxy's metrics and stats listeners get free ports
-    so that two servers on one machine do not collide; HAProxy, which reads each body whole before a replica
-    sees it, answers 408 after `body_timeout` seconds (--request-body-timeout) as the single server does.
-    Variables already set keep their values."""
+    Ray's Python proxy and an actor call per request); HAProxy's metrics and stats listeners and Serve's fallback
+    proxy get free ports so that two servers on one machine do not collide; HAProxy, which reads each body whole
+    before a replica sees it, answers 408 after `body_timeout` seconds (--request-body-timeout) as the single
+    server does. Variables already set keep their values."""
     # Serve's controller wakes 10 times a second by default; on a small node that is CPU taken from the engines
     loop = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": os.environ.get("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")}
     if ingress == "proxy":
@@ -1345,13 +1345,21 @@ def ingress_env(ingress: str, body_timeout: float = 0) -> dict[str, str]:
             return {"RAY_SERVE_ENABLE_HA_PROXY": "0", **loop}
     import socket
 
-    with socket.socket() as a, socket.socket() as b:  # both held open: two different free ports
-        a.bind(("", 0))
-        b.bind(("", 0))
-        metrics, stats = a.getsockname()[1], b.getsockname()[1]
+    sockets = [socket.socket() for _ in range(4)]
+    try:  # all held open: four different free ports
+        for sock in sockets:
+            sock.bind(("", 0))
+        metrics, stats, fallback_http, fallback_grpc = (sock.getsockname()[1] for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
     tuned = {
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+        # HAProxy's fallback while no replica is ready: Serve's proxy, by default on 8500 with SO_REUSEPORT, where
+        # another server's fallback answered this one's requests with its own model
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(fallback_grpc),
         # HAProxy here learns of a stopping replica within ~0.1 s; Ray's 30 s default suits remote balancers
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
         # Every route is a pure function of its body: a request whose replica died mid-way is safe to replay.
