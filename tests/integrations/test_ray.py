@@ -221,7 +221,29 @@ def test_cli_embed_on_ray_text_files_pools_and_errors(cluster, tmp_path, minilm_
     r = subprocess.run([*base, str(tmp_path / "dup.ndjson"), "--output", str(tmp_path / "dup")], capture_output=True,
                        text=True, timeout=180)  # fmt: skip
     assert r.returncode == 2 and "the corpus repeats the id 'a' (2 rows)" in r.stderr.splitlines()[-1], r.stderr
-    assert pq.read_table(str(tmp_path / "dup")).column("text").to_pylist() in (["x", "y"], ["y", "x"])  # parsed
+    assert not (tmp_path / "dup").exists() and not list(tmp_path.glob(".dup.partial-*"))  # nothing left
+    # a job failing part-way (a null text in the second of two Parquet files) left the first file's rows, looking
+    # whole; the output is written beside and renamed once whole now
+    (tmp_path / "two").mkdir()
+    pq.write_table(pa.table({"id": ["p", "q"], "text": ["fine", "also fine"]}), tmp_path / "two" / "a.parquet")
+    pq.write_table(pa.table({"id": ["r", "s"], "text": ["x", None]}), tmp_path / "two" / "b.parquet")
+    (tmp_path / "out2").mkdir()  # an empty folder is taken as the place to write
+    r = subprocess.run([*base, str(tmp_path / "two"), "--output", str(tmp_path / "out2"), "--batch-size", "1"],
+                       capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 2 and "is not a text: None" in r.stderr.splitlines()[-1], r.stderr[-2000:]
+    assert not list((tmp_path / "out2").iterdir()) and not list(tmp_path.glob(".out2.partial-*"))
+    # CSV with --text-column (the column was looked for in the table read from it, which names it text); a
+    # Parquet id that is null is refused, not written as "None"
+    (tmp_path / "c.csv").write_text("id,text,body\na,alpha,the body of a\nb,beta,the body of b\n")
+    r = subprocess.run([*base, str(tmp_path / "c.csv"), "--text-column", "body", "--output", str(tmp_path / "csv")],
+                       capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert pq.read_table(str(tmp_path / "csv")).sort_by("id").column("text").to_pylist() == [
+        "the body of a", "the body of b"]  # fmt: skip
+    pq.write_table(pa.table({"id": ["x1", None], "text": ["one", "two"]}), tmp_path / "nullid.parquet")
+    r = subprocess.run([*base, str(tmp_path / "nullid.parquet"), "--output", str(tmp_path / "nid")],
+                       capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 2 and "a row's 'id' is NoneType None, not an id" in r.stderr.splitlines()[-1], r.stderr
 
 
 def test_pool_plan_leaves_room_for_reading_and_writing(cluster):

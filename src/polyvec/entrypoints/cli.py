@@ -19,14 +19,16 @@ Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
 import re
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..eval import json_line, row_id, row_text
@@ -386,7 +388,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
     text_file: tuple[list[str], list[str]] | None = None
     if not parquet and not jsonl:  # lines with their numbers as ids, blank ones kept, as polyvec embed reads them
         try:
-            text_file = read_corpus(path, args.limit)
+            text_file = read_corpus(path, args.limit, args.text_column)
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
         if not text_file[1]:
@@ -426,7 +428,7 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             ds,
             args.model,
             task=tasks[0] if len(tasks) == 1 else tasks,
-            text_column=args.text_column,
+            text_column="text" if text_file is not None else args.text_column,  # the table read here names it
             rows="jsonl" if jsonl else "plain",  # JSONL: parsed by the engines, BEIR's title joined as without --ray
             actors=args.actors,
             threads_per_actor=args.threads_per_actor or args.threads,
@@ -434,10 +436,11 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             **{k: v for k, v in model_kwargs.items() if v is not None},
         )
-        out.write_parquet(args.output, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
-        rows = _parquet_rows(args.output)
-        if text_file is None:  # rows Ray read: their ids were not checked on the way, as polyvec embed checks them
-            _check_unique_ids(args.output, rows)
+        with _written_whole(args.output) as folder:  # a job that fails leaves no output, as polyvec embed
+            out.write_parquet(folder, ray_remote_args={"num_cpus": io}, **PARQUET_OPTIONS)
+            rows = _parquet_rows(folder)
+            if text_file is None:  # rows Ray read: their ids were not checked on the way, as polyvec embed does
+                _check_unique_ids(folder, rows)
     except ValueError as exc:  # the pool's plan (before any job)
         raise CommandError(str(exc)) from None
     except OSError as exc:  # the output folder, on the driver
@@ -452,6 +455,33 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _written_whole(output: str) -> Iterator[str]:
+    """The folder a job writes `output` in: a local one beside it, renamed to it once the job is done (a job
+    that fails or is stopped leaves none); on another filesystem `output` itself (found empty before the job),
+    whose files are removed if the job fails."""
+    import pyarrow.fs as pafs
+
+    if "://" not in output:
+        target = os.path.abspath(output)
+        partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.partial-{os.getpid()}")
+        try:
+            yield partial
+            if os.path.isdir(target):  # empty (checked before the job): replaced
+                os.rmdir(target)
+            os.rename(partial, target)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return
+    fs, where = pafs.FileSystem.from_uri(output)
+    try:
+        yield output
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_dir_contents(where, missing_dir_ok=True)
+        raise
+
+
 def _check_unique_ids(path: str, rows: int) -> None:
     """CommandError naming a repeated id among the rows written under `path` (the `id` column alone is read)."""
     import pyarrow.compute as pc
@@ -464,7 +494,7 @@ def _check_unique_ids(path: str, rows: int) -> None:
     repeated = counts.filter(pc.greater(counts.field("counts"), 1))[0]
     raise CommandError(
         f"the corpus repeats the id {repeated['values'].as_py()!r} ({repeated['counts'].as_py()} rows): ids must be "
-        f"unique; the rows written to {path} hold it more than once"
+        "unique (nothing is written)"
     )
 
 

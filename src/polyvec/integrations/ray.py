@@ -118,7 +118,11 @@ def _ids(batch: Any) -> list[str]:
     name = next((c for c in ("_id", "id") if c in batch.column_names), None)
     if name is None:  # row numbers, as polyvec embed gives such rows, have no meaning across Ray's blocks
         raise ValueError(f"no '_id' or 'id' column: --ray needs ids (it has: {', '.join(batch.column_names)})")
-    return [str(x) for x in batch.column(name).to_pylist()]
+    values = batch.column(name).to_pylist()
+    for value in values:  # as polyvec embed reads a Parquet id: a string or an integer, never made up
+        if value is None or isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"a row's {name!r} is {type(value).__name__} {value!r}, not an id")
+    return [str(x) for x in values]
 
 
 def _json_rows(lines: list[str], text_column: str) -> tuple[list[str], list[str]]:
