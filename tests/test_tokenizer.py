@@ -154,3 +154,38 @@ def test_a_part_cut_on_the_left_keeps_no_token_of_its_first_word(tmp_path):
     ref.enable_truncation(265, direction="left")
     got = PolyTokenizer(tmp_path / "tokenizer.json").encode_prompts([text], 265, True, True, "left")[0]
     assert got.input_ids == ref.encode(text).ids and got.input_ids[1] == 4
+
+
+def test_vllms_tokenizer_surface(minilm_path, tmp_path):
+    """LLM.get_tokenizer() is vLLM's TokenizerLike to its users (vLLM's ner_offline example reads
+    all_special_tokens); polyvec's lacked most of it. Each value is transformers' for the same files."""
+    import json
+    import shutil
+
+    from polyvec import LLM
+
+    folder = tmp_path / "tok"
+    shutil.copytree(minilm_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx", "openvino"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["additional_special_tokens"] = ["[unused0]", "[unused1]"]
+    config["chat_template"] = "{% for m in messages %}[CLS] {{ m['role'] }}: {{ m['content'] }} [SEP]{% endfor %}"
+    config["truncation_side"] = "left"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    for path in (minilm_path, folder):
+        ours = PolyTokenizer(path / "tokenizer.json")
+        ref = AutoTokenizer.from_pretrained(str(path))
+        for name in ("all_special_tokens", "all_special_ids", "bos_token_id", "eos_token_id", "pad_token_id",
+                     "is_fast", "truncation_side"):  # fmt: skip
+            assert getattr(ours, name) == getattr(ref, name), (path, name)
+        assert ours.max_token_id == max(ref.get_vocab().values())
+        if path == minilm_path:  # transformers registers the config's extra special tokens as added ones at load
+            assert ours.get_added_vocab() == ref.get_added_vocab()
+        assert [ours.num_special_tokens_to_add(p) for p in (False, True)] == [
+            ref.num_special_tokens_to_add(p) for p in (False, True)]  # fmt: skip
+        tokens = ref.tokenize("Hello, unbelievable flutter!")
+        assert ours.convert_tokens_to_string(tokens) == ref.convert_tokens_to_string(tokens)
+    chat = [{"role": "user", "content": "wing flutter"}, {"role": "assistant", "content": "heat"}]
+    assert ours.apply_chat_template(chat) == ref.apply_chat_template(chat, tokenize=False)
+    want = ref.apply_chat_template(chat, tokenize=True)  # transformers 5: a BatchEncoding; vLLM's protocol: the ids
+    assert ours.apply_chat_template(chat, tokenize=True) == (want["input_ids"] if "input_ids" in want else want)
+    assert LLM(str(minilm_path)).get_tokenizer().all_special_tokens == ["[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]"]

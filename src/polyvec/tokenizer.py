@@ -136,6 +136,9 @@ def special_tokens_map(folder: Path) -> dict[str, str]:
     return tokens
 
 
+_SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
 class PolyTokenizer:
     def __init__(self, path: Path, do_lower_case: bool = False, model_max_length: int | None = None):
         self.path = path
@@ -393,3 +396,85 @@ class PolyTokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._base.id_to_token(i)
+
+    # vLLM's TokenizerLike (what LLM.get_tokenizer() gives its users), from the tokenizer's own files
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens, then the additional ones, each once (transformers' order)."""
+        named = special_tokens_map(self.path.parent)
+        tokens: list[Any] = [named[k] for k in _SPECIAL_ATTRIBUTES if k in named]
+        extra = _read_config(self.path.parent / "special_tokens_map.json").get("additional_special_tokens") or []
+        extra = extra or _read_config(self.path.parent / "tokenizer_config.json").get("additional_special_tokens") or []
+        tokens += [t.get("content") if isinstance(t, dict) else t for t in extra]
+        return [t for t in dict.fromkeys(tokens) if isinstance(t, str)]
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [i for i in map(self._base.token_to_id, self.all_special_tokens) if i is not None]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.special_token_id("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.special_token_id("eos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.special_token_id("pad_token")
+
+    @property
+    def is_fast(self) -> bool:
+        return True  # a `tokenizers` tokenizer, as transformers' fast ones
+
+    @property
+    def max_token_id(self) -> int:
+        return max(self.get_vocab().values())
+
+    @property
+    def truncation_side(self) -> str:
+        return str(_read_config(self.path.parent / "tokenizer_config.json").get("truncation_side", "right"))
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return self._num_special(pair, True)
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {token.content: i for i, token in self._base.get_added_tokens_decoder().items()}
+
+    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
+        decoder = self._base.decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Any],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ) -> str | list[int]:
+        """The conversation through the tokenizer's chat template (or `chat_template`), as text, or its ids with
+        `tokenize` (the template writes the special tokens itself)."""
+        from .chat import ChatError, find_template, render
+
+        template = chat_template or find_template(self.path.parent, tools=bool(tools))
+        if template is None:
+            raise ValueError("this tokenizer has no chat template; pass chat_template")
+        variables = {**kwargs, **({"tools": tools} if tools is not None else {})}
+        try:
+            text = render(
+                template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                special_tokens=special_tokens_map(self.path.parent),
+                variables=variables,
+            )
+        except ChatError as exc:
+            raise ValueError(str(exc)) from None
+        return self.encode(text, add_special_tokens=False) if tokenize else text
