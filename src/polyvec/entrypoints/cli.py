@@ -1173,7 +1173,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mc.max_model_len,
         mc.sources["max_model_len"],
         args.truncation,
-        args.long_input,
+        # what the engine does: --pooler-config's enable_chunked_processing windows too
+        engine.engine_config.long_input
+        + (" [pooler_config]" if engine.engine_config.long_input != args.long_input else ""),
         engine.engine_config.max_num_batched_tokens,
         engine.engine_config.max_num_seqs,
     )

@@ -35,7 +35,16 @@ class Server:
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"polyvec-serve-{self.port}.log"
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "polyvec", "serve", *args, "--port", str(self.port), "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "polyvec",
+                "serve",
+                *args,
+                "--port",
+                str(self.port),
+                *(() if "--log-level" in args else ("--log-level", "warning")),
+            ],  # fmt: skip
             cwd=REPO,
             env=full_env,
             stdout=self.log.open("w"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from polyvec import LLM, PoolingParams
+from tests.conftest import MINILM
 from tests.entrypoints.server.conftest import Server
 from tests.models.test_decoder_parity import prompts, save_decoder
 
@@ -75,3 +76,15 @@ def test_causal_model_chunked_prefill_over_http(decoder_server):
     got = torch.tensor(short.json()["data"][0]["embedding"])
     assert torch.allclose(got, offline[0].outputs.data, atol=1e-5)
     assert server.get("/health").status_code == 200
+
+
+def test_chunked_processing_from_the_pooler_config_is_logged_as_windows(long_doc):
+    """vLLM's long-text example serves with --pooler-config enable_chunked_processing: the inputs were windowed
+    but the start-up line said "long input truncate" (the flag's value, not the engine's)."""
+    s = Server(MINILM, "--pooler-config", '{"enable_chunked_processing": true}', "--log-level", "info")
+    try:
+        r = s.post("/v1/embeddings", {"input": long_doc})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 256, r.text
+        assert "long input window [pooler_config]" in s.log.read_text()
+    finally:
+        s.stop()
