@@ -91,15 +91,41 @@ def _edited_vaswani(tmp_path, name: str, edit) -> str:
         ("qrels.tsv", lambda ls: ls[:2] + ["1\t2\thigh"], "qrels.tsv line 3: the score 'high' is not an integer"),
         ("qrels.tsv", lambda ls: [], "no judged queries"),
         ("queries.jsonl", lambda ls: ['{"_id": "1", "text": 5}'] + ls, "line 1 has a number in field 'text'"),
+        # a ranking could not tell two documents (queries) under one id apart: one overwrote the other's results
+        ("corpus.jsonl", lambda ls: ls + [ls[0]], "corpus.jsonl line {n} repeats the id"),
+        ("queries.jsonl", lambda ls: ls + [ls[0]], "queries.jsonl line {n} repeats the id"),
+        # TREC's layout (query, iteration, document, score) read as BEIR's: every score 0.0000, silently
+        ("qrels.tsv", lambda ls: [f"{q}\t0\t{d}\t{s}" for q, d, s in (ln.split("\t")[:3] for ln in ls[1:])],
+         "none of the relevant documents of qrels.tsv is in corpus.jsonl"),
     ],
-)
+)  # fmt: skip
 def test_cli_names_what_is_wrong_in_a_collection(tmp_path, capsys, name, edit, message):
     from polyvec.entrypoints.cli import main
 
     folder = _edited_vaswani(tmp_path, name, edit)
     assert main(["eval-retrieval", "--data", folder, "--mode", "bm25", "--quiet"]) == 2
     err = capsys.readouterr().err
+    lines = (DATA / "vaswani" / name).read_text().splitlines()
+    message = message.replace("{n}", str(len([ln for ln in lines if ln.strip()]) + 1))
     assert message in err and err.count("\n") == 1, err
+
+
+def test_judged_queries_without_a_text_are_left_out_of_the_average(tmp_path, caplog):
+    """A query of qrels.tsv missing from queries.jsonl was averaged in as 0 while the header counted the queries
+    read (one perfect query of three judged scored 0.3333); the metrics are over the queries evaluated, as
+    BEIR's, and the others are named in a warning. Weights that cannot weigh are refused."""
+    folder = tmp_path / "u"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text('{"_id": "1", "text": "apple"}\n{"_id": "2", "text": "pear"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "1", "text": "apple"}\n')
+    (folder / "qrels.tsv").write_text("q\td\ts\n1\t1\t1\n2\t2\t1\n3\t2\t1\n")
+    data = load_beir(folder)
+    assert data.query_ids == ["1"] and list(data.qrels) == ["1"]
+    assert "2 judged queries of qrels.tsv are not in queries.jsonl" in caplog.text
+    cand, s = torch.tensor([[0, 1]]), [torch.tensor([[0.9, 0.5]]), torch.tensor([[1.0, 2.0]])]
+    for weights in ([0.0, 0.0], [1.0, -1.0], [float("nan"), 1.0]):
+        with pytest.raises(ValueError, match="weights must be finite, at least 0 and not all 0"):
+            weighted_fuse(cand, s, weights, 2)
 
 
 def test_cli_names_a_missing_eval_extra_before_any_work(tmp_path, capsys, monkeypatch):

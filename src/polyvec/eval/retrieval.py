@@ -31,6 +31,8 @@ document counts as 0.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +43,8 @@ import torch
 
 from ..scoring import iter_maxsim
 from . import json_line, row_id, row_text
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,7 +79,10 @@ def load_beir(folder: str | Path) -> BeirData:
     line otherwise."""
     folder = Path(folder)
     doc_ids, docs, query_ids, queries = [], [], [], []
-    for _, doc_id, _, text in _jsonl_rows(folder / "corpus.jsonl"):
+    seen: dict[str, int] = {}
+    for n, doc_id, _, text in _jsonl_rows(folder / "corpus.jsonl"):
+        if (first := seen.setdefault(doc_id, n)) != n:  # two documents under one id: a ranking could not tell them
+            raise ValueError(f"corpus.jsonl line {n} repeats the id {doc_id!r} of line {first}")
         doc_ids.append(doc_id)
         docs.append(text or ".")
     if not docs:
@@ -93,7 +100,10 @@ def load_beir(folder: str | Path) -> BeirData:
             if not parts[2].strip().lstrip("-").isdigit():
                 raise ValueError(f"qrels.tsv line {i + 1}: the score {parts[2]!r} is not an integer")
             qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    seen = {}
     for n, query_id, row, _ in _jsonl_rows(folder / "queries.jsonl"):
+        if (first := seen.setdefault(query_id, n)) != n:
+            raise ValueError(f"queries.jsonl line {n} repeats the id {query_id!r} of line {first}")
         if query_id in qrels:  # evaluate judged queries only, as BEIR does
             if not isinstance(row.get("text"), str):
                 raise ValueError(f"queries.jsonl line {n} has no 'text'")
@@ -101,6 +111,24 @@ def load_beir(folder: str | Path) -> BeirData:
             queries.append(row["text"])
     if not query_ids:
         raise ValueError("no judged queries: no query of queries.jsonl is in qrels.tsv")
+    # the metrics average over the queries evaluated (as BEIR's): judgments of others would count as misses
+    missing = [q for q in qrels if q not in seen]
+    if missing:
+        logger.warning("%d judged queries of qrels.tsv are not in queries.jsonl, left out (e.g. %r)", len(missing),
+                       missing[0])  # fmt: skip
+    qrels = {q: qrels[q] for q in query_ids}
+    relevant = [d for q in query_ids for d, score in qrels[q].items() if score > 0]
+    in_corpus = set(doc_ids)
+    absent = [d for d in relevant if d not in in_corpus]
+    if relevant and len(absent) == len(relevant):
+        raise ValueError(
+            f"none of the relevant documents of qrels.tsv is in corpus.jsonl (e.g. {absent[0]!r}): another "
+            "collection's ids, or TREC's layout (query, iteration, document, score) where BEIR's is (query, "
+            "document, score)"
+        )
+    if absent:
+        logger.warning("%d of qrels.tsv's %d relevant judgments name documents not in corpus.jsonl (e.g. %r)",
+                       len(absent), len(relevant), absent[0])  # fmt: skip
     return BeirData(doc_ids, docs, query_ids, queries, qrels)
 
 
@@ -435,6 +463,8 @@ def weighted_fuse(
     system's scores to [0, 1] over each query's candidates (all equal: 0)."""
     if len(scores) != len(weights):
         raise ValueError(f"{len(scores)} systems but {len(weights)} weights")
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or not sum(weights) > 0:
+        raise ValueError(f"weights must be finite, at least 0 and not all 0, got {list(weights)}")
     if normalize not in ("none", "minmax"):
         raise ValueError(f"normalize must be none or minmax, not {normalize!r}")
     valid = candidates >= 0
