@@ -634,6 +634,13 @@ class PromptError(ValueError):
         self.over_windows = False
         """Over-long for `max_window_tokens`: an input to be split into windows, longer than they may hold."""
 
+    def moved(self, offset: int) -> PromptError:
+        """The same error for the prompt `offset` places further on (a part of a longer list)."""
+        error = PromptError(self.index + offset, self.detail, self.subject)
+        error.num_tokens, error.max_len, error.advice = self.num_tokens, self.max_len, self.advice
+        error.over_windows = self.over_windows
+        return error
+
 
 def _too_long(index: int, num_tokens: int, max_len: int, at_least: bool = False) -> PromptError:
     has = f"at least {num_tokens}" if at_least else str(num_tokens)  # a huge text: what a part of it showed

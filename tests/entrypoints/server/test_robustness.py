@@ -463,3 +463,46 @@ def test_a_client_leaving_during_tokenization_is_let_go(minilm_llm):
         text = client.get("/metrics").text
         assert 'te_request_failure{err="dropped"} 3.0' in text, text
         assert client.post("/v1/embeddings", json=OK).status_code == 200
+
+
+class _SlowParts:
+    """The real engine, each tokenization job taking `seconds` more (a part of a large request, or a small one)."""
+
+    def __init__(self, engine, seconds: float):
+        self._engine, self.seconds, self.sizes = engine, seconds, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def process(self, prompts, *args, **kwargs):
+        self.sizes.append(len(prompts))
+        time.sleep(self.seconds)
+        return self._engine.process(prompts, *args, **kwargs)
+
+
+def test_a_large_request_is_tokenized_in_parts(minilm_llm):
+    """Two large requests held both tokenizer threads until they were done, every other client's inputs waiting
+    behind them (10 s for one token, an audit). Many text inputs are tokenized in parts of 256, each a job of
+    the pool: a small request runs between them. Results and error positions are the request's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    engine = _SlowParts(minilm_llm.engine, 0.4)
+    texts = [f"passage {i} on wing flutter" for i in range(1024)]
+    with in_process_server(engine, warmup=False) as url, ThreadPoolExecutor(3) as pool:
+        big = [pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": texts}, timeout=60) for _ in range(2)]
+        time.sleep(0.2)  # both large requests' first parts are in the two tokenizer threads
+        start = time.monotonic()
+        small = httpx.post(f"{url}/v1/embeddings", json={"input": "one"}, timeout=60)
+        waited = time.monotonic() - start
+        bodies = [f.result() for f in big]
+        assert small.status_code == 200 and all(b.status_code == 200 for b in bodies)
+        assert waited < 1.5, waited  # one part's wait, not the large requests' 2 x 4 parts
+        assert sorted(engine.sizes) == [1] + [256] * 8
+        got = torch.tensor([d["embedding"] for d in bodies[0].json()["data"]])
+        want = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
+        assert torch.allclose(got, want, atol=1e-5)  # in order
+        bad = [*texts[:700], [999999], *texts[701:]]
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("'input' item 700"), r.text

@@ -20,8 +20,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ...engine.engine import Engine, FinishError
+from ...engine.input_processor import PromptError
 from ...engine.request import Request
-from ...multimodal.image import is_remote
+from ...multimodal.image import is_image_prompt, is_remote
 from ...outputs import PoolingRequestOutput
 from .errors import APIError
 
@@ -58,6 +59,18 @@ def _fetches(prompt: Any) -> bool:
     data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
     images = data.get("image") if isinstance(data, dict) else None
     return any(is_remote(x) for x in (images if isinstance(images, (list, tuple)) else [images]))
+
+
+_PROCESS_PART = 256
+"""Prompts tokenized in one job of the pool (see AsyncEngine.process)."""
+
+
+def _text_prompt(prompt: Any) -> bool:
+    """Text, a text pair or token ids, without images: tokenized on its own, so a request's prompts can go in
+    parts (images share a request's pixel budget)."""
+    if isinstance(prompt, dict):
+        return not prompt.get("multi_modal_data")
+    return isinstance(prompt, (str, tuple, list)) and not is_image_prompt(prompt)
 
 
 def _dead() -> APIError:
@@ -140,18 +153,32 @@ class AsyncEngine:
     # ------------------------------------------------------------------------------------------- requests
 
     async def process(self, prompts, params, task, **kwargs) -> list[Request]:
-        """Tokenize and verify in the thread pool (ValueError on bad input)."""
+        """Tokenize and verify in the thread pool (ValueError on bad input). Many text prompts go in parts of
+        _PROCESS_PART, each a job of its own: other requests' jobs run between them (a large request held both
+        tokenizer threads for seconds), and a request whose client left stops at the next part."""
         loop = asyncio.get_running_loop()
         pool = self._fetch_pool if any(_fetches(p) for p in prompts) else self._pool
         left = threading.Event()
 
-        def job() -> list[Request]:
+        def job(start: int, end: int) -> list[Request]:
             if left.is_set():  # its client left while it waited for a tokenizer thread: not started
                 raise asyncio.CancelledError
-            return self.engine.process(prompts, params, task, **kwargs)
+            if start == 0 and end == len(prompts):
+                return self.engine.process(prompts, params, task, **kwargs)
+            part = params[start:end] if isinstance(params, (list, tuple)) else params
+            try:
+                return self.engine.process(prompts[start:end], part, task, **kwargs)
+            except PromptError as exc:  # numbered in the part: renumbered in the request
+                raise exc.moved(start) from None
 
+        whole = isinstance(params, (list, tuple)) and len(params) != len(prompts)  # the engine says what is wrong
+        parts = len(prompts) > _PROCESS_PART and not whole and all(map(_text_prompt, prompts))
+        step = _PROCESS_PART if parts else len(prompts)
         try:
-            return await loop.run_in_executor(pool, job)
+            requests: list[Request] = []
+            for start in range(0, len(prompts), max(step, 1)):
+                requests += await loop.run_in_executor(pool, job, start, min(start + step, len(prompts)))
+            return requests
         except asyncio.CancelledError:
             left.set()
             if self.on_abort is not None:  # dropped before they were queued: counted as the queued ones are
