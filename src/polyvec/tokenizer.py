@@ -455,11 +455,11 @@ class PolyTokenizer:
         chat_template: str | None = None,
         add_generation_prompt: bool = False,
         continue_final_message: bool = False,
-        tokenize: bool = False,
+        tokenize: bool = True,
         **kwargs: Any,
     ) -> str | list[int]:
-        """The conversation through the tokenizer's chat template (or `chat_template`), as text, or its ids with
-        `tokenize` (the template writes the special tokens itself)."""
+        """The conversation through the tokenizer's chat template (or `chat_template`): its ids (the template
+        writes the special tokens itself), or with tokenize=False its text, as transformers' defaults."""
         from .chat import ChatError, find_template, render
 
         template = chat_template or find_template(self.path.parent, tools=bool(tools))

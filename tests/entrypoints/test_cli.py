@@ -257,8 +257,8 @@ def test_read_corpus_by_suffix_and_what_it_refuses(tmp_path):
         assert read_corpus(str(tmp_path / f"c{suffix}")) == (["d1", "d2"], ["T alpha", "beta"])
     (tmp_path / "c.csv").write_text('id,text\n007,"a, quoted\nnewline"\n2,42\n')
     assert read_corpus(str(tmp_path / "c.csv")) == (["007", "2"], ["a, quoted\nnewline", "42"])
-    (tmp_path / "c.tsv").write_text("_id\tbody\na\thello world\n")
-    assert read_corpus(str(tmp_path / "c.tsv"), text_column="body") == (["a"], ["hello world"])
+    (tmp_path / "c.tsv").write_text('_id\tbody\na\thello world\nb\t"Hello" she said\n')  # TSV: no quoting
+    assert read_corpus(str(tmp_path / "c.tsv"), text_column="body") == (["a", "b"], ["hello world", '"Hello" she said'])
     (tmp_path / "n.jsonl").write_text('{"_id": "a", "text": "real"}\n{"_id": "b", "text": null}\n')
     with pytest.raises(ValueError, match="line 2 has null in field 'text' and no title"):
         read_corpus(str(tmp_path / "n.jsonl"))

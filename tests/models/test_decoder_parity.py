@@ -451,3 +451,5 @@ def test_a_mistral_config_without_sliding_window_has_transformers_default():
     assert DecoderArgs.from_hf({**base, "model_type": "mistral"}).sliding_window == MistralConfig().sliding_window
     assert DecoderArgs.from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window is None
     assert DecoderArgs.from_hf({**base, "model_type": "llama"}).sliding_window is None
+    # vLLM's is_causal false (bidirectional embedders): the whole prompt, not a window nobody asked for
+    assert DecoderArgs.from_hf({**base, "model_type": "mistral", "is_causal": False}).sliding_window is None

@@ -223,7 +223,8 @@ class InputProcessor:
                     types = prompt.get("token_type_ids")  # vLLM's TokensPrompt for cross-encoders: the segments
                     prompt = prompt["prompt_token_ids"]
                     if types is not None:
-                        ids, _, num = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
+                        ids, _, num = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side,
+                                                         windowed[i] and max_len == max_window_tokens)  # fmt: skip
                         if len(types) != len(prompt) or any(type(t) is not int or t < 0 for t in types):
                             raise PromptError(i, ": token_type_ids must be one integer >= 0 per token id")
                         if len(ids) != len(prompt):
@@ -252,7 +253,8 @@ class InputProcessor:
                         f": input_type={p.input_type!r} puts the model's {p.input_type!r} prompt before a text; "
                         "token ids cannot take it (send the text, or the prompt's ids with yours)",
                     )
-                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side)
+                over = windowed[i] and max_len == max_window_tokens
+                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side, over)
         for (max_len, truncate, add_special), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode_prompts(
@@ -574,8 +576,15 @@ class InputProcessor:
         return prompts.get(name, "") + text if name else text
 
     def _token_prompt(
-        self, i: int, prompt: Sequence[int], max_len: int, truncate: bool, side: TruncationSide = "right"
+        self,
+        i: int,
+        prompt: Sequence[int],
+        max_len: int,
+        truncate: bool,
+        side: TruncationSide = "right",
+        over_windows: bool = False,
     ) -> tuple[list[int], None, int]:
+        """`over_windows`: `max_len` is a windowed input's `max_window_tokens` (PromptError.over_windows)."""
         # numpy's integers are token ids too (vLLM takes them), as Python ints; bools are not
         ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
         if not ids:
@@ -589,7 +598,9 @@ class InputProcessor:
         num_input = len(ids)
         if num_input > max_len:
             if not truncate:
-                raise _too_long(i, num_input, max_len)
+                error = _too_long(i, num_input, max_len)
+                error.over_windows = over_windows
+                raise error
             if side == "left":  # keep an opening special token ([CLS], <s>) and the last tokens
                 head = 1 if ids[0] in self.special_ids and max_len > 1 else 0
                 ids = ids[:head] + ids[num_input - max_len + head :]

@@ -185,7 +185,9 @@ def _read_parquet(
 
         # every column a string: ids as written ("007"), a text of digits still a text
         read = pacsv.ReadOptions(use_threads=True)
-        parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+        # TSV (MS MARCO's collection.tsv) has no quoting: a quote is text there
+        quoting = {"newlines_in_values": True} if delimiter == "," else {"quote_char": False}
+        parse = pacsv.ParseOptions(delimiter=delimiter, **quoting)
         header = pacsv.open_csv(path, read_options=read, parse_options=parse).schema.names
         convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in header}, strings_can_be_null=False)
         data = pads.dataset(path, format=pads.CsvFileFormat(parse, convert_options=convert, read_options=read))

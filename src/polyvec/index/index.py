@@ -92,7 +92,7 @@ class Index:
             if first_stage == "dense":
                 if "embed" not in llm.supported_tasks:
                     raise ValueError(f"first_stage 'dense' needs a model with embed; {mc.model} has none")
-                dense_dim = dense_dim or mc.embed_dim
+                dense_dim = dense_dim or int(llm.embed("width", use_tqdm=False)[0].outputs.data.shape[-1])  # as dim
             if first_stage == "sparse":
                 if sparse_model is None and "embed_sparse" not in llm.supported_tasks:
                     raise ValueError(

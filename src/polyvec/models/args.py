@@ -102,8 +102,10 @@ class DecoderArgs:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> DecoderArgs:
-        # transformers' MistralConfig windows 4096 tokens when its config leaves the key out (vLLM reads it so)
-        window = config.get("sliding_window", 4096 if config.get("model_type") == "mistral" else None)
+        # transformers' MistralConfig windows 4096 tokens when its config leaves the key out (vLLM reads it so);
+        # attending both ways (is_causal false) asks for the whole prompt
+        mistral = config.get("model_type") == "mistral" and config.get("is_causal", True) is not False
+        window = config.get("sliding_window", 4096 if mistral else None)
         layer_types = config.get("layer_types")
         return cls(
             hidden_size=config["hidden_size"],

@@ -113,5 +113,8 @@ def test_a_huge_text_over_the_window_limit_is_refused_from_a_part(minilm_llm):
         )
         n = int(error["message"].split()[6])
         assert 4 * window < n < 200_000  # the part's tokens, not the whole text's
+        ids = {"input": [[101] + [2773] * (4 * window + 10) + [102]], "long_input": "window"}  # token ids alike
+        error = httpx.post(f"{url}/v1/embeddings", json=ids, timeout=60).json()["error"]
+        assert error["code"] == 413 and "windows per input (--max-windows-per-input)" in error["message"], error
         fits = httpx.post(f"{url}/v1/embeddings", json={"input": "word " * (3 * window), "long_input": "window"})
         assert fits.status_code == 200, fits.text
