@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -399,3 +400,53 @@ def test_score_takes_tokenization_kwargs_and_one_pooling_params(minilm_llm):
     assert cut[0].outputs.score == pytest.approx(want, abs=1e-5) and len(cut[0].prompt_token_ids) == 3 + 1 + 3
     with pytest.raises(TypeError, match="score\\(\\) takes one PoolingParams for every pair, not list"):
         minilm_llm.score("a", ["b"], pooling_params=[PoolingParams()])
+
+
+def test_calls_from_several_threads_share_one_llm(minilm_path):
+    """Two threads' calls on one LLM failed ('requests of this call were lost'): a call counted only what its
+    own steps finished, and two steps could run at once. One step at a time now, and each call takes its
+    outputs from the mailbox whoever's step finished them; every result equals the call made alone."""
+    import threading
+
+    from polyvec import LLM
+
+    llm = LLM(str(minilm_path), dtype="float32", max_num_seqs=2)  # many small steps: calls interleave
+    big = [f"doc {i} " + "word " * (i % 50) for i in range(200)]
+    small = ["hello", "a wing in a slipstream", "heat"]
+    want_big = torch.stack([o.outputs.data for o in llm.embed(big, use_tqdm=False)])
+    want_small = [o.outputs.data for o in llm.token_embed(small, use_tqdm=False)]
+    want_scores = [o.outputs.score for o in llm.score(QUERY, DOCS, use_tqdm=False)]
+    errors: list[BaseException] = []
+    got: dict[str, Any] = {}
+
+    def run(name: str, call) -> None:
+        try:
+            got[name] = call()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    calls = {
+        "big": lambda: torch.stack([o.outputs.data for o in llm.embed(big, use_tqdm=False)]),
+        **{f"small{i}": lambda: [o.outputs.data for o in llm.token_embed(small, use_tqdm=False)] for i in range(6)},
+        "score": lambda: [o.outputs.score for o in llm.score(QUERY, DOCS, use_tqdm=False)],
+        "iter": lambda: [o.outputs.data for o in llm.iter_encode(small, max_in_flight=2, pooling_task="token_embed")],
+    }
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert torch.allclose(got["big"], want_big, atol=1e-6)
+    for name in (*(f"small{i}" for i in range(6)), "iter"):
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got[name], want_small, strict=True)), name
+    assert got["score"] == pytest.approx(want_scores, abs=1e-6)
+
+
+def test_iter_encode_names_a_bad_prompt_by_its_place_in_the_input(minilm_path):
+    from polyvec import LLM
+
+    llm = LLM(str(minilm_path), dtype="float32", truncation="error")
+    bad = [f"text {i}" for i in range(7)] + ["word " * 600] + ["x"] * 3
+    with pytest.raises(ValueError, match="^prompt 7 has 602 tokens"):
+        list(llm.iter_encode(bad, max_in_flight=4))

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -149,6 +150,7 @@ class LLM:
         # Outputs the engine finished, until the call that submitted them takes them: a step runs every queued
         # request, also those of another call on this LLM (an open iter_encode while embed() runs).
         self._finished: dict[str, PoolingRequestOutput] = {}
+        self._steps = threading.RLock()  # one step at a time: calls from several threads share the engine
         self.engine = create_engine(
             model,
             dtype=dtype,
@@ -182,6 +184,7 @@ class LLM:
         """An LLM over an engine built elsewhere (`polyvec.engine.factory.create_engine`)."""
         llm = cls.__new__(cls)
         llm.engine, llm.model_config, llm._finished = engine, engine.model_config, {}
+        llm._steps = threading.RLock()
         return llm
 
     @property
@@ -239,20 +242,26 @@ class LLM:
             factory = use_tqdm if callable(use_tqdm) else tqdm
             bar = factory(total=len(requests), desc="Processed prompts", dynamic_ncols=True)
         try:
-            self.engine.add_requests(requests)
+            with self._steps:
+                self.engine.add_requests(requests)
             left = set(ids)
             while left:
-                mine = left.intersection(self._step())
-                left -= mine
+                with self._steps:  # another thread's step may have finished them: the mailbox says
+                    done = left.intersection(self._finished)
+                    if not done:
+                        self._step()
+                        done = left.intersection(self._finished)
+                left -= done
                 if bar is not None:
-                    bar.update(len(mine))
+                    bar.update(len(done))
         except BaseException:
             self._drop(ids)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        outputs = [self._finished.pop(rid) for rid in ids]
+        with self._steps:
+            outputs = [self._finished.pop(rid) for rid in ids]
         for i, (_, chunking) in late.items():
             out, enc = outputs[i], encodings[i]
             special = [bool(m) for m in enc.special_tokens_mask]
@@ -278,9 +287,10 @@ class LLM:
     def _drop(self, ids: Iterable[str]) -> None:
         """A call stopped early or failed: its queued requests and its finished outputs go."""
         ids = set(ids)
-        self.engine.abort_requests(ids)
-        for rid in ids:
-            self._finished.pop(rid, None)
+        with self._steps:
+            self.engine.abort_requests(ids)
+            for rid in ids:
+                self._finished.pop(rid, None)
 
     def _late_chunking(self, prompts: list, params, task) -> dict[int, tuple[str, LateChunkingParams]]:
         """Prompts whose params ask for late chunking: index → (text, params); checked as vLLM does."""
@@ -336,16 +346,24 @@ class LLM:
                         exhausted = True
                         break
                     _check_prompts(chunk, first=read)
+                    try:
+                        requests = self.engine.process(chunk, pooling_params, pooling_task)
+                    except PromptError as exc:  # numbered in the slice: in the whole input
+                        raise exc.moved(read) from None
                     read += len(chunk)
-                    requests = self.engine.process(chunk, pooling_params, pooling_task)
-                    self.engine.add_requests(requests)
+                    with self._steps:
+                        self.engine.add_requests(requests)
                     order.extend(r.request_id for r in requests)
                 while order and order[0] in self._finished:
-                    yield self._finished.pop(order.popleft())
+                    with self._steps:
+                        out = self._finished.pop(order.popleft())
+                    yield out
                 if not order and exhausted:
                     return
                 if order:
-                    self._step()
+                    with self._steps:
+                        if order[0] not in self._finished:  # another thread's step may have finished it
+                            self._step()
         finally:
             if order:  # the consumer stopped early or something raised: drop what is still queued
                 self._drop(order)
