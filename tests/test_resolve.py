@@ -276,3 +276,45 @@ def test_a_lora_adapter_on_the_hub_brings_its_base_model(tmp_path, hub_repo, min
     offline = _hub_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1")
     again = subprocess.run(cmd, env=offline, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
+
+
+def test_a_hub_that_never_answers_is_unreachable_not_a_hang(tmp_path):
+    """A hub (a stuck proxy, a firewall dropping packets) that accepts the connection and never answers held
+    `polyvec serve MODEL` for ever, silent: the repo lookup had no timeout. It now times out as huggingface_hub's
+    metadata requests do (HF_HUB_ETAG_TIMEOUT) and says the hub could not be reached."""
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # accepted, never answered
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    script = (
+        "from polyvec.resolve import ModelNotFoundError, resolve_model_path\n"
+        "try:\n    resolve_model_path('acme/silent')\nexcept ModelNotFoundError as exc:\n    print(exc)\n"
+    )
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    start = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-c", script], env=_hub_env(tmp_path, url, HF_HUB_ETAG_TIMEOUT="2"),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert "could not be reached" in out.stdout and "'acme/silent'" in out.stdout, (out.stdout, out.stderr[-2000:])
+    assert time.monotonic() - start < 60

@@ -140,7 +140,7 @@ def _from_hf_cache(model: str, revision: str | None, download_dir: str | None) -
 
 
 def _download(model: str, revision: str | None, download_dir: str | None) -> Path:
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,
@@ -152,7 +152,8 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
     at = f" at revision {revision!r}" if revision else ""
     try:
         # repo_info, not list_repo_files: one request, which fails at once (no retries) when offline.
-        info = HfApi().model_info(model, revision=revision)
+        # with huggingface_hub's metadata timeout: its default waits for ever on a hub that accepts and never answers
+        info = HfApi().model_info(model, revision=revision, timeout=constants.HF_HUB_ETAG_TIMEOUT)
         wanted = files_to_download([s.rfilename for s in info.siblings or []])
         if not any(f in CHECKPOINT_FILES for f in wanted):
             raise ModelNotFoundError(
