@@ -586,3 +586,64 @@ def test_openapi_lists_what_ping_answers(server):
     """POST /ping passes the body checks like every POST: its 408, 413 and 429 are documented."""
     doc = server.get("/openapi.json").json()
     assert {"408", "413", "429"} <= set(doc["paths"]["/ping"]["post"]["responses"])
+
+
+def test_a_chat_template_that_raises_is_a_400(minilm_llm):
+    """A request's chat_template_kwargs may set a template's variables (bos_token); one of another type made a
+    template's `bos_token + ...` raise TypeError: a 500 with a logged traceback. A request's own template
+    (--trust-request-chat-template) dividing by zero likewise. The template and its inputs are the client's,
+    as vLLM answers them: 400."""
+    from .conftest import in_process_server
+
+    config = {"chat_template": "{{ bos_token + messages[0]['content'] }}", "trust_request_chat_template": True}
+    messages = [{"role": "user", "content": "hi"}]
+    with in_process_server(minilm_llm.engine, warmup=False, **config) as url:
+        for path, body in (
+            ("/v1/embeddings", {"messages": messages, "chat_template_kwargs": {"bos_token": 1}}),
+            ("/tokenize", {"messages": messages, "chat_template_kwargs": {"bos_token": None}}),
+            ("/tokenize", {"messages": messages, "chat_template": "{{ 1 / 0 }}"}),
+        ):
+            r = httpx.post(url + path, json=body)
+            assert r.status_code == 400 and "the chat template failed" in r.json()["error"]["message"], r.text
+        ok = httpx.post(url + "/tokenize", json={"messages": messages, "chat_template_kwargs": {"bos_token": "<s>"}})
+        assert ok.status_code == 200, ok.text
+
+
+def test_an_api_key_beyond_ascii_is_read_as_clients_send_it(minilm_llm):
+    """Clients send a header's bytes as UTF-8; the key was compared with their Latin-1 reading, so a key such
+    as 'clé' never authenticated (and '密钥' could not)."""
+    from .conftest import in_process_server
+
+    with in_process_server(minilm_llm.engine, warmup=False, api_key=["clé", "密钥"]) as url:
+        for key in ("clé", "密钥"):
+            headers = {"Authorization": b"Bearer " + key.encode("utf-8")}
+            assert httpx.get(url + "/v1/models", headers=headers).status_code == 200, key
+        assert httpx.get(url + "/v1/models", headers={"Authorization": b"Bearer cl\xe9"}).status_code == 401
+
+
+def test_a_chat_template_renders_off_the_event_loop(minilm_llm):
+    """Templates rendered on the event loop: a request's slow template (--trust-request-chat-template) held
+    every other request, /health included, for as long as it ran. They render in a worker thread now."""
+    import threading
+    import time
+
+    from .conftest import in_process_server
+
+    slow = "{% for i in range(100000) %}{% for j in range(400) %}{% endfor %}{% endfor %}x"
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": slow}
+    with in_process_server(minilm_llm.engine, warmup=False, trust_request_chat_template=True) as url:
+        done: dict[str, float] = {}
+
+        def render() -> None:
+            start = time.monotonic()
+            assert httpx.post(url + "/tokenize", json=body, timeout=120).status_code == 200
+            done["render"] = time.monotonic() - start
+
+        thread = threading.Thread(target=render)
+        thread.start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert httpx.get(url + "/health", timeout=120).status_code == 200
+        health = time.monotonic() - start
+        thread.join()
+    assert done["render"] > 1.0 and health < done["render"] / 3, (health, done)

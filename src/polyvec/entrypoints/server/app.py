@@ -175,9 +175,9 @@ class ServerMiddleware:
         headers = dict(scope.get("headers") or [])
         # open with a key: health checks, Prometheus' scrape (as vLLM leaves it) and CORS preflights
         if self.key_digests and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+            auth = headers.get(b"authorization", b"")
+            token = auth[7:] if auth[:7].lower() == b"bearer " else b""
+            digest = hashlib.sha256(token).digest()  # the header's bytes: a key is their UTF-8, as clients send it
             if not any([hmac.compare_digest(digest, known) for known in self.key_digests]):
                 raise APIError(
                     401,

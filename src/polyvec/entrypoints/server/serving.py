@@ -170,7 +170,7 @@ CHAT_OPTIONS = frozenset({"chat_template", "chat_template_kwargs", "add_generati
 """A chat body's options for rendering its template."""
 
 
-def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | None]:
+async def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | None]:
     """A pooling body's prompts, add_special_tokens and how its errors name the prompt: its `input` items, or each
     of its conversations (`messages`: one, or on /v1/embeddings a list) rendered by the chat template as one text,
     which then gets no special tokens unless the body asks; for an image model each conversation's one image, with
@@ -200,7 +200,8 @@ def request_prompts(state: ServerState, req: Any) -> tuple[list, bool, Locate | 
                 image, where = image_of_messages(messages)
                 prompts.append(image)
             else:
-                prompts.append(render_messages(state, req, messages))
+                # in a worker thread, as vLLM renders: a template is code, which may take its time
+                prompts.append(await state.async_engine.call(render_messages, state, req, messages))
                 where = "the rendered messages"
         except APIError as exc:
             if batched:  # which conversation, before what is wrong in it

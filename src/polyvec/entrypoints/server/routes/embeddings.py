@@ -51,7 +51,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode), and so is any
     # model's on a server whose pooling task is token_embed (vLLM serves its token-embed route here then).
     multi = state.engine.is_late_interaction or state.model_config.pooler_config.task == "token_embed"
-    prompts, add_special_tokens, locate = request_prompts(state, req)
+    prompts, add_special_tokens, locate = await request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
@@ -103,7 +103,7 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
         raise APIError(400, "Late chunking requires token_embed, which this model does not serve", field)
     if req.messages is not None:
         raise APIError(400, "Late chunking requires plain-text input", "messages")
-    prompts, add_special_tokens, _ = request_prompts(state, req)
+    prompts, add_special_tokens, _ = await request_prompts(state, req)
     chunking = LateChunkingParams(req.late_chunking_params.chunk_size)  # type: ignore[union-attr]
     given = pooling_params(req, late_chunking_params=chunking)
     for i, prompt in enumerate(prompts):  # the checks of offline late chunking, in the body's words
@@ -182,7 +182,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         if req.encoding_format != "float":
             message = "embed_sparse and several tasks return JSON objects; encoding_format must be float"
             raise APIError(400, message, "encoding_format")
-    prompts, add_special_tokens, locate = request_prompts(state, req)
+    prompts, add_special_tokens, locate = await request_prompts(state, req)
     outputs = await run_pooling(
         state,
         raw,
@@ -247,7 +247,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
 )
 async def create_classify(req: P.ClassificationRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
-    prompts, add_special_tokens, locate = request_prompts(state, req)
+    prompts, add_special_tokens, locate = await request_prompts(state, req)
     infinity = req.raw_scores is not None  # Infinity's body: the logits, then its pipeline's activation below
     outputs = await run_pooling(
         state,

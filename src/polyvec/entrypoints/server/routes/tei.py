@@ -579,7 +579,8 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
             cuts = req.truncate if req.truncate is not None else engine.engine_config.truncation == "auto"
             fit_to = (engine.tokenizer._base, state.model_config.max_model_len) if cuts else None
             compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), fit_to=fit_to)
-            plan = plan_scores(
+            plan = await state.async_engine.call(  # in a worker thread: a template renders each pair
+                plan_scores,
                 req.query,
                 req.texts,
                 engine.supported_tasks,

@@ -98,7 +98,7 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
     check_model(state, req.model)
     check_processor_kwargs(state, req)
     if req.messages is not None and state.model_config.colqwen2 is not None:  # the ids the engine encodes
-        images, add_special, locate = request_prompts(state, req)
+        images, add_special, locate = await request_prompts(state, req)
         (request,) = await process_prompts(
             state, images, None, "token_embed", locate=locate, add_special_tokens=add_special
         )
@@ -108,7 +108,7 @@ async def tokenize(req: T.TokenizeBody, state: State) -> Response:
         )
         return Response(body, media_type="application/json")
     if req.messages is not None:
-        text, add_special = render_messages(state, req), chat_special_tokens(req)
+        text, add_special = await state.async_engine.call(render_messages, state, req), chat_special_tokens(req)
     else:
         text, add_special = cast(str, req.prompt), req.add_special_tokens
     body = await state.async_engine.call(
