@@ -1190,7 +1190,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn finishes in-flight requests on SIGTERM, then re-raises the signal to the previous handler;
     # a no-op handler there lets the process exit 0 after a graceful shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
+    try:
+        server.run()
+    finally:
+        # a second signal forces uvicorn out without the lifespan's shutdown: the engine thread, maybe inside a
+        # kernel, is stopped here, not left to the interpreter's exit (which aborted the process)
+        app.state.server.async_engine.stop()
+    if server.force_exit:  # stopped without draining: not a clean exit
+        raise KeyboardInterrupt
     return 0
 
 

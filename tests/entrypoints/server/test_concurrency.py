@@ -156,6 +156,14 @@ def test_ctrl_c_stops_the_server_without_a_traceback():
     starting.send_signal(signal.SIGINT)
     _, err = starting.communicate(timeout=60)
     assert starting.returncode == 130 and b"Traceback" not in err, err.decode()
+    # twice (uvicorn's forced exit, without the lifespan's shutdown): exited 0, or aborted in C++ (134) when the
+    # engine thread was inside a kernel at the interpreter's exit
+    twice = Server(MINILM)
+    twice.proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    twice.proc.send_signal(signal.SIGINT)
+    assert twice.proc.wait(timeout=60) == 130
+    assert "terminate called" not in twice.log.read_text()
 
 
 def test_waiting_requests_count_a_long_input_once():
