@@ -1156,14 +1156,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mc.path,
         mc.sources.get("architecture", "config.json"),
     )
-    log.info(
-        "tasks: %s; embed pooling %s [%s]; embed dim %d, token dim %d",
-        ", ".join(tasks),
-        "+".join(engine.default_pooling("embed")),
-        mc.sources.get("pooling_type", "model default"),
-        mc.embed_dim,
-        mc.token_dim,
+    embed = (  # only where the model has the task (a masked LM for SPLADE has none)
+        f"; embed pooling {'+'.join(engine.default_pooling('embed'))} "
+        f"[{mc.sources.get('pooling_type', 'model default')}]; embed dim {mc.embed_dim}"
+        if "embed" in tasks
+        else ""
     )
+    log.info("tasks: %s%s; token dim %d", ", ".join(tasks), embed, mc.token_dim)
     log.info(
         "dtype %s [%s]%s; device %s; threads %d; max_model_len %d [%s]; truncation %s; long input %s; "
         "max_num_batched_tokens %d; max_num_seqs %d",

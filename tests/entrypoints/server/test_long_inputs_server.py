@@ -85,6 +85,9 @@ def test_chunked_processing_from_the_pooler_config_is_logged_as_windows(long_doc
     try:
         r = s.post("/v1/embeddings", {"input": long_doc})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 256, r.text
-        assert "long input window [pooler_config]" in s.log.read_text()
+        log = s.log.read_text()
+        assert "long input window [pooler_config]" in log
+        tasks = "tasks: embed, token_embed; embed pooling MEAN [modules.json Pooling]; embed dim 384; token dim 384"
+        assert tasks in log, log
     finally:
         s.stop()
