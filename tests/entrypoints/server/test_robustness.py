@@ -426,17 +426,18 @@ def test_load_counts_the_requests_in_progress(minilm_llm):
 
 
 class _SlowTokenizer:
-    """The real engine, with tokenization that takes `seconds` for a prompt "slow" (a huge request's)."""
+    """The real engine, with tokenization jobs that take `seconds` more (all, or those with a prompt "slow": a
+    huge request's); `started` records each job's prompts."""
 
-    def __init__(self, engine, seconds: float):
-        self._engine, self.seconds, self.started = engine, seconds, []
+    def __init__(self, engine, seconds: float, only_slow: bool = True):
+        self._engine, self.seconds, self.only_slow, self.started = engine, seconds, only_slow, []
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
     def process(self, prompts, *args, **kwargs):
         self.started.append(list(prompts))
-        if "slow" in prompts:
+        if "slow" in prompts or not self.only_slow:
             time.sleep(self.seconds)
         return self._engine.process(prompts, *args, **kwargs)
 
@@ -465,21 +466,6 @@ def test_a_client_leaving_during_tokenization_is_let_go(minilm_llm):
         assert client.post("/v1/embeddings", json=OK).status_code == 200
 
 
-class _SlowParts:
-    """The real engine, each tokenization job taking `seconds` more (a part of a large request, or a small one)."""
-
-    def __init__(self, engine, seconds: float):
-        self._engine, self.seconds, self.sizes = engine, seconds, []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def process(self, prompts, *args, **kwargs):
-        self.sizes.append(len(prompts))
-        time.sleep(self.seconds)
-        return self._engine.process(prompts, *args, **kwargs)
-
-
 def test_a_large_request_is_tokenized_in_parts(minilm_llm):
     """Two large requests held both tokenizer threads until they were done, every other client's inputs waiting
     behind them (10 s for one token, an audit). Many text inputs are tokenized in parts of 256, each a job of
@@ -488,7 +474,7 @@ def test_a_large_request_is_tokenized_in_parts(minilm_llm):
 
     import torch
 
-    engine = _SlowParts(minilm_llm.engine, 0.4)
+    engine = _SlowTokenizer(minilm_llm.engine, 0.4, only_slow=False)
     texts = [f"passage {i} on wing flutter" for i in range(1024)]
     with in_process_server(engine, warmup=False) as url, ThreadPoolExecutor(3) as pool:
         big = [pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": texts}, timeout=60) for _ in range(2)]
@@ -499,7 +485,7 @@ def test_a_large_request_is_tokenized_in_parts(minilm_llm):
         bodies = [f.result() for f in big]
         assert small.status_code == 200 and all(b.status_code == 200 for b in bodies)
         assert waited < 1.5, waited  # one part's wait, not the large requests' 2 x 4 parts
-        assert sorted(engine.sizes) == [1] + [256] * 8
+        assert sorted(map(len, engine.started)) == [1] + [256] * 8
         got = torch.tensor([d["embedding"] for d in bodies[0].json()["data"]])
         want = torch.stack([o.outputs.data for o in minilm_llm.embed(texts, use_tqdm=False)])
         assert torch.allclose(got, want, atol=1e-5)  # in order
