@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -49,6 +50,7 @@ class FakeHub:
     """Serves {repo_id: local folder} on http://127.0.0.1:PORT as the hub would."""
 
     page_size = 1000  # the hub's tree page size; lower it in a test to exercise pagination
+    stall_trees = False  # tree listings accepted and never answered (a hub or proxy stalling mid-download)
 
     def __init__(self, repos: dict[str, Path], gated: set[str] = frozenset(), token: str | None = None):
         self.repos = {repo_id: Path(folder) for repo_id, folder in repos.items()}
@@ -71,6 +73,7 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stall_trees = False
         self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
@@ -191,6 +194,8 @@ class FakeHub:
                     if segs[:2] == ["api", "models"]:
                         repo_id, rest = hub._split_repo(segs[2:])
                         if rest[:1] == ["tree"] and len(rest) >= 2:
+                            while hub.stall_trees:  # until the hub closes
+                                time.sleep(0.1)
                             sha = hub._check(repo_id, rest[1], auth)
                             recursive = query.get("recursive", ["false"])[0].lower() in ("true", "1")
                             entries = hub._tree(repo_id, "/".join(rest[2:]), recursive)

@@ -318,3 +318,17 @@ def test_a_hub_that_never_answers_is_unreachable_not_a_hang(tmp_path):
         listener.close()
     assert "could not be reached" in out.stdout and "'acme/silent'" in out.stdout, (out.stdout, out.stderr[-2000:])
     assert time.monotonic() - start < 60
+
+
+def test_a_download_does_not_wait_on_a_stalled_tree_listing(tmp_path, hub_repo):
+    """After the repo lookup, snapshot_download listed the repo's tree with no timeout: a hub stalling there
+    hung the start for ever. The files are fetched one by one now, each request timed out, without the listing."""
+    script = "from polyvec.resolve import resolve_model_path; print(resolve_model_path('acme/minilm'))"
+    with FakeHub({"acme/minilm": hub_repo}) as hub:
+        hub.stall_trees = True
+        out = subprocess.run([sys.executable, "-c", script], env=_hub_env(tmp_path, hub.url, HF_HUB_ETAG_TIMEOUT="2"),
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert not any("/tree/" in r for r in hub.requests), hub.requests
+    folder = Path(out.stdout.strip())
+    assert (folder / "config.json").is_file() and (folder / "1_Pooling" / "config.json").is_file()

