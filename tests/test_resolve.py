@@ -332,3 +332,57 @@ def test_a_download_does_not_wait_on_a_stalled_tree_listing(tmp_path, hub_repo):
         assert not any("/tree/" in r for r in hub.requests), hub.requests
     folder = Path(out.stdout.strip())
     assert (folder / "config.json").is_file() and (folder / "1_Pooling" / "config.json").is_file()
+
+
+def test_a_download_takes_every_file_from_one_commit(tmp_path, hub_repo):
+    """A branch pushed to while the files download: fetched file by file by branch name, they went to two
+    snapshots, neither whole. Every file comes from the commit the repo lookup named, and the branch's ref
+    names that snapshot for later starts offline."""
+
+    class MovingHub(FakeHub):
+        lookups = 0
+
+        def _check(self, repo_id, rev, auth):
+            first, pushed = self.sha(repo_id), "f" * 40
+            if rev in (first, pushed):
+                return rev
+            self.lookups += 1
+            return first if self.lookups <= 2 else super()._check(repo_id, rev, auth) and pushed
+
+    script = "from polyvec.resolve import resolve_model_path; print(resolve_model_path('acme/minilm'))"
+    with MovingHub({"acme/minilm": hub_repo}) as hub:
+        out = subprocess.run([sys.executable, "-c", script], env=_hub_env(tmp_path, hub.url), capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        first = hub.sha("acme/minilm")
+    folder = Path(out.stdout.strip())
+    assert folder.name == first and (folder / "tokenizer.json").is_file() and (folder / "model.safetensors").is_file()
+    assert (folder.parent.parent / "refs" / "main").read_text() == first
+    assert [p.name for p in folder.parent.iterdir()] == [first]  # one snapshot
+
+
+def test_a_failed_download_is_finished_by_the_next_start(tmp_path, hub_repo):
+    """A download that failed part-way left a snapshot holding config.json, which the next start took for the
+    cached model (and failed on its missing tokenizer, for good). The files that mark a checkpoint come last
+    now: the next start finds nothing that looks whole, and downloads the rest."""
+    from polyvec.resolve import CHECKPOINT_FILES
+
+    class FailingHub(FakeHub):
+        broken = True
+
+        def _file(self, repo_id, path, sha):
+            if self.broken and path == "tokenizer.json":
+                raise RuntimeError("the connection dropped")  # the handler thread dies: no answer
+            return super()._file(repo_id, path, sha)
+
+    script = "from polyvec.resolve import resolve_model_path; print(resolve_model_path('acme/minilm'))"
+    with FailingHub({"acme/minilm": hub_repo}) as hub:
+        env = _hub_env(tmp_path, hub.url, HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2")
+        failed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert "could not be reached" in failed.stdout + failed.stderr, (failed.stdout, failed.stderr[-2000:])
+        cached = list((tmp_path / "hf").rglob("snapshots/*/*"))
+        assert cached and not any(p.name in CHECKPOINT_FILES for p in cached)  # nothing that looks whole
+        hub.broken = False
+        again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (Path(again.stdout.strip()) / "tokenizer.json").is_file()

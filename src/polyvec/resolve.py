@@ -163,14 +163,22 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         logger.warning(
             "downloading %s%s from the Hugging Face hub (%d files) into the Hugging Face cache", model, at, len(wanted)
         )
-        # file by file, each request timed out (snapshot_download's own lookups wait for ever on a stalled hub)
+        # file by file, each request timed out (snapshot_download's own lookups wait for ever on a stalled hub), all
+        # from the commit the lookup named (a branch pushed to meanwhile would split them across two snapshots);
+        # the files that mark a checkpoint last, so that an interrupted download leaves no snapshot that looks whole
+        # and the next start resumes it
+        sha = info.sha or revision
         folder = None
-        for name in wanted:
+        for name in sorted(wanted, key=lambda f: f in CHECKPOINT_FILES):
             path = hf_hub_download(
-                model, name, revision=revision, cache_dir=download_dir, etag_timeout=constants.HF_HUB_ETAG_TIMEOUT
+                model, name, revision=sha, cache_dir=download_dir, etag_timeout=constants.HF_HUB_ETAG_TIMEOUT
             )
             folder = folder or Path(path).parents[len(Path(name).parts) - 1]  # the snapshot, whatever the file
         assert folder is not None  # a checkpoint file is among them
+        if sha and sha != (revision or "main"):  # the branch's ref, as snapshot_download writes it (offline starts)
+            ref = folder.parent.parent / "refs" / (revision or "main")
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_text(sha)
         return folder
     except ModelNotFoundError:
         raise
