@@ -386,3 +386,33 @@ def test_a_failed_download_is_finished_by_the_next_start(tmp_path, hub_repo):
         again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (Path(again.stdout.strip()) / "tokenizer.json").is_file()
+
+
+def test_a_download_at_a_commit_that_failed_is_not_taken_for_the_model(tmp_path, hub_repo):
+    """At a commit sha (no branch ref to write last), a download that failed after config.json and before
+    modules.json left a snapshot found through config.json: the next start loaded it as a bare transformers
+    model, without its pooling (cosine 0.51 to the real vectors), and never finished the download. A snapshot
+    being downloaded is marked until every file is there."""
+
+    class FailingHub(FakeHub):
+        broken = True
+
+        def _file(self, repo_id, path, sha):
+            if self.broken and path == "modules.json":
+                raise RuntimeError("the connection dropped")
+            return super()._file(repo_id, path, sha)
+
+    script = "import sys; from polyvec.resolve import resolve_model_path; print(resolve_model_path(*sys.argv[1:]))"
+    with FailingHub({"acme/minilm": hub_repo}) as hub:
+        sha = hub.sha("acme/minilm")
+        env = _hub_env(tmp_path, hub.url, HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2")
+        run = [sys.executable, "-c", script, "acme/minilm", sha]
+        failed = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+        assert failed.returncode != 0 and "could not be reached" in failed.stderr, failed.stderr[-2000:]
+        requests = len(hub.requests)
+        hub.broken = False
+        again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+        assert len(hub.requests) > requests  # downloaded again, not taken from the partial snapshot
+    assert again.returncode == 0, again.stderr[-2000:]
+    folder = Path(again.stdout.strip())
+    assert (folder / "modules.json").is_file() and not (folder / ".polyvec-downloading").exists()

@@ -135,8 +135,14 @@ def _from_hf_cache(model: str, revision: str | None, download_dir: str | None) -
         except Exception:  # not a valid repo id
             return None
         if isinstance(found, str):
-            return Path(found).parent
+            folder = Path(found).parent
+            return None if (folder / _DOWNLOADING).exists() else folder  # a download that did not finish
     return None
+
+
+_DOWNLOADING = ".polyvec-downloading"
+"""Marks a snapshot polyvec is downloading into, removed once every file is there: a download that failed or was
+stopped part-way is never taken for the model (the next start finishes it)."""
 
 
 def _download(model: str, revision: str | None, download_dir: str | None) -> Path:
@@ -148,6 +154,7 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from huggingface_hub.file_download import repo_folder_name
 
     at = f" at revision {revision!r}" if revision else ""
     try:
@@ -168,13 +175,16 @@ def _download(model: str, revision: str | None, download_dir: str | None) -> Pat
         # the files that mark a checkpoint last, so that an interrupted download leaves no snapshot that looks whole
         # and the next start resumes it
         sha = info.sha or revision
-        folder = None
+        cache = Path(download_dir or constants.HF_HUB_CACHE)
+        folder = cache / repo_folder_name(repo_id=model, repo_type="model") / "snapshots" / str(sha or "main")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _DOWNLOADING).touch()
         for name in sorted(wanted, key=lambda f: f in CHECKPOINT_FILES):
             path = hf_hub_download(
                 model, name, revision=sha, cache_dir=download_dir, etag_timeout=constants.HF_HUB_ETAG_TIMEOUT
             )
-            folder = folder or Path(path).parents[len(Path(name).parts) - 1]  # the snapshot, whatever the file
-        assert folder is not None  # a checkpoint file is among them
+            folder = Path(path).parents[len(Path(name).parts) - 1]  # the snapshot, whatever the file
+        (folder / _DOWNLOADING).unlink(missing_ok=True)
         if sha and sha != (revision or "main"):  # the branch's ref, as snapshot_download writes it (offline starts)
             ref = folder.parent.parent / "refs" / (revision or "main")
             ref.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -1189,6 +1190,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn finishes in-flight requests on SIGTERM, then re-raises the signal to the previous handler;
     # a no-op handler there lets the process exit 0 after a graceful shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    quiet = _QuietForcedExit(server)  # a forced exit cancels the lifespan, which uvicorn logs as a traceback
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         server.run()
     finally:
@@ -1198,6 +1201,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if server.force_exit:  # stopped without draining: not a clean exit
         raise KeyboardInterrupt
     return 0
+
+
+class _QuietForcedExit(logging.Filter):
+    """Drops uvicorn's log of the lifespan task cancelled by a forced exit (a second Ctrl-C): the command says
+    `polyvec: interrupted` in one line instead."""
+
+    def __init__(self, server: Any):
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.force_exit:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        # starlette reports the cancelled lifespan as a traceback's text (lifespan.shutdown.failed)
+        text = str(record.msg).rstrip()
+        return not (
+            isinstance(error, (asyncio.CancelledError, KeyboardInterrupt))
+            or (text.startswith("Traceback") and text.endswith(("CancelledError", "KeyboardInterrupt")))
+        )
 
 
 def cmd_serve_ray(args: argparse.Namespace) -> int:
