@@ -129,16 +129,11 @@ def test_bad_flags_files_and_settings_are_one_line_and_exit_2(tmp_path, minilm_p
             main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     monkeypatch.setenv("POLYVEC_PORT", "abc")  # an environment default is checked as the flag would be
-    with pytest.raises(SystemExit) as exit_:
-        main(["embed", "--help"])
-    assert exit_.value.code == 2 and "POLYVEC_PORT='abc' is not a valid value for --port" in capsys.readouterr().err
+    assert main(["serve"]) == 2 and "POLYVEC_PORT='abc' is not a valid value for --port" in capsys.readouterr().err
     monkeypatch.delenv("POLYVEC_PORT")
     monkeypatch.setenv("POLYVEC_LOG_LEVEL", "verbose")  # argparse checks choices on a command line only
-    with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--help"])
-    assert exit_.value.code == 2 and "POLYVEC_LOG_LEVEL='verbose' is not one of --log-level's values" in (
-        capsys.readouterr().err
-    )
+    assert main(["serve"]) == 2
+    assert "POLYVEC_LOG_LEVEL='verbose' is not one of --log-level's values" in capsys.readouterr().err
     monkeypatch.delenv("POLYVEC_LOG_LEVEL")
     # a list flag from its variable: the words of the value (it was one string, checked letter by letter: any
     # host with one of its letters passed the allow list)
@@ -270,3 +265,54 @@ def test_read_corpus_by_suffix_and_what_it_refuses(tmp_path):
     pq.write_table(pa.table({"id": [True, False], "text": ["x", "y"]}), tmp_path / "b.parquet")
     with pytest.raises(ValueError, match="row 0 has bool True in column 'id', not an id"):
         read_corpus(str(tmp_path / "b.parquet"))
+
+
+def test_environment_variables_are_read_for_their_own_command(monkeypatch, capsys):
+    """A bad serve-only variable (POLYVEC_PORT=abc) stopped every command, --version and --help included; empty
+    variables were values (POLYVEC_HOST="" listened on every interface); boolean ones took typos for "on";
+    negative limits switched them off; --help printed the API keys; vLLM's --no- forms were refused; search's
+    --dtype had no variable. Each is now as documented."""
+    import pytest
+
+    from polyvec.entrypoints.cli import build_parser, main
+
+    monkeypatch.setenv("POLYVEC_PORT", "abc")
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    with pytest.raises(SystemExit) as done:
+        main(["embed", "--help"])
+    assert done.value.code == 0
+    assert main(["serve"]) == 2 and "POLYVEC_PORT='abc' is not a valid value for --port" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--port", "9000"]).port == 9000  # the command line wins
+    monkeypatch.delenv("POLYVEC_PORT")
+
+    monkeypatch.setenv("POLYVEC_HOST", "")
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    for value, expected in (("0", False), ("off", False), ("TRUE", True), (" yes ", True), ("", False)):
+        monkeypatch.setenv("POLYVEC_ENFORCE_EAGER", value)
+        assert build_parser().parse_args(["serve"]).enforce_eager is expected, value
+    monkeypatch.setenv("POLYVEC_ENFORCE_EAGER", "maybe")
+    assert main(["serve"]) == 2 and "POLYVEC_ENFORCE_EAGER='maybe' is not a boolean" in capsys.readouterr().err
+    monkeypatch.setenv("POLYVEC_ENFORCE_EAGER", "1")
+    assert build_parser().parse_args(["serve", "--no-enforce-eager"]).enforce_eager is False
+    monkeypatch.delenv("POLYVEC_ENFORCE_EAGER")
+    parsed = build_parser().parse_args(["serve", "--no-trust-remote-code", "--no-enable-request-id-headers"])
+    assert parsed.trust_remote_code is False and parsed.enable_request_id_headers is False
+
+    monkeypatch.setenv("POLYVEC_MAX_TOKENS_PER_REQUEST", "-1")
+    assert main(["serve"]) == 2 and "POLYVEC_MAX_TOKENS_PER_REQUEST='-1'" in capsys.readouterr().err
+    monkeypatch.delenv("POLYVEC_MAX_TOKENS_PER_REQUEST")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-windows-per-input", "-3"])
+    capsys.readouterr()
+
+    monkeypatch.setenv("POLYVEC_API_KEY", "sk-secret1 sk-secret2")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    shown = capsys.readouterr().out
+    assert "sk-secret1" not in shown and "env POLYVEC_API_KEY" in shown
+    assert build_parser().parse_args(["serve"]).api_key == ["sk-secret1", "sk-secret2"]
+
+    monkeypatch.setenv("POLYVEC_DTYPE", "float32")
+    assert build_parser().parse_args(["search", "--index", "x", "q"]).dtype == "float32"

@@ -13,7 +13,7 @@
     polyvec search --index DIR|URL [QUERY ...] [--queries FILE] [-k 10]   MaxSim over the first stage's candidates
 
 MODEL is a local folder or a Hugging Face hub id (downloaded on first use unless HF_HUB_OFFLINE=1).
-Flags can also be set by environment variables: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
+A flag whose help names an environment variable can also be set by it: --max-model-len ↔ POLYVEC_MAX_MODEL_LEN.
 """
 
 from __future__ import annotations
@@ -714,39 +714,78 @@ def _flag(
     cast: Callable[[str], Any] = str,
     **kw: Any,
 ) -> None:
-    """A flag whose default an environment variable can replace; the help shows both."""
+    """A flag whose default an environment variable can replace (an empty one is unset); the help shows both,
+    a `secret` one (API keys) without its value. A bad value is refused once the command that has the flag is
+    chosen (`check_env`), not while every command's flags are built."""
+    secret = kw.pop("secret", False)
     var = env_name(flag)
-    value = os.environ.get(var)
+    value = os.environ.get(var) or None
     if value is not None:
         many = kw.get("nargs") in ("+", "*") and cast is not _split  # a list flag: the words of the value
         try:
             default = [cast(v) for v in value.split()] if many else cast(value)
-        except (ValueError, TypeError, argparse.ArgumentTypeError):  # the parser is not built yet: say it here
-            print(f"polyvec: error: {var}={value!r} is not a valid value for {flag}", file=sys.stderr)
-            raise SystemExit(2) from None
-        choices = kw.get("choices")  # argparse checks what a command line gives, not a default
-        if choices is not None and any(v not in choices for v in (default if many else [default])):
-            allowed = ", ".join(map(str, choices))
-            print(f"polyvec: error: {var}={value!r} is not one of {flag}'s values: {allowed}", file=sys.stderr)
-            raise SystemExit(2)
-    shown = f"default: {default}; " if default is not None else ""
+            choices = kw.get("choices")  # argparse checks what a command line gives, not a default
+            if choices is not None and any(v not in choices for v in (default if many else [default])):
+                allowed = ", ".join(map(str, choices))
+                default = BadEnv(f"{var}={value!r} is not one of {flag}'s values: {allowed}")
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            default = BadEnv(f"{var}={value!r} is not a valid value for {flag}")
+    shown = "set; " if secret and default is not None else f"default: {default}; " if default is not None else ""
     if cast not in (str, _split):
         kw["type"] = cast
     p.add_argument(flag, default=default, help=f"{help} ({shown}env {var})".lstrip(), **kw)
+
+
+class BadEnv:
+    """The default of a flag whose environment variable does not parse: an error if that flag's command runs
+    without the flag on its command line."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"invalid: {self.message}"
+
+
+def check_env(args: argparse.Namespace) -> None:
+    """CommandError for a chosen command's flag left to an environment variable that does not parse."""
+    for value in vars(args).values():
+        if isinstance(value, BadEnv):
+            raise CommandError(value.message)
 
 
 def _split(value: str) -> list[str]:
     return value.split()
 
 
-def _truthy(value: str) -> bool:
-    return value.lower() not in ("0", "false", "no", "off")
+def _truthy(value: str) -> bool | BadEnv:
+    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case, spaces trimmed); else refused."""
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    return BadEnv(f"{value!r} is not a boolean (1/true/yes/on or 0/false/no/off)")
+
+
+def _env_bool(flag: str, default: bool | None) -> bool | BadEnv | None:
+    """A boolean flag's default from its variable (unset or empty: `default`), naming the variable if bad."""
+    var = env_name(flag)
+    value = os.environ.get(var) or None
+    if value is None:
+        return default
+    parsed = _truthy(value)
+    return (
+        BadEnv(f"{var}={value!r} is not a boolean (1/true/yes/on or 0/false/no/off)")
+        if isinstance(parsed, BadEnv)
+        else parsed
+    )
 
 
 def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
     """The model and how it is loaded: shared by every command."""
     var = env_name("model")
-    default = os.environ.get(var, DEFAULT_MODEL)
+    default = os.environ.get(var) or DEFAULT_MODEL  # an empty variable is unset
     text = (
         f"local folder or Hugging Face hub id, downloaded on first use unless HF_HUB_OFFLINE=1 "
         f"(default: {default}; env {var})"
@@ -798,7 +837,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         "--max-image-pixels",
         50_000_000,
         "image models: largest decoded image (width x height) accepted; larger ones get 400",
-        cast=int,
+        cast=non_negative(int),
     )
     _flag(
         p,
@@ -808,7 +847,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         nargs="+",
     )
     _flag(p, "--device", "auto", "auto (CUDA when torch sees it, else CPU), cpu, cuda or cuda:N", cast=device_name)
-    _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=int)
+    _flag(p, "--threads", help="CPU threads for torch (default: one per core)", cast=positive_int)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -821,6 +860,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' with one of these keys (not on /health, /ping and /metrics); "
         "also VLLM_API_KEY",
         nargs="+",
+        secret=True,
     )
     _flag(
         p,
@@ -875,7 +915,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--no-enable-prefix-caching",
         dest="enable_prefix_caching",
         action="store_false",
-        default=_truthy(os.environ[var]) if var in os.environ else None,
+        default=_env_bool("--enable-prefix-caching", None),
         help=f"causal models: do not reuse computed prompt prefixes (env {var}=0)",
     )
     _flag(p, "--max-request-bytes", 32 * 1024 * 1024, "larger request bodies get 413", cast=positive_int)
@@ -885,7 +925,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--max-request-image-pixels",
         256_000_000,
         "image models: most decoded image pixels of all images in one request; more get 400 (0: no limit)",
-        cast=int,
+        cast=non_negative(int),
     )
     _flag(
         p,
@@ -893,14 +933,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         1024 * 1024,
         "most tokens of all inputs in one request, after tokenization and truncation (token ids: as sent, before "
         "it); more get 413 (0: no limit)",
-        cast=int,
+        cast=non_negative(int),
     )
     _flag(
         p,
         "--max-windows-per-input",
         64,
         "most windows (of max-model-len tokens) one long_input=window input is split into; more get 413 (0: no limit)",
-        cast=int,
+        cast=non_negative(int),
     )
     _flag(
         p,
@@ -919,8 +959,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     var = env_name("--enforce-eager")
     p.add_argument(
         "--enforce-eager",
-        action="store_true",
-        default=_truthy(os.environ[var]) if var in os.environ else False,
+        action=argparse.BooleanOptionalAction,  # vLLM's boolean flags all have their --no- form
+        default=_env_bool("--enforce-eager", False),
         help="do not compile kernels for every batch size while idle after start; they then compile when a "
         f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
     )
@@ -936,7 +976,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "autoscaling: requests in progress per replica to aim for",
         cast=positive_float,
     )
-    _flag(g, "--gpus-per-replica", 0.0, "GPUs each replica reserves (0: a CPU engine)", cast=float)
+    _flag(g, "--gpus-per-replica", 0.0, "GPUs each replica reserves (0: a CPU engine)", cast=non_negative(float))
     _flag(
         g,
         "--ingress",
@@ -971,13 +1011,17 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uvicorn-log-level", type=str.lower, choices=("trace", *LOG_LEVELS), help="same as --log-level")
     g.add_argument(
         "--enable-request-id-headers",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,  # vLLM's boolean flags all have their --no- form
+        default=_env_bool("--enable-request-id-headers", False),
         help="send an X-Request-Id header with every response (the client's own, else a new id); replicas on Ray "
-        "Serve always send it",
+        f"Serve always send it (env {env_name('--enable-request-id-headers')}=1)",
     )
-    g.add_argument("--chat-template", help="Jinja chat template (file or inline) for chat-style (messages) requests")
+    _flag(g, "--chat-template", help="Jinja chat template (file or inline) for chat-style (messages) requests")
     g.add_argument(
-        "--trust-request-chat-template", action="store_true", help="let a request carry its own chat_template"
+        "--trust-request-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("--trust-request-chat-template", False),
+        help=f"let a request carry its own chat_template (env {env_name('--trust-request-chat-template')}=1)",
     )
     g.add_argument(
         "--chat-template-content-format",
@@ -999,15 +1043,16 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hf-token", nargs="?", const=True, help="a Hugging Face token for downloads (vLLM's; or set HF_TOKEN)"
     )
-    for name, takes_value in {**vllm_compat.IGNORED, **vllm_compat.IGNORED_SERVER}.items():
+    ignored = {**vllm_compat.IGNORED, **vllm_compat.IGNORED_SERVER}
+    for name, takes_value in ignored.items():
         flag = f"--{name.replace('_', '-')}"
         if takes_value:
             kind = vllm_compat.VALUE_TYPES.get(name, str)
             g.add_argument(flag, dest=name, type=kind, help="accepted from vLLM; no effect here")
-        else:
-            g.add_argument(
-                flag, dest=name, action="store_true", default=None, help="accepted from vLLM; no effect here"
-            )
+        else:  # with vLLM's --no- form, unless the list has that form as a flag of its own
+            paired = name.startswith("no_") or f"no_{name}" in ignored
+            action = "store_true" if paired else argparse.BooleanOptionalAction
+            g.add_argument(flag, dest=name, action=action, default=None, help="accepted from vLLM; no effect here")
 
 
 def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -1696,7 +1741,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     se.add_argument("--oversampling", type=float, default=None, help="quantized index: candidates per result")
     se.add_argument("--model", default=None, help="encode queries with this model (default: the index's)")
-    se.add_argument("--dtype", default="auto", help="the query encoder's dtype (default: auto)")
+    _flag(se, "--dtype", "auto", "the query encoder's dtype (as the index's documents: give the same)")
     se.add_argument("--format", choices=["json", "trec"], default="json", help="output format (default: json)")
     se.add_argument("--output", default=None, help="write results to this file instead of stdout")
     se.set_defaults(func=cmd_search)
@@ -1722,6 +1767,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv)
     try:
+        check_env(args)
         return args.func(args)
     except CommandError as exc:
         print(f"polyvec: error: {exc}", file=sys.stderr)
