@@ -450,3 +450,14 @@ def test_iter_encode_names_a_bad_prompt_by_its_place_in_the_input(minilm_path):
     bad = [f"text {i}" for i in range(7)] + ["word " * 600] + ["x"] * 3
     with pytest.raises(ValueError, match="^prompt 7 has 602 tokens"):
         list(llm.iter_encode(bad, max_in_flight=4))
+
+
+def test_score_names_a_bad_item_by_its_side(minilm_llm):
+    """A non-prompt item was named by its place in the joined list of both sides ('prompt 2' for data_2's
+    second item); a side that is no text nor list failed as 'float object is not iterable'."""
+    with pytest.raises(TypeError, match="^data_2 item 1 must be a string"):
+        minilm_llm.score(QUERY, [DOCS[0], 5], use_tqdm=False)
+    with pytest.raises(TypeError, match="^data_1 must be a text, a prompt or a list of them, not float"):
+        minilm_llm.score(3.5, DOCS, use_tqdm=False)
+    scores = minilm_llm.score(QUERY, (d for d in DOCS), use_tqdm=False)  # any iterable side, read once
+    assert len(scores) == len(DOCS)

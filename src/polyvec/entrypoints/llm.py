@@ -510,6 +510,18 @@ class LLM:
             check_token_limits(limits, self.model_config.max_model_len)
         except SideError as exc:
             raise ValueError(str(exc)) from None
+        sides: list[Any] = []
+        for name, side in (("data_1", data_1), ("data_2", data_2)):  # named by side and item, not the joined list
+            if not isinstance(side, (str, dict, Iterable)) and not is_image_object(side):
+                raise TypeError(f"{name} must be a text, a prompt or a list of them, not {type(side).__name__}")
+            one = isinstance(side, (str, dict)) or is_image_object(side)
+            items = [side] if one else list(side)
+            try:
+                _check_prompts(items)
+            except TypeError as exc:
+                raise TypeError(f"{name} item {str(exc).removeprefix('prompt ')}") from None
+            sides.append(side if one else items)
+        data_1, data_2 = sides
         tok = self.engine.tokenizer._base
         data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
