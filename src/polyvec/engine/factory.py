@@ -105,6 +105,9 @@ def create_engine(
         "mm_processor_kwargs": mm_processor_kwargs,
         "long_input": None if long_input == "truncate" else long_input,
         "window_overlap": window_overlap or None,
+        # the numbers too: an index's queries in the dtype and quantization its documents were encoded in
+        "dtype": None if dtype == "auto" else dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
+        "quantization": quantization,
     }
     engine.options = {name: value for name, value in shaping.items() if value is not None}
     return engine

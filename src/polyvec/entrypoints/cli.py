@@ -308,7 +308,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     try:
         # its recipe's model, loaded with the options that shaped the documents' vectors
         same = args.model in (None, index.config.model)
-        llm = LLM(args.model or index.config.model, dtype=args.dtype, **(index.config.engine if same else {}))
+        options = dict(index.config.engine) if same else {}
+        if args.dtype != "auto" or "dtype" not in options:  # given here, else the documents' own
+            options["dtype"] = args.dtype
+        llm = LLM(args.model or index.config.model, **options)
         sparse = index.config.sparse_model
         sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
     except ModelNotFoundError as exc:
@@ -1741,7 +1744,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     se.add_argument("--oversampling", type=float, default=None, help="quantized index: candidates per result")
     se.add_argument("--model", default=None, help="encode queries with this model (default: the index's)")
-    _flag(se, "--dtype", "auto", "the query encoder's dtype (as the index's documents: give the same)")
+    _flag(se, "--dtype", "auto", "the query encoder's dtype (auto: the one the index's documents were encoded in)")
     se.add_argument("--format", choices=["json", "trec"], default="json", help="output format (default: json)")
     se.add_argument("--output", default=None, help="write results to this file instead of stdout")
     se.set_defaults(func=cmd_search)
