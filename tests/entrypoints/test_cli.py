@@ -316,3 +316,20 @@ def test_environment_variables_are_read_for_their_own_command(monkeypatch, capsy
 
     monkeypatch.setenv("POLYVEC_DTYPE", "float32")
     assert build_parser().parse_args(["search", "--index", "x", "q"]).dtype == "float32"
+
+    # a value with % (a chat template's {% ... %}) broke --help, argparse formatting it
+    monkeypatch.setenv("POLYVEC_CHAT_TEMPLATE", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0 and "POLYVEC_CHAT_TEMPLATE" in capsys.readouterr().out
+    # vLLM's --enable-x / --disable-x pairs (its EnableDisableAction), as its docs spell --disable-prefix-caching
+    parsed = build_parser().parse_args(["serve", "--disable-prefix-caching", "--disable-chunked-prefill",
+                                        "--disable-request-id-headers", "--enable-sliding-window"])  # fmt: skip
+    assert parsed.enable_prefix_caching is False and parsed.enable_chunked_prefill is False
+    assert parsed.enable_request_id_headers is False and parsed.disable_sliding_window is False
+    with pytest.raises(SystemExit):  # 0 is no image at all: refused by the parser, not as a model-load failure
+        build_parser().parse_args(["serve", "--max-image-pixels", "0"])
+    monkeypatch.setenv("POLYVEC_LOG_LEVEL", "verbose")  # vLLM's form of the flag on the command line wins
+    from polyvec.entrypoints.cli import check_env
+
+    check_env(build_parser().parse_args(["serve", "--uvicorn-log-level", "debug"]))

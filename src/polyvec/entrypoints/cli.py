@@ -733,7 +733,10 @@ def _flag(
                 default = BadEnv(f"{var}={value!r} is not one of {flag}'s values: {allowed}")
         except (ValueError, TypeError, argparse.ArgumentTypeError):
             default = BadEnv(f"{var}={value!r} is not a valid value for {flag}")
-    shown = "set; " if secret and default is not None else f"default: {default}; " if default is not None else ""
+    text = str(default)
+    text = text if len(text) <= 60 and "\n" not in text else text.split("\n")[0][:57] + "..."
+    text = text.replace("%", "%%")  # argparse formats help with %: a chat template's {% ... %} broke --help
+    shown = "set; " if secret and default is not None else f"default: {text}; " if default is not None else ""
     if cast not in (str, _split):
         kw["type"] = cast
     p.add_argument(flag, default=default, help=f"{help} ({shown}env {var})".lstrip(), **kw)
@@ -752,7 +755,9 @@ class BadEnv:
 
 def check_env(args: argparse.Namespace) -> None:
     """CommandError for a chosen command's flag left to an environment variable that does not parse."""
-    for value in vars(args).values():
+    for name, value in vars(args).items():
+        if name == "log_level" and getattr(args, "uvicorn_log_level", None):  # vLLM's form of the flag was given
+            continue
         if isinstance(value, BadEnv):
             raise CommandError(value.message)
 
@@ -840,7 +845,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         "--max-image-pixels",
         50_000_000,
         "image models: largest decoded image (width x height) accepted; larger ones get 400",
-        cast=non_negative(int),
+        cast=positive_int,
     )
     _flag(
         p,
@@ -916,6 +921,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     var = env_name("--enable-prefix-caching")
     p.add_argument(
         "--no-enable-prefix-caching",
+        "--disable-prefix-caching",  # vLLM's --enable-/--disable- pair, as its docs spell it
         dest="enable_prefix_caching",
         action="store_false",
         default=_env_bool("--enable-prefix-caching", None),
@@ -1019,6 +1025,8 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
         help="send an X-Request-Id header with every response (the client's own, else a new id); replicas on Ray "
         f"Serve always send it (env {env_name('--enable-request-id-headers')}=1)",
     )
+    g.add_argument("--disable-request-id-headers", dest="enable_request_id_headers", action="store_false",
+                   help=argparse.SUPPRESS)  # fmt: skip
     _flag(g, "--chat-template", help="Jinja chat template (file or inline) for chat-style (messages) requests")
     g.add_argument(
         "--trust-request-chat-template",
@@ -1043,6 +1051,8 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     for name in ("ssl_keyfile", "ssl_certfile"):
         g.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS)
     g.add_argument("--disable-sliding-window", action="store_true", default=None, help=argparse.SUPPRESS)
+    g.add_argument("--no-disable-sliding-window", "--enable-sliding-window", dest="disable_sliding_window",
+                   action="store_false", help=argparse.SUPPRESS)  # fmt: skip
     g.add_argument(
         "--hf-token", nargs="?", const=True, help="a Hugging Face token for downloads (vLLM's; or set HF_TOKEN)"
     )
@@ -1056,6 +1066,13 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
             paired = name.startswith("no_") or f"no_{name}" in ignored
             action = "store_true" if paired else argparse.BooleanOptionalAction
             g.add_argument(flag, dest=name, action=action, default=None, help="accepted from vLLM; no effect here")
+            # and vLLM's --enable-x / --disable-x pair (EnableDisableAction), where the other is no flag of its own
+            for on, off in (("enable_", "disable_"), ("disable_", "enable_")):
+                other = off + name.removeprefix(on)
+                if name.startswith(on) and other not in ignored:
+                    with contextlib.suppress(argparse.ArgumentError):  # a flag of polyvec's own has that name
+                        g.add_argument(f"--{other.replace('_', '-')}", dest=name, action="store_false",
+                                       help=argparse.SUPPRESS)  # fmt: skip
 
 
 def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
