@@ -391,7 +391,7 @@ def test_a_failed_download_is_finished_by_the_next_start(tmp_path, hub_repo):
 def test_a_download_at_a_commit_that_failed_is_not_taken_for_the_model(tmp_path, hub_repo):
     """At a commit sha (no branch ref to write last), a download that failed after config.json and before
     modules.json left a snapshot found through config.json: the next start loaded it as a bare transformers
-    model, without its pooling (cosine 0.51 to the real vectors), and never finished the download. A snapshot
+    model, without its pooling (other vectors), and never finished the download. A snapshot
     being downloaded is marked until every file is there."""
 
     class FailingHub(FakeHub):

@@ -109,7 +109,7 @@ def test_pool_factor_over_http(pylate_model):
 
 def test_a_windowed_input_pools_window_by_window(minilm_path, monkeypatch):
     """A long input split into windows was clustered whole after its windows were joined: n² distances over
-    every token (16k tokens: gigabytes and a minute of the engine thread, from an 80 KB request). Pooling now
+    every token (n² memory and time for a small request). Pooling now
     clusters blocks of at most max_model_len vectors, the first keeping [CLS]; an input that fits is one block."""
     from polyvec import token_pooling
     from polyvec.token_pooling import pool_in_blocks

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 PROTECTED_TOKENS = 1  # PyLate's default: the [CLS] vector stays its own
-MAX_POOL_BLOCK = 8192  # most vectors clustered together (~1 GB of distances): longer inputs pool in blocks
+MAX_POOL_BLOCK = 8192  # most vectors clustered together (n² distances): longer inputs pool in blocks
 
 
 def ward_labels(distance: np.ndarray, clusters: int) -> np.ndarray:

@@ -112,7 +112,7 @@ def test_cli_names_what_is_wrong_in_a_collection(tmp_path, capsys, name, edit, m
 
 def test_judged_queries_without_a_text_are_left_out_of_the_average(tmp_path, caplog):
     """A query of qrels.tsv missing from queries.jsonl was averaged in as 0 while the header counted the queries
-    read (one perfect query of three judged scored 0.3333); the metrics are over the queries evaluated, as
+    read (one perfect query among three judged scored a third); the metrics are over the queries evaluated, as
     BEIR's, and the others are named in a warning. Weights that cannot weigh are refused."""
     folder = tmp_path / "u"
     folder.mkdir()

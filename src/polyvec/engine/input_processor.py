@@ -172,6 +172,7 @@ class InputProcessor:
         spent = [0]  # decoded image pixels of these prompts so far
         text_groups: dict[tuple[int, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
+        over_windows = [False] * n
         skips = [0] * n  # include_prompt: false: the leading tokens sequence pooling leaves out
         # Inference-free SPLADE queries: weights looked up per token id, no forward pass (Request.static_output)
         static = [
@@ -202,6 +203,8 @@ class InputProcessor:
             truncate = not error_mode or asked or recipe
             if windowed[i] and max_len != 1 << 62 and p.truncate_prompt_tokens is None:
                 truncate = False
+            # too long here is over the windows a server allows (its 413), not over the model's length
+            over_windows[i] = windowed[i] and max_len == max_window_tokens
             add_special = add_special_tokens
             if static[i]:  # as sentence-transformers' SparseStaticEmbedding tokenizes: truncated, no special tokens
                 truncate, add_special = True, False
@@ -223,8 +226,9 @@ class InputProcessor:
                     types = prompt.get("token_type_ids")  # vLLM's TokensPrompt for cross-encoders: the segments
                     prompt = prompt["prompt_token_ids"]
                     if types is not None:
-                        ids, _, num = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side,
-                                                         windowed[i] and max_len == max_window_tokens)  # fmt: skip
+                        ids, _, num = self._token_prompt(
+                            i, cast(Sequence[int], prompt), max_len, truncate, side, over_windows[i]
+                        )
                         if len(types) != len(prompt) or any(type(t) is not int or t < 0 for t in types):
                             raise PromptError(i, ": token_type_ids must be one integer >= 0 per token id")
                         if len(ids) != len(prompt):
@@ -253,8 +257,9 @@ class InputProcessor:
                         f": input_type={p.input_type!r} puts the model's {p.input_type!r} prompt before a text; "
                         "token ids cannot take it (send the text, or the prompt's ids with yours)",
                     )
-                over = windowed[i] and max_len == max_window_tokens
-                tokenized[i] = self._token_prompt(i, cast(Sequence[int], prompt), max_len, truncate, side, over)
+                tokenized[i] = self._token_prompt(
+                    i, cast(Sequence[int], prompt), max_len, truncate, side, over_windows[i]
+                )
         for (max_len, truncate, add_special), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode_prompts(
@@ -266,7 +271,7 @@ class InputProcessor:
                 )
             except PromptTooLongError as exc:
                 error = _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least)
-                error.over_windows = windowed[members[exc.index]] and max_len == max_window_tokens
+                error.over_windows = over_windows[members[exc.index]]
                 raise error from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)

@@ -766,28 +766,17 @@ def _split(value: str) -> list[str]:
     return value.split()
 
 
-def _truthy(value: str) -> bool | BadEnv:
-    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case, spaces trimmed); else refused."""
-    word = value.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    return BadEnv(f"{value!r} is not a boolean (1/true/yes/on or 0/false/no/off)")
-
-
 def _env_bool(flag: str, default: bool | None) -> bool | BadEnv | None:
-    """A boolean flag's default from its variable (unset or empty: `default`), naming the variable if bad."""
+    """A boolean flag's default from its variable: 1/true/yes/on or 0/false/no/off (any case, spaces trimmed);
+    unset or empty: `default`; anything else refused, naming the variable."""
     var = env_name(flag)
     value = os.environ.get(var) or None
     if value is None:
         return default
-    parsed = _truthy(value)
-    return (
-        BadEnv(f"{var}={value!r} is not a boolean (1/true/yes/on or 0/false/no/off)")
-        if isinstance(parsed, BadEnv)
-        else parsed
-    )
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return word in ("1", "true", "yes", "on")
+    return BadEnv(f"{var}={value!r} is not a boolean (1/true/yes/on or 0/false/no/off)")
 
 
 def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:

@@ -270,8 +270,8 @@ class LLM:
             )
         return outputs
 
-    def _step(self) -> list[str]:
-        """One engine step; its outputs go to the mailbox (whichever call's they are); returns their ids."""
+    def _step(self) -> None:
+        """One engine step (under `_steps`); its outputs go to the mailbox, whichever call's they are."""
         if not self.engine.has_unfinished_requests():
             raise RuntimeError("requests of this call were lost: a step that ran them failed (in this or another call)")
         try:
@@ -282,7 +282,6 @@ class LLM:
             raise
         for out in finished:
             self._finished[out.request_id] = out
-        return [out.request_id for out in finished]
 
     def _drop(self, ids: Iterable[str]) -> None:
         """A call stopped early or failed: its queued requests and its finished outputs go."""

@@ -210,7 +210,7 @@ def test_a_large_response_is_encoded_off_the_event_loop(minilm_llm, monkeypatch)
 
 def test_a_large_body_is_encoded_with_the_gil_free_between_pieces():
     """Built in a worker thread, a large JSON body still held the event loop: orjson holds the GIL for a whole
-    call (/health stalled 0.9-1.3 s during a 467 MB token_embed response). In a worker, VectorJSONResponse now
+    call (/health stalled while a large token_embed response was encoded). In a worker, VectorJSONResponse now
     encodes in pieces of at most 2^16 numbers, byte for byte orjson's: another thread runs between them."""
     import numpy as np
     import orjson

@@ -93,7 +93,7 @@ def test_limits_are_documented(strict_server):
 
 
 def test_a_huge_text_over_the_window_limit_is_refused_from_a_part(minilm_llm):
-    """An input to be split into windows was tokenized whole before the window limit refused it (a 16 MB text:
+    """An input to be split into windows was tokenized whole before the window limit refused it (a huge text:
     seconds of a tokenizer thread and gigabytes); one longer than the windows can hold is refused from a part
     of it now, as too long, with the window limit's 413. An input that fits the windows still passes."""
     import httpx

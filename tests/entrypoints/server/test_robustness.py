@@ -468,7 +468,7 @@ def test_a_client_leaving_during_tokenization_is_let_go(minilm_llm):
 
 def test_a_large_request_is_tokenized_in_parts(minilm_llm):
     """Two large requests held both tokenizer threads until they were done, every other client's inputs waiting
-    behind them (10 s for one token, an audit). Many text inputs are tokenized in parts of 256, each a job of
+    behind them (a one-token request waited for both). Many text inputs are tokenized in parts of 256, each a job of
     the pool: a small request runs between them. Results and error positions are the request's."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -109,7 +109,9 @@ def _pieces(value: Any, out: list[bytes | memoryview]) -> None:
     elif isinstance(value, dict) and value:
         out.append(b"{")
         for j, (k, v) in enumerate(value.items()):
-            out.append(orjson.dumps(str(k)) + b":" if not j else b"," + orjson.dumps(str(k)) + b":")
+            if j:
+                out.append(b",")
+            out.append(orjson.dumps(str(k)) + b":")
             _pieces(v, out)
         out.append(b"}")
     elif isinstance(value, (list, tuple)) and len(value) > 1:
