@@ -189,3 +189,34 @@ def test_vllms_tokenizer_surface(minilm_path, tmp_path):
     want = ref.apply_chat_template(chat)  # ids by default; transformers 5: in a BatchEncoding, vLLM's protocol: a list
     assert ours.apply_chat_template(chat) == (want["input_ids"] if "input_ids" in want else want)
     assert LLM(str(minilm_path)).get_tokenizer().all_special_tokens == ["[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]"]
+
+
+@pytest.mark.parametrize("tokenizer_file", ["tokenizer.json", "vocab.txt"])
+def test_tokens_declared_only_in_the_configs_are_added_as_transformers_adds_them(tmp_path, minilm_path, tokenizer_file):
+    """Extra special tokens, a named special token and an added token that only tokenizer_config.json declares:
+    transformers adds the missing ones when it loads the tokenizer (a vocabulary token keeps its id, a new one is
+    numbered after the vocabulary), so a text holding them is one token each, not split into pieces."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "vocab.txt", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(minilm_path / name, tmp_path / name)
+    if tokenizer_file == "vocab.txt":
+        (tmp_path / "tokenizer.json").unlink()
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["additional_special_tokens"] = ["<extra>", "[unused0]"]
+    config["mask_token"] = "<mymask>"
+    decoder = config.get("added_tokens_decoder") or {}
+    decoder["30600"] = {"content": "<dec>", "lstrip": False, "rstrip": False, "normalized": False,
+                        "single_word": False, "special": False}  # fmt: skip
+    config["added_tokens_decoder"] = decoder
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "special_tokens_map.json").unlink()
+
+    ref = AutoTokenizer.from_pretrained(str(tmp_path))
+    ours = PolyTokenizer(tmp_path / tokenizer_file)
+    text = "hello [unused0] world <extra> x <mymask> <dec> y"
+    assert ours.token_ids(text)[0] == ref(text)["input_ids"]
+    assert ref.convert_ids_to_tokens(ref(text)["input_ids"])[2:5] == ["[unused0]", "world", "<extra>"]
+    assert ours.vocab_size == len(ref)
+    assert ours.all_special_tokens == ref.all_special_tokens

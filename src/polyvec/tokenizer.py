@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 
 @dataclass
@@ -139,6 +139,47 @@ def special_tokens_map(folder: Path) -> dict[str, str]:
 _SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
+def _token_list(value: Any) -> list[Any]:
+    """additional_special_tokens / extra_special_tokens: a list, or (transformers 5) a dict of named tokens."""
+    return list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, list) else []
+
+
+def _declared_tokens(folder: Path) -> list[AddedToken]:
+    """The added and special tokens a checkpoint declares outside tokenizer.json, in the order transformers adds
+    the missing ones: tokenizer_config.json's added_tokens_decoder by id, the named special tokens, the extra
+    ones. Without them a text's "<extra>" would be split into pieces where transformers keeps one token."""
+    config = _read_config(folder / "tokenizer_config.json")
+    declared: list[AddedToken] = []
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        for _, spec in sorted(decoder.items(), key=lambda item: int(item[0]) if str(item[0]).isdigit() else 0):
+            if isinstance(spec, dict) and isinstance(spec.get("content"), str):
+                options = ("single_word", "lstrip", "rstrip", "normalized", "special")
+                declared.append(AddedToken(spec["content"], **{k: bool(spec[k]) for k in options if k in spec}))
+    named = special_tokens_map(folder)
+    declared += [AddedToken(named[k], special=True, normalized=False) for k in _SPECIAL_ATTRIBUTES if k in named]
+    smap = _read_config(folder / "special_tokens_map.json")
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        for token in _token_list(smap.get(key)) or _token_list(config.get(key)):
+            content = token.get("content") if isinstance(token, dict) else token
+            if isinstance(content, str):
+                declared.append(AddedToken(content, special=True, normalized=False))
+    return declared
+
+
+def _add_declared_tokens(base: Tokenizer, folder: Path) -> None:
+    """Adds the declared tokens tokenizer.json lacks, as transformers does when it loads the tokenizer (a token
+    of the vocabulary keeps its id; a new one is numbered after it)."""
+    present = {token.content for token in base.get_added_tokens_decoder().values()}
+    missing: list[AddedToken] = []
+    for token in _declared_tokens(folder):
+        if token.content not in present:
+            present.add(token.content)
+            missing.append(token)
+    if missing:
+        base.add_tokens(missing)
+
+
 class PolyTokenizer:
     def __init__(self, path: Path, do_lower_case: bool = False, model_max_length: int | None = None):
         self.path = path
@@ -152,6 +193,7 @@ class PolyTokenizer:
         # itself and truncates explicitly.
         base.no_padding()
         base.no_truncation()
+        _add_declared_tokens(base, path.parent)
         self._base = base
         self._serialized = base.to_str()
         self._splits_at_spaces = _splits_at_spaces(self._serialized)
