@@ -227,3 +227,35 @@ def test_vllm_colbert_architecture_on_a_pylate_folder(pylate_model):
     assert chunked.outputs.data.shape == want.shape and cosine_rows(chunked.outputs.data, want).min() >= 0.9999
     with pytest.raises(ValueError, match="Late chunking does not support a ColBERT model's query and document recipe"):
         LLM(str(folder), dtype="float32").token_embed(DOCS[0], params)
+
+
+def test_prompts_go_before_the_text_as_pylate_puts_them(pylate_model, tmp_path):
+    """config_sentence_transformers.json's prompts: the default one before every text (PyLate's encode without
+    prompt_name), input_type's before its texts (PyLate's prompt_name); the marker still after [CLS]."""
+    model, folder = pylate_model
+    shutil.copytree(folder, tmp_path / "m")
+    prompts = {"query": "search_query: ", "document": "search_document: "}
+    cfg_path = tmp_path / "m" / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "prompts": prompts, "default_prompt_name": "document"}))
+    llm = LLM(str(tmp_path / "m"), dtype="float32")
+    saved = model.prompts, model.default_prompt_name
+    model.prompts, model.default_prompt_name = prompts, "document"
+    try:
+        ref_default = model.encode(DOCS, is_query=False)
+        ref_queries = model.encode(QUERIES, is_query=True, prompt_name="query")
+    finally:
+        model.prompts, model.default_prompt_name = saved
+    docs = llm.token_embed(DOCS, use_tqdm=False)
+    for o, r in zip(docs, ref_default):
+        r = torch.as_tensor(r)
+        assert o.outputs.data.shape == r.shape and cosine_rows(o.outputs.data, r).min() >= 0.9999
+    assert docs[2].prompt_token_ids[1] == model.document_prefix_id
+    # input_type "document" names the same prompt here; PyLate under ST 6 returns a query's attended tokens only
+    named = llm.token_embed(DOCS, PoolingParams(input_type="document"), use_tqdm=False)
+    assert all(torch.equal(a.outputs.data, b.outputs.data) for a, b in zip(named, docs))
+    queries = llm.token_embed(QUERIES, PoolingParams(input_type="query"), use_tqdm=False)
+    for q, r in zip(queries, ref_queries):
+        r = torch.as_tensor(r)
+        assert q.outputs.data.shape == (24, 96) and q.prompt_token_ids[1] == model.query_prefix_id
+        assert cosine_rows(q.outputs.data[: r.shape[0]], r).min() >= 0.9999

@@ -573,9 +573,10 @@ class InputProcessor:
         return self._prompt_lengths[key]
 
     def _with_prompt(self, text: str, params: PoolingParams) -> str:
-        """Prepend the model's instruction prompt named by input_type (or its default prompt)."""
+        """Prepend the model's instruction prompt named by input_type (or its default prompt), a ColBERT model's
+        too (PyLate puts the prompt before the text, then its query or document marker after [CLS])."""
         prompts = self.model_config.prompts
-        if not prompts or self.colbert is not None:
+        if not prompts:
             return text
         name = params.input_type or self.model_config.default_prompt_name
         return prompts.get(name, "") + text if name else text

@@ -300,7 +300,7 @@ def _prompt_text(state: ServerState, name: str | None) -> str | None:
 def _default_prompt(state: ServerState) -> str:
     """The prompt the engine puts before text inputs by default (InputProcessor._with_prompt)."""
     mc = state.model_config
-    if not mc.prompts or state.engine.is_late_interaction or not mc.default_prompt_name:
+    if not mc.prompts or not mc.default_prompt_name:
         return ""
     return mc.prompts.get(mc.default_prompt_name, "")
 
