@@ -133,6 +133,16 @@ def save_special_tokenizer(folder: Path, minilm_path: Path, special: list[str]) 
     return {t: tok.token_to_id(t) for t in special}
 
 
+def as_rgb(image, layout: str):
+    """The layout's processor's RGB: colpali-engine's image.convert("RGB") keeps the colours under transparent
+    pixels, transformers' convert_to_rgb puts them on white."""
+    from PIL import Image
+
+    if layout == "colpali-engine":
+        return image.convert("RGB")
+    return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image).convert("RGB")
+
+
 COLQWEN2_SPECIAL = [
     "<|im_start|>",
     "<|im_end|>",

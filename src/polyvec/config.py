@@ -164,6 +164,9 @@ class ColQwen2Spec:
     query_prefix: str = "Query: "
     query_suffix: str = "<|endoftext|>" * 10  # query augmentation tokens
     image_pad: str = "<|image_pad|>"
+    # transparent pixels on white (transformers' convert_to_rgb, for its *ForRetrieval layouts), or the colour they
+    # hide kept (colpali-engine's image.convert("RGB"), for its own layouts)
+    transparent_on_white: bool = True
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,7 @@ def _read_colqwen2(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any
         visual_prompt=proc.get("visual_prompt_prefix") or default.visual_prompt,
         query_prefix=proc.get("query_prefix") or default.query_prefix,
         query_suffix=default.query_suffix + newline,
+        transparent_on_white=bool(newline),
     )
     return flat, spec
 
@@ -297,6 +298,7 @@ def _read_colpali(root: Path, hf_config: dict[str, Any]) -> tuple[dict[str, Any]
         query_prefix="<bos>Question: ",
         query_suffix="<pad>" * 10 + "\n",  # the query augmentation tokens, then PaliGemma's separator
         image_pad="<image>",
+        transparent_on_white=(hf_config.get("architectures") or [""])[0] == "ColPaliForRetrieval",
     )
     return flat, spec
 

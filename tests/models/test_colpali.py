@@ -12,7 +12,7 @@ pytest.importorskip("PIL", reason="Pillow is the vision extra")
 from PIL import Image  # noqa: E402
 
 from polyvec import LLM, PoolingParams  # noqa: E402
-from tests.helpers import cosine_rows, save_colpali  # noqa: E402
+from tests.helpers import as_rgb, cosine_rows, save_colpali  # noqa: E402
 
 DOC_PROMPT = "<image><bos>Describe the image.\n"
 QUERIES = ["what is the lift coefficient?", "flutter"]
@@ -59,7 +59,7 @@ def _expected_ids(folder, text: str, image_token: int) -> list[int]:
     return out
 
 
-def _check(llm, model, folder, ids):
+def _check(llm, model, folder, ids, layout: str = "transformers"):
     image_token = ids["<image>"]
     assert llm.engine.is_late_interaction and llm.supported_tasks == ("token_embed",)
     images = _images()
@@ -79,6 +79,10 @@ def _check(llm, model, folder, ids):
         want = _expected_ids(folder, "<bos>Question: " + q + "<pad>" * 10 + "\n", image_token)
         assert o.prompt_token_ids == want and want[0] == ids["<bos>"] and want.count(ids["<pad>"]) == 10
         assert cosine_rows(o.outputs.data, _reference(model, want)).min() >= 0.9999
+    page = Image.fromarray(np.random.default_rng(3).integers(0, 256, (100, 120, 4), dtype=np.uint8), "RGBA")
+    out = llm.token_embed(page, use_tqdm=False)[0].outputs.data
+    ref = _reference(model, _expected_ids(folder, DOC_PROMPT, image_token), as_rgb(page, layout))
+    assert cosine_rows(out, ref).min() >= 0.9999
     return docs, queries
 
 
@@ -102,7 +106,7 @@ def test_colpali_engine_layout(tmp_path, minilm_path):
     model, ids = save_colpali(tmp_path, minilm_path, layout="colpali-engine")
     llm = LLM(str(tmp_path), dtype="float32")
     assert "ColPali" in llm.model_config.sources["architecture"]
-    _check(llm, model, tmp_path, ids)
+    _check(llm, model, tmp_path, ids, "colpali-engine")
 
 
 def test_colpali_bfloat16_stays_close(colpali):

@@ -19,7 +19,7 @@ from PIL import Image  # noqa: E402
 from polyvec import LLM, PoolingParams  # noqa: E402
 from polyvec.config import ColQwen2Spec  # noqa: E402
 from polyvec.multimodal.image import qwen2_vl_patches  # noqa: E402
-from tests.helpers import cosine_rows, save_colqwen2, serve_folder  # noqa: E402
+from tests.helpers import as_rgb, cosine_rows, save_colqwen2, serve_folder  # noqa: E402
 
 SPEC = ColQwen2Spec(vision_config={}, image_token_id=0)  # the default prompts and pixel budget
 QUERIES = ["what is the lift coefficient?", "flutter"]
@@ -42,6 +42,13 @@ def colqwen2_5(tmp_path_factory, minilm_path):
 def _images():
     rng = np.random.default_rng(2)
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((200, 150), (90, 300))]
+
+
+def _transparent():
+    """An RGBA page whose pixels are partly transparent, hiding colours under them."""
+    rng = np.random.default_rng(3)
+    rgba = rng.integers(0, 256, (100, 120, 4), dtype=np.uint8)
+    return Image.fromarray(rgba, "RGBA")
 
 
 def _reference(model, ids: list[int], images: list | None, image_token: int) -> torch.Tensor:
@@ -106,6 +113,11 @@ def _check_layout(llm, model, folder, ids, layout: str = "transformers"):
         want_ids = _reference_query_ids(folder, q, layout, pad)
         assert o.prompt_token_ids == want_ids
         assert cosine_rows(o.outputs.data, _reference(model, want_ids, None, pad)).min() >= 0.9999
+    page = _transparent()
+    out = llm.token_embed(page, use_tqdm=False)[0].outputs.data
+    rgb = as_rgb(page, layout)
+    ref = _reference(model, _expected_ids(folder, SPEC.visual_prompt, [rgb], pad), [rgb], pad)
+    assert out.shape == ref.shape and cosine_rows(out, ref).min() >= 0.9999
     return docs, queries
 
 

@@ -394,6 +394,7 @@ class InputProcessor:
                     self.engine_config.max_image_pixels,
                     allowed_domains=self.engine_config.allowed_media_domains,
                     before_decode=within_budget,
+                    transparent_on_white=spec.transparent_on_white,
                 )
                 if spec.family == "paligemma":  # one square size: every image gives (size / patch)² patches
                     patch, side = int(vision.get("patch_size", 14)), spec.image_size

@@ -147,10 +147,12 @@ def load_image(
     *,
     allowed_domains: tuple[str, ...] = (),
     before_decode: Callable[[int, int], None] | None = None,
+    transparent_on_white: bool = True,
 ) -> Any:
     """A PIL image in RGB from a PIL image, encoded bytes, a base64 data: URL or an http(s) URL on an allowed
     host; ImageError if it is not one. `before_decode(width, height)` may refuse the image (by raising) once its
-    header is read, before its pixels are decoded."""
+    header is read, before its pixels are decoded. Transparent pixels go on white (transformers' convert_to_rgb,
+    vLLM), or with `transparent_on_white` false keep the colour they hide (PIL's convert("RGB"), colpali-engine's)."""
     Image = _pil()
     import PIL.ImageOps
 
@@ -217,11 +219,11 @@ def load_image(
     if image.mode == "RGB":
         return image
     try:
-        rgba = image.convert("RGBA")
+        rgba = image.convert("RGBA" if transparent_on_white else "RGB")
     except ValueError as e:  # a mode Pillow cannot turn into RGB
         raise ImageError(index, f"mode {image.mode} cannot be converted to RGB ({e})") from None
-    # transparent pixels on white, as transformers' convert_to_rgb and vLLM do (convert("RGB") kept the colour
-    # they hide, often black)
+    if not transparent_on_white:
+        return rgba
     return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
 
