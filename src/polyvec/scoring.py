@@ -255,6 +255,11 @@ def plan_scores(
                     "pairs of texts",
                     side,
                 )
+            bad = next((i for i, t in enumerate(texts) if is_image_prompt(t)), None)
+            if bad is not None:  # an image_url part arrives as its data: URL; never score it as text
+                raise SideError(
+                    f"{names[side]} item {bad} is an image (a data:image URL); this model reads text only", side
+                )
         joined = [
             compose(q, d) if compose is not None and isinstance(q, str) and isinstance(d, str) else (q, d)
             for q, d in ((texts_1[i], texts_2[j]) for i, j in pairs)

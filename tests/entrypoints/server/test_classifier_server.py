@@ -70,6 +70,25 @@ def test_cross_encoder_score_and_rerank(cross_encoder):
     assert [r["index"] for r in ranked] == list(np.argsort(ref)[::-1])
 
 
+def test_cross_encoder_refuses_images_by_name(cross_encoder):
+    """An image_url part (or a data:image URL) sent to a cross-encoder: 400 naming the side and item, as a
+    text-only bi-encoder answers (it was tokenized as text and scored, 200)."""
+    s, _ = cross_encoder
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    url = "data:image/png;base64," + png
+    part = {"content": [{"type": "image_url", "image_url": {"url": url}}]}
+    cases = [
+        ("/rerank", {"query": "red", "documents": ["a red square", part]}, "documents", "documents item 1 is an image"),
+        ("/score", {"text_1": part, "text_2": "a red square"}, "text_1", "text_1 item 0 is an image"),
+        ("/score", {"text_1": "red", "text_2": ["x", url]}, "text_2", "text_2 item 1 is an image"),
+    ]
+    for path, body, param, where in cases:
+        r = s.post(path, body)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param and where in err["message"] and "reads text only" in err["message"], err
+
+
 def test_cross_encoder_per_side_token_caps(cross_encoder):
     """max_tokens_per_query / _per_doc on a cross-encoder (Cohere v2 rerank sends max_tokens_per_doc): each text
     cut to its first N content tokens, then paired, as vLLM 0.34's get_score_prompt does (it was a 400)."""

@@ -244,6 +244,11 @@ def test_remote_images_from_an_allowed_host(served, tmp_path):
         part = {"type": "image_url", "image_url": {"url": f"{base}/page1.png"}}
         chat = s.post("/v1/embeddings", {"messages": [{"role": "user", "content": [part]}]}).json()
         _close(chat["data"][0]["embedding"], want[1])
+        # the scheme in any case, as offline and in vLLM (a 400 before)
+        upper = {"type": "image_url", "image_url": {"url": "HTTP" + f"{base}/page1.png"[4:]}}
+        chat = s.post("/v1/embeddings", {"messages": [{"role": "user", "content": [upper]}]})
+        assert chat.status_code == 200, chat.text
+        _close(chat.json()["data"][0]["embedding"], want[1])
         r = s.post("/v2/embed", {"images": [f"{base}/page0.png", f"{base}/missing.png"], "input_type": "image"})
         assert r.status_code == 400 and "'images' item 1: image 0: fetching" in r.json()["error"]["message"]
 

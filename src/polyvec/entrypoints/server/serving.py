@@ -28,6 +28,7 @@ from ...chat import ChatError, find_template, load_template, render, text_messag
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
+from ...multimodal.image import is_remote
 from ...muvera import MuveraParams
 from ...pooling_params import PoolingParams, TaskError
 from ...tokenizer import special_tokens_map
@@ -216,7 +217,7 @@ def image_url(url: Any, where: str, param: str) -> str | dict[str, Any]:
     """An image_url part's URL: a base64 data: URL, or an http(s) URL that the engine fetches if the server
     allows its host (--allowed-media-domains; refused with 400 otherwise)."""
     value = url.get("url") if isinstance(url, dict) else getattr(url, "url", url)
-    if isinstance(value, str) and value.startswith(("http://", "https://")):
+    if is_remote(value):  # the scheme in any case, as load_image and vLLM
         return {"multi_modal_data": {"image": value}}
     if not isinstance(value, str) or value[:11].lower() != "data:image/":
         raise APIError(
