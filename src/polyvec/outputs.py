@@ -6,7 +6,7 @@ vLLM exposes (`embedding`, `probs`) are built on first access, so a large offlin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Generic, TypedDict, TypeVar
 
 import torch
@@ -41,9 +41,20 @@ def _one_dim(output: PoolingOutput, what: str) -> torch.Tensor:
     return output.data
 
 
+def _vector(values: Any, name: str) -> torch.Tensor:
+    """A tensor as given, or vLLM's list of floats as one (its classes are built from lists)."""
+    if values is None:
+        raise TypeError(f"missing the {name} (a tensor or a list of floats)")
+    return values if isinstance(values, torch.Tensor) else torch.as_tensor(values, dtype=torch.float32)
+
+
 @dataclass
 class EmbeddingOutput:
     data: torch.Tensor
+
+    def __init__(self, data: Any = None, *, embedding: Any = None):
+        """EmbeddingOutput(tensor), or as vLLM builds it: EmbeddingOutput([floats]) / (embedding=[floats])."""
+        self.data = _vector(data if data is not None else embedding, "embedding")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, self.__class__) and _same(self.data, other.data)
@@ -90,6 +101,10 @@ class SparseEmbeddingOutput:
 class ClassificationOutput:
     data: torch.Tensor
 
+    def __init__(self, data: Any = None, *, probs: Any = None):
+        """ClassificationOutput(tensor), or as vLLM builds it: ClassificationOutput([floats]) / (probs=[floats])."""
+        self.data = _vector(data if data is not None else probs, "probs")
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, self.__class__) and _same(self.data, other.data)
 
@@ -123,14 +138,16 @@ OutputT = TypeVar("OutputT")
 
 @dataclass
 class PoolingRequestOutput(Generic[OutputT]):
+    # vLLM's positional order (request_id, outputs, prompt_token_ids, num_cached_tokens, finished), then keywords
     request_id: str
     outputs: OutputT
     prompt_token_ids: list[int]
-    num_input_tokens: int = 0
-    """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
     num_cached_tokens: int = 0
     """Leading prompt tokens whose keys and values came from the prefix cache (causal models)."""
     finished: bool = True
+    _: KW_ONLY
+    num_input_tokens: int = 0
+    """Tokens the caller sent, before truncation (equals len(prompt_token_ids) when nothing was cut)."""
     task: str = ""
     input_type: str | None = None
     """ColBERT models: the mode used ("query" or "document")."""

@@ -57,6 +57,21 @@ def test_outputs_as_vllms(minilm_llm):
     assert got.outputs == minilm_llm.embed([ids], use_tqdm=False)[0].outputs and got.prompt_token_ids == ids
 
 
+def test_outputs_built_as_vllm_builds_them():
+    """vLLM 0.34's constructors: PoolingRequestOutput(request_id, outputs, prompt_token_ids, num_cached_tokens,
+    finished) positionally, EmbeddingOutput / ClassificationOutput from lists of floats, by position or name."""
+    from polyvec.outputs import ClassificationOutput, EmbeddingOutput, PoolingOutput
+
+    r = PoolingRequestOutput("id", PoolingOutput(torch.ones(3)), [1, 2, 3], 5, False)
+    assert (r.num_cached_tokens, r.finished, r.num_input_tokens) == (5, False, 0)
+    with pytest.raises(TypeError):
+        PoolingRequestOutput("id", PoolingOutput(torch.ones(3)), [1, 2, 3], 5, False, 3)  # type: ignore[misc]
+    for e in (EmbeddingOutput([0.5, 0.25]), EmbeddingOutput(embedding=[0.5, 0.25])):
+        assert e.embedding == [0.5, 0.25] and e.hidden_size == 2 and e == EmbeddingOutput(torch.tensor([0.5, 0.25]))
+    for c in (ClassificationOutput([0.75, 0.25]), ClassificationOutput(probs=[0.75, 0.25])):
+        assert c.probs == [0.75, 0.25] and c.num_classes == 2
+
+
 def test_encode_picks_token_embed_and_honours_task(minilm_llm):
     out = minilm_llm.encode(QUERY, use_tqdm=False)[0]
     assert isinstance(out, PoolingRequestOutput) and out.task == "token_embed"
