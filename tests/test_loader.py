@@ -207,6 +207,13 @@ def test_truncate_dim_of_the_model_config(tmp_path, minilm_path):
     assert got.shape == want.shape == (len(TEXTS), 64)
     assert cosine_rows(got, want).min() >= 0.9999
     assert _vectors(llm, TEXTS, dimensions=384).shape == (len(TEXTS), 384)  # a request may still ask for more
+    # sentence-transformers cuts sentence embeddings only: its token embeddings keep the full width
+    from sentence_transformers import SentenceTransformer
+
+    ref = SentenceTransformer(str(folder), device="cpu").encode(TEXTS[0], output_value="token_embeddings")
+    tokens = llm.token_embed(TEXTS[0], PoolingParams(use_activation=False), use_tqdm=False)[0].outputs.data
+    assert tokens.shape == tuple(ref.shape) == (len(ref), 384)
+    assert cosine_rows(tokens, torch.as_tensor(ref)).min() >= 0.9999
 
 
 def _dense(folder, name, module_input=None, module_output=None):

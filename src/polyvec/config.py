@@ -251,6 +251,9 @@ class ModelConfig:
     # Matryoshka: an explicit list of trained sizes, or any size up to the embedding size.
     matryoshka_dimensions: tuple[int, ...] | None = None
     is_matryoshka: bool = False
+    truncate_dim: int | None = None
+    """config_sentence_transformers.json's truncate_dim: the default `dimensions` of embed (not of token_embed,
+    as sentence-transformers cuts sentence embeddings only)."""
     # Classification heads.
     num_labels: int = 0
     id2label: dict[int, str] = field(default_factory=dict)

@@ -561,7 +561,7 @@ def load_model_config(
     sources["dtype"] = "argument"
 
     st_model_cfg = root / "config_sentence_transformers.json"
-    prompts, default_prompt = {}, None
+    prompts, default_prompt, truncate_dim = {}, None, None
     if st_model_cfg.is_file():
         st_model = _read_json(st_model_cfg)
         prompts = {k: v for k, v in (st_model.get("prompts") or {}).items() if isinstance(v, str)}
@@ -577,8 +577,8 @@ def load_model_config(
         if truncate_dim is not None and pooler_config.dimensions is None:
             if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1:
                 raise ValueError(f"{st_model_cfg}: truncate_dim must be a positive integer, got {truncate_dim!r}")
-            # sentence-transformers truncates every embedding to it: the model's output size, a Matryoshka one
-            pooler_config = dataclasses.replace(pooler_config, dimensions=truncate_dim)
+            # sentence-transformers truncates every sentence embedding to it (not token embeddings): the model's
+            # embed size, a Matryoshka one
             sources["dimensions"] = "config_sentence_transformers.json truncate_dim"
             if not matryoshka:
                 hf_config = {**hf_config, "is_matryoshka": True}
@@ -593,6 +593,7 @@ def load_model_config(
         lora=lora,
         prompts=prompts,
         default_prompt_name=default_prompt,
+        truncate_dim=truncate_dim if pooler_config.dimensions is None else None,
         pool_prompt=st["include_prompt"],
         path=root,
         hf_config=hf_config,

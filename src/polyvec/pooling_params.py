@@ -202,7 +202,9 @@ class PoolingParams:
         if dimensions is not None and not is_embed:
             raise ValueError(f"dimensions is only valid for the embed and token_embed tasks, not {task!r}")
         if dimensions is None and is_embed:
-            dimensions = pooler.dimensions
+            dimensions = (
+                pooler.dimensions if pooler.dimensions is not None or task != "embed" else model_config.truncate_dim
+            )
         if dimensions is not None:
             dimensions = _check_dimensions(dimensions, task, model_config)
 

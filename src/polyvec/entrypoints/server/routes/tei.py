@@ -388,7 +388,7 @@ def _dimensions(state: ServerState, dimensions: int | None, full: int | None = N
     if dimensions == 0:
         raise invalid("`dimensions` should be positive")
     mc = state.model_config
-    full = full or mc.pooler_config.dimensions or mc.embed_dim
+    full = full or mc.pooler_config.dimensions or mc.truncate_dim or mc.embed_dim
     if dimensions > full:
         raise invalid("`dimensions` should be smaller than the maximum embedding dimension.")
     return None if dimensions == full else dimensions
