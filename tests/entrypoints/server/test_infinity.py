@@ -44,6 +44,11 @@ def test_embeddings_and_models(server, minilm_llm):
     ):  # not Infinity's route: vLLM's dimensions, refused on a model not trained for Matryoshka
         r = server.post(path, {"input": TEXTS[0], "modality": "text", "dimensions": 4, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", (path, r.text)
+    for body in ({"modality": "text"}, {"model": "default/not-specified"}):  # Infinity's 0 is not vLLM's
+        r = server.post("/v1/embeddings", {"input": TEXTS[0], "dimensions": 0, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", r.text
+        full = server.post("/embeddings", {"input": TEXTS[0], "dimensions": 0, **body})
+        assert full.status_code == 200 and len(full.json()["data"][0]["embedding"]) == 384
     raw = server.post("/embeddings", {"input": TEXTS, "model": "default/not-specified", "dimensions": 4})
     assert raw.status_code == 200 and len(raw.json()["data"][0]["embedding"]) == 4  # a raw Infinity body
     wrong = embeddings.sync_detailed(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="other"))

@@ -326,7 +326,7 @@ class EmbeddingRequest(PoolingBase, EncodingFields, ChatFields):
         if not isinstance(cut, int) or isinstance(cut, bool) or cut < 0:
             return handler(data)
         model = handler({k: v for k, v in data.items() if k != "dimensions"})
-        model._cut = cut or None
+        model._cut = cut  # 0: Infinity's full size (its route); vLLM's refused value on /v1/embeddings
         return model
 
     @model_validator(mode="before")

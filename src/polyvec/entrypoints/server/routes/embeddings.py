@@ -45,7 +45,11 @@ def _encoded(model: type) -> dict[int | str, dict[str, Any]]:
 async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State) -> Response:
     model = check_model(state, req.model)
     if req._cut is not None and raw.url.path != "/embeddings":  # Infinity's route only: here vLLM's dimensions
+        if req._cut == 0:
+            message = "invalid value for field 'dimensions': Input should be greater than or equal to 1"
+            raise APIError(400, message, "dimensions")
         req.dimensions, req._cut = req._cut, None
+    req._cut = req._cut or None  # Infinity's 0: the whole vector
     if req.late_chunking_params is not None:
         return await _late_chunked(req, raw, state, model)
     # A late-interaction model's embedding is its matrix of token vectors (with its shape and mode), and so is any
