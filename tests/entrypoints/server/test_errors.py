@@ -132,6 +132,8 @@ CASES = [
     Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens=1000"),
     Bad("/v1/embeddings", {"input": "x", "truncate_prompt_tokens": -2}, 400, "field 'truncate_prompt_tokens'"),
     Bad("/v1/embeddings", {"input": "x", "priority": float("inf")}, 400, "field 'priority'", "priority"),
+    Bad("/v1/embeddings", {"input": "x", "priority": 2**63}, 400, "field 'priority'", "priority"),
+    Bad("/pooling", {"input": "x", "priority": None}, 400, "field 'priority'", "priority"),
     Bad(
         "/v1/embeddings",
         {"input": "x", "cache_salt": ""},

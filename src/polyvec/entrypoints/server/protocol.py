@@ -162,8 +162,9 @@ class StrictModel(BaseModel):
 class VLLMCompatFields(StrictModel):
     """Fields vLLM clients may send that change nothing here (scheduling and multimodal hints)."""
 
-    priority: Annotated[int, INTEGRAL] | None = 0
-    """Accepted for vLLM compatibility; polyvec schedules by arrival and length."""
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] = 0
+    """Accepted for vLLM compatibility (a 64-bit integer, as vLLM checks it); polyvec schedules by arrival and
+    length."""
     request_id: str | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
     cache_salt: Annotated[str, AfterValidator(_cache_salt)] | None = None
@@ -544,6 +545,8 @@ class RerankRequest(PoolingBase):
     """Include each document's text in the results (null: the default, true)."""
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] | None = 0  # type: ignore[assignment]
+    """Accepted for compatibility; ignored (null too: Cohere's rerank takes it)."""
     max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
     """Cut each query text to at most this many tokens, not counting special tokens or prompts (0, null: no
     limit)."""
