@@ -291,3 +291,25 @@ def test_vocab_txt_tokenizer_reads_its_casing(tmp_path, minilm_path):
     assert cosine_rows(got, want).min() >= 0.9999
     lower = _vectors(LLM(str(minilm_path), dtype="float32"), TEXTS)
     assert cosine_rows(got[:2], lower[:2]).max() < 0.99  # the cased text reads differently
+
+
+def test_the_tokenizers_truncation_side_is_the_default(tmp_path, minilm_path):
+    """tokenizer_config.json's truncation_side "left": a long text keeps its last tokens, as sentence-transformers
+    and vLLM cut it unless a request names a side (polyvec cut on the right)."""
+    folder = _st_folder(tmp_path, minilm_path, "left")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "left"}))
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(folder), device="cpu")
+    text = " ".join(f"word{i} wing" for i in range(400))
+    llm = LLM(str(folder), dtype="float32")
+    out = llm.embed(text, use_tqdm=False)[0]
+    assert out.prompt_token_ids == st.tokenize([text])["input_ids"][0].tolist()
+    assert cosine_rows(out.outputs.data[None], torch.as_tensor(st.encode([text]))).item() >= 0.9999
+    right = llm.embed(text, tokenization_kwargs={"truncation_side": "right"}, use_tqdm=False)[0]
+    assert right.prompt_token_ids[1:4] == llm.get_tokenizer()("word0 wing")["input_ids"][1:4]
+    cfg["truncation_side"] = "middle"
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right', got 'middle'"):
+        LLM(str(folder), dtype="float32")

@@ -202,6 +202,13 @@ class PolyTokenizer:
         self.do_lower_case = do_lower_case
         self.model_max_length = model_max_length
         cfg = _read_config(path.parent / "tokenizer_config.json")
+        side = cfg.get("truncation_side", "right")
+        if side not in ("left", "right"):  # transformers refuses it too
+            raise ValueError(
+                f"{path.parent / 'tokenizer_config.json'}: truncation_side must be 'left' or 'right', got {side!r}"
+            )
+        # where a text is cut unless a request says (transformers' and vLLM's default: the tokenizer's own side)
+        self.default_truncation_side: TruncationSide = side
         # transformers' decode: the WordPiece-era clean-up where the config asks for it (never on BPE, unless forced)
         self.clean_up_spaces = bool(cfg.get("clean_up_tokenization_spaces")) and (
             type(base.model).__name__ != "BPE"
@@ -477,7 +484,7 @@ class PolyTokenizer:
 
     @property
     def truncation_side(self) -> str:
-        return str(_read_config(self.path.parent / "tokenizer_config.json").get("truncation_side", "right"))
+        return self.default_truncation_side
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return self._num_special(pair, True)

@@ -148,7 +148,7 @@ class InputProcessor:
             )
         if truncation_side not in (None, "left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
-        side: TruncationSide = truncation_side or "right"
+        side: TruncationSide = truncation_side or self.tokenizer.default_truncation_side
         n = len(prompts)
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * n
         if len(per_prompt) != n:
