@@ -73,3 +73,15 @@ def test_a_decoder_score_layer_keeps_its_bias(tmp_path, minilm_path, with_bias):
     llm = LLM(str(tmp_path), dtype="float32")
     got = llm.classify([{"prompt_token_ids": ids}], PoolingParams(use_activation=False), use_tqdm=False)[0]
     assert torch.allclose(got.outputs.data, want, atol=1e-5)
+
+
+def test_a_text_cut_below_the_special_tokens_ignores_the_pairs_beside_it(tmp_path, minilm_path):
+    """truncate_prompt_tokens=2 on a single text keeps [CLS] [SEP] whether or not a text pair shares the call (the
+    pair's three special tokens decided the path of every text in the call: [CLS] and the first word)."""
+    _classifier(tmp_path, minilm_path, "BertForSequenceClassification", num_labels=1)
+    llm = LLM(str(tmp_path), dtype="float32")
+    kwargs = {"pooling_task": "classify", "tokenization_kwargs": {"truncate_prompt_tokens": 2}, "use_tqdm": False}
+    alone = llm.encode(["hello world again"], **kwargs)[0]
+    beside = llm.encode([("q q", "d d"), "hello world again"], **kwargs)[1]
+    assert alone.prompt_token_ids == beside.prompt_token_ids == [101, 102]
+    assert torch.equal(alone.outputs.data, beside.outputs.data)

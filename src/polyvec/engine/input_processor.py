@@ -170,7 +170,8 @@ class InputProcessor:
         tokenized: list[Any] = [None] * n
         pixels: dict[int, list[Any]] = {}  # prompt index → its images' patches (ColQwen2)
         spent = [0]  # decoded image pixels of these prompts so far
-        text_groups: dict[tuple[int, bool, bool], list[int]] = {}
+        # one encode_prompts call per limit and kind (text or pair): what a text gets never depends on the others
+        text_groups: dict[tuple[int, bool, bool, bool], list[int]] = {}
         windowed = [self._long_input(p) == "window" for p in verified]
         over_windows = [False] * n
         skips = [0] * n  # include_prompt: false: the leading tokens sequence pooling leaves out
@@ -219,7 +220,7 @@ class InputProcessor:
                         raise PromptError(i, " carries multi_modal_data; this model reads text only")
                     pixels[i] = self._pixels(i, prompt["multi_modal_data"], spent)
                     prompt = prompt.get("prompt") or spec.visual_prompt
-                    text_groups.setdefault((1 << 62, False, False), []).append(i)
+                    text_groups.setdefault((1 << 62, False, False, False), []).append(i)
                     tokenized[i] = prompt
                     continue
                 if "prompt_token_ids" in prompt:
@@ -248,7 +249,8 @@ class InputProcessor:
                 if spec is not None and isinstance(prompt, str) and p.input_type == "query":
                     tokenized[i] = spec.query_prefix + prompt + spec.query_suffix  # colpali-engine's queries
                     add_special = add_special and spec.family != "paligemma"  # ColPali's prompt writes <bos>
-                text_groups.setdefault((max_len, truncate, add_special), []).append(i)
+                pair = isinstance(tokenized[i], tuple)
+                text_groups.setdefault((max_len, truncate, add_special, pair), []).append(i)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
                 if p.input_type is not None and self._with_prompt("", p):  # asked for, it would be silently lost
@@ -260,7 +262,7 @@ class InputProcessor:
                 tokenized[i] = self._token_prompt(
                     i, cast(Sequence[int], prompt), max_len, truncate, side, over_windows[i]
                 )
-        for (max_len, truncate, add_special), members in text_groups.items():
+        for (max_len, truncate, add_special, _), members in text_groups.items():
             try:
                 encoded = self.tokenizer.encode_prompts(
                     [tokenized[i] for i in members],
