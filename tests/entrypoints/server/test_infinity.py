@@ -95,6 +95,26 @@ def test_classify_answers_per_input_label_lists(classifier):
                 assert [s.score for s in scores] == pytest.approx([probs[j] for j in order], abs=1e-5)
 
 
+@pytest.mark.parametrize("labels", [1, 3])
+def test_classify_of_a_regression_model_gives_its_logits(tmp_path, minilm_path, labels):
+    """problem_type regression: transformers' text-classification pipeline (Infinity's) applies nothing; a
+    sigmoid (one label) or softmax (three) squashed the logits."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    folder = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path, minilm_path,
+                             num_labels=labels, problem_type="regression", **TINY)  # fmt: skip
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    ref = pipeline("text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained(str(folder)))
+    llm = LLM(str(folder), dtype="float32")
+    with in_process_server(llm.engine, warmup=False) as url:
+        got = classify.sync_detailed(client=Client(base_url=url), body=ClassifyInput(input_=TEXTS[:2]))
+        assert got.status_code == 200, got.content
+    for scores, text in zip(got.parsed.data, TEXTS[:2]):
+        want = ref(text, top_k=None)
+        assert [s.label for s in scores] == [w["label"] for w in want]
+        assert [s.score for s in scores] == pytest.approx([w["score"] for w in want], abs=1e-5)
+
+
 @pytest.mark.parametrize("activation", [None, "torch.nn.modules.linear.Identity"])
 def test_rerank_with_raw_scores_and_string_documents(tmp_path, minilm_path, activation):
     """Infinity's rerank scores are the sigmoid of a cross-encoder's logit (raw_scores: the logit), whatever

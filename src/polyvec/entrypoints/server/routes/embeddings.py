@@ -83,14 +83,14 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
 
 def _pipeline_scores(state: ServerState, output: Any) -> list[float]:
     """Infinity's classify scores: transformers' text-classification pipeline on the logits, whatever activation
-    the model declares elsewhere: sigmoid for one label or multi-label, else softmax (else the config's own)."""
+    the model declares elsewhere: the logits of a regression, sigmoid for one label or multi-label, else softmax."""
     logits, config = output.outputs.data.double(), state.model_config.hf_config
     problem, labels = config.get("problem_type"), logits.shape[-1]
+    if problem == "regression":
+        return logits.tolist()
     if problem == "multi_label_classification" or labels == 1:
         return torch.sigmoid(logits).tolist()
-    if problem == "single_label_classification" or labels > 1 or config.get("function_to_apply") == "softmax":
-        return torch.softmax(logits, dim=-1).tolist()
-    return logits.tolist()
+    return torch.softmax(logits, dim=-1).tolist()
 
 
 async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, model: str) -> Response:
