@@ -375,7 +375,9 @@ def _token_ids(tokenizer_path: Path, tokens: list[str]) -> list[int]:
 def position_limit(hf_config: dict[str, Any]) -> int:
     """Longest input the position table allows (fairseq-style models reserve padding_idx + 1 slots)."""
     limit = int(hf_config.get("max_position_embeddings", 512))
-    if hf_config.get("model_type") in _PADDING_OFFSET_POSITIONS:
+    if hf_config.get("model_type") == "mpnet":  # transformers' MPNet fixes its padding_idx at 1
+        limit -= 2
+    elif hf_config.get("model_type") in _PADDING_OFFSET_POSITIONS:
         limit -= int(hf_config.get("pad_token_id", 1)) + 1
     return limit
 

@@ -32,3 +32,23 @@ def test_mpnet_embed_and_token_embed_match_sentence_transformers(cranfield_texts
         r = torch.nn.functional.normalize(r.float(), dim=-1)
         assert o.outputs.data.shape == r.shape
         assert cosine_rows(o.outputs.data, r).min() >= 0.9999
+
+
+def test_positions_of_mpnet_ignore_its_pad_token_id(tmp_path, minilm_path):
+    """transformers' MPNet numbers positions from a fixed padding_idx of 1 whatever config.json's pad_token_id
+    says; polyvec took pad_token_id + 1 (0.05 off per token with pad 0) and allowed one token more."""
+    import transformers
+
+    from polyvec import PoolingParams
+    from tests.helpers import TINY, save_tiny_model
+
+    save_tiny_model("MPNetModel", "MPNetConfig", tmp_path, minilm_path, pad_token_id=0, **TINY)
+    model = transformers.AutoModel.from_pretrained(str(tmp_path)).eval()
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.model_config.max_model_len == TINY["max_position_embeddings"] - 2
+    params = PoolingParams(use_activation=False)
+    for ids in ([101, 7592, 2088, 102], [101] + [2088] * 124 + [102]):
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        got = llm.token_embed([ids], params, use_tqdm=False)[0].outputs.data
+        assert (got - want).abs().max() <= 1e-5

@@ -92,13 +92,16 @@ class BertEncoder(nn.Module):
 
     # fairseq-style models (RoBERTa, MPNet) number positions from padding_idx + 1.
     position_offset_from_padding = False
+    fixed_padding_idx: int | None = None  # MPNet's: transformers fixes it at 1, whatever pad_token_id says
     causal = False
 
     def __init__(self, args: EncoderArgs):
         super().__init__()
         self.args = args
         self.position_offset = 0
-        if self.position_offset_from_padding:
+        if self.fixed_padding_idx is not None:
+            self.position_offset = self.fixed_padding_idx + 1
+        elif self.position_offset_from_padding:
             if args.pad_token_id is None:
                 raise ValueError(
                     f"{type(self).__name__} numbers positions from pad_token_id, which config.json sets to null"

@@ -42,7 +42,7 @@ def relative_position_bucket(
 
 
 class MPNetEncoder(BertEncoder):
-    position_offset_from_padding = True
+    fixed_padding_idx = 1  # transformers' MPNetEmbeddings.padding_idx
 
     def __init__(self, args: EncoderArgs):
         args = dataclasses.replace(args, type_vocab_size=0)  # MPNet has no segment embeddings
