@@ -246,10 +246,12 @@ class PolyTokenizer:
         truncate: bool,
         add_special_tokens: bool = True,
         truncation_side: TruncationSide = "right",
+        lower_case: bool | None = None,
     ) -> list[TokenizedPrompt]:
         """Encode strings (or string pairs); with `truncate=False`, over-long input raises PromptTooLongError;
-        with `truncate`, the text is cut at `truncation_side`, special tokens kept."""
-        if self.do_lower_case:
+        with `truncate`, the text is cut at `truncation_side`, special tokens kept. `lower_case`: lowercase the
+        texts first (None: as the model's do_lower_case says)."""
+        if self.do_lower_case if lower_case is None else lower_case:
             texts = [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
         if truncate and max_length < self._num_special(any(isinstance(t, tuple) for t in texts), add_special_tokens):
             # Too short for the special tokens themselves, where `tokenizers` would not cut at all: keep the

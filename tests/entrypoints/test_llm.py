@@ -417,6 +417,32 @@ def test_score_takes_tokenization_kwargs_and_one_pooling_params(minilm_llm):
         minilm_llm.score("a", ["b"], pooling_params=[PoolingParams()])
 
 
+def test_do_lower_case_of_tokenization_kwargs_overrides_the_models(tmp_path, minilm_path):
+    """vLLM's tokenization_kwargs do_lower_case lowercases texts before tokenizing (or, false, leaves a lowercasing
+    model's texts alone); it was ignored with a warning. A tokenizer without a lowercasing normalizer makes it
+    visible: "Hello" is [UNK] in MiniLM's lowercase vocabulary."""
+    import json
+    import shutil
+
+    folder = tmp_path / "cased"
+    shutil.copytree(minilm_path, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    (folder / "model.safetensors").symlink_to(minilm_path / "model.safetensors")
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["normalizer"]["lowercase"] = False
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.embed("Hello", use_tqdm=False)[0].prompt_token_ids == [101, 100, 102]
+    lower = llm.embed(["Hello"], tokenization_kwargs={"do_lower_case": True}, use_tqdm=False)
+    assert lower[0].prompt_token_ids == [101, 7592, 102]
+    assert torch.equal(lower[0].outputs.data, llm.embed("hello", use_tqdm=False)[0].outputs.data)
+    cfg = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**cfg, "do_lower_case": True}))
+    lowering = LLM(str(folder), dtype="float32")
+    assert lowering.embed("Hello", use_tqdm=False)[0].prompt_token_ids == [101, 7592, 102]
+    kept = lowering.embed("Hello", tokenization_kwargs={"do_lower_case": False}, use_tqdm=False)[0]
+    assert kept.prompt_token_ids == [101, 100, 102]
+
+
 def test_calls_from_several_threads_share_one_llm(minilm_path):
     """Two threads' calls on one LLM failed ('requests of this call were lost'): a call counted only what its
     own steps finished, and two steps could run at once. One step at a time now, and each call takes its

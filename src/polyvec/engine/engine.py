@@ -193,6 +193,7 @@ class Engine:
         truncation_side: TruncationSide | None = None,
         padding: str | int | None = None,
         max_window_tokens: int | None = None,
+        do_lower_case: bool | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts (see `InputProcessor.process`); thread-safe. Several tasks (a list): each
         output's data is a dict, task name → output, all from one forward pass."""
@@ -206,6 +207,7 @@ class Engine:
             truncation_side=truncation_side,
             padding=padding,
             max_window_tokens=max_window_tokens,
+            do_lower_case=do_lower_case,
         )
 
     def warmup(self) -> Iterator[int]:

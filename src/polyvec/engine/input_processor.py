@@ -117,6 +117,7 @@ class InputProcessor:
         truncation_side: TruncationSide | None = None,
         padding: str | int | None = None,
         max_window_tokens: int | None = None,
+        do_lower_case: bool | None = None,
     ) -> list[Request]:
         """Tokenize and check prompts; raises ValueError (naming the prompt and limit) on bad input.
 
@@ -127,7 +128,8 @@ class InputProcessor:
         many tokens, offline tokenization_kwargs' max_length); the pads are attended, as in vLLM. Several tasks (a
         list) are all read from one forward pass of each prompt (`Request.extra`). `max_window_tokens`: the most
         tokens an input split into windows may have (a server's window limit), longer refused as too long with
-        that max_len (a huge text from a part of it, not tokenized whole).
+        that max_len (a huge text from a part of it, not tokenized whole). `do_lower_case` (vLLM's
+        tokenization_kwargs key) overrides the model's lowercasing of texts.
         """
         limit = self.model_config.max_model_len
         if isinstance(padding, int) and not isinstance(padding, bool):  # a length (False is vLLM's "do not pad")
@@ -144,7 +146,7 @@ class InputProcessor:
             if pad_width is not None:
                 raise ValueError("padding='max_length' applies to one task per request")
             return self._process_multi(
-                prompts, params, list(task), request_ids, add_special_tokens, truncation, truncation_side
+                prompts, params, list(task), request_ids, add_special_tokens, truncation, truncation_side, do_lower_case
             )
         if truncation_side not in (None, "left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
@@ -270,6 +272,7 @@ class InputProcessor:
                     truncate,
                     add_special_tokens=add_special,
                     truncation_side=side,
+                    lower_case=do_lower_case,
                 )
             except PromptTooLongError as exc:
                 error = _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least)
@@ -448,7 +451,7 @@ class InputProcessor:
             out[at] = weights[at]
         return prune_sparse(spec, out.unsqueeze(0))[0]
 
-    def _process_multi(self, prompts, params, tasks: list[str], request_ids, add_special, truncation, side):
+    def _process_multi(self, prompts, params, tasks: list[str], request_ids, add_special, truncation, side, lower):
         if not tasks or len(set(tasks)) != len(tasks):
             raise TaskError(f"tasks must be a non-empty list without repeats, got {tasks!r}")
         if self.causal:
@@ -485,6 +488,7 @@ class InputProcessor:
             add_special_tokens=add_special,
             truncation=truncation,
             truncation_side=side,
+            do_lower_case=lower,
         )
         for i, (r, p) in enumerate(zip(requests, per_prompt)):
             r.by_task = True

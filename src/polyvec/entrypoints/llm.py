@@ -585,7 +585,10 @@ def _tokenization_options(
         if kwargs["truncation_side"] not in ("left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {kwargs['truncation_side']!r}")
         options["truncation_side"] = kwargs["truncation_side"]
+    if kwargs.get("do_lower_case") is not None:  # vLLM's renderer lowercases texts (the model's setting else)
+        options["do_lower_case"] = bool(kwargs["do_lower_case"])
     used = {"truncation", "max_length", "truncate_prompt_tokens", "add_special_tokens", "truncation_side"}
+    used.add("do_lower_case")
     if kwargs.get("padding") in ("max_length", "do_not_pad", False, None):  # vLLM's; other values warned of
         options["padding"] = kwargs.get("padding")
         used.add("padding")
