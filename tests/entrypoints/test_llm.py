@@ -210,6 +210,22 @@ def test_prompt_validation(minilm_llm):
         minilm_llm.embed([[101, 99999, 102]], use_tqdm=False)
     with pytest.raises(ValueError, match="dict without 'prompt' or 'prompt_token_ids'"):
         minilm_llm.embed({"text": "x"}, use_tqdm=False)
+    # each names the prompt and what is wrong (a tokenizer TypeError, or "prompt 1: (token ids ...)", before)
+    cases = [
+        (["ok", "a\ud800b"], "prompt 1: character 1 is a lone surrogate"),
+        (["ok", ("a", "b\udc00")], "prompt 1: character 1 is a lone surrogate"),
+        (["ok", {"prompt": None}], "prompt 1 is NoneType: a prompt is a text"),
+        (["ok", ["x", "y"]], r"prompt 1: 'x' is not a token id \(token ids must be integers in 0..30521\)"),
+    ]
+    for prompts, message in cases:
+        with pytest.raises(ValueError, match=message):
+            minilm_llm.embed(prompts, use_tqdm=False)
+    with pytest.raises(TypeError, match="prompts must be a prompt or a list of prompts, not None"):
+        minilm_llm.embed(None, use_tqdm=False)
+    import numpy as np
+
+    flat = minilm_llm.embed(list(np.array([101, 7592, 102])), use_tqdm=False)  # numpy's integers: one prompt
+    assert len(flat) == 1 and flat[0].prompt_token_ids == [101, 7592, 102]
     assert not minilm_llm.engine.has_unfinished_requests()
 
 

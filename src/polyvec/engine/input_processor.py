@@ -243,6 +243,7 @@ class InputProcessor:
                 else:
                     raise PromptError(i, " is a dict without 'prompt' or 'prompt_token_ids'")
             if isinstance(prompt, str) or _is_text_pair(prompt):
+                _check_unicode(i, cast("str | tuple[str, str]", prompt))
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
                 if isinstance(prompt, str) and tokenized[i] != prompt and not self.model_config.pool_prompt:
@@ -255,6 +256,10 @@ class InputProcessor:
                 text_groups.setdefault((max_len, truncate, add_special, pair), []).append(i)
             else:
                 # Neither text nor a text pair: token ids (`_token_prompt` checks them).
+                if not hasattr(prompt, "__len__") or isinstance(prompt, (bytes, dict)):
+                    raise PromptError(
+                        i, f" is {type(prompt).__name__}: a prompt is a text, a text pair, token ids or a prompt dict"
+                    )
                 if p.input_type is not None and self._with_prompt("", p):  # asked for, it would be silently lost
                     raise PromptError(
                         i,
@@ -606,8 +611,8 @@ class InputProcessor:
         vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
         bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
-            oov = f": token id {bad} is out of vocabulary (" if type(bad) is int else ": ("
-            raise PromptError(i, f"{oov}token ids must be integers in 0..{vocab - 1})")
+            what = f"token id {bad} is out of vocabulary" if type(bad) is int else f"{bad!r:.40} is not a token id"
+            raise PromptError(i, f": {what} (token ids must be integers in 0..{vocab - 1})")
         num_input = len(ids)
         if num_input > max_len:
             if not truncate:
@@ -675,6 +680,18 @@ def _too_long(index: int, num_tokens: int, max_len: int, at_least: bool = False)
     error = PromptError(index, f" has {has} tokens, more than the maximum input length of {max_len} tokens{advice}")
     error.num_tokens, error.max_len, error.advice = num_tokens, max_len, advice
     return error
+
+
+def _check_unicode(i: int, prompt: str | tuple[str, str]) -> None:
+    """A text must be encodable as UTF-8: a lone surrogate ("\\ud800", from a broken decode) is refused by name
+    rather than failing inside the tokenizer without saying which prompt."""
+    for text in (prompt,) if isinstance(prompt, str) else prompt:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise PromptError(
+                i, f": character {e.start} is a lone surrogate ({text[e.start]!r}), not valid Unicode text"
+            ) from None
 
 
 def _image_kind(prompt: Any) -> str:

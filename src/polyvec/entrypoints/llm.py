@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import numbers
 import threading
 import warnings
 from collections import deque
@@ -608,6 +609,8 @@ def _check_return_tokens(params: PoolingParams | Sequence[PoolingParams] | None)
 
 
 def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
+    if prompts is None:
+        raise TypeError("prompts must be a prompt or a list of prompts, not None")
     if isinstance(prompts, (str, dict)) or is_image_object(prompts):  # bytes are an image, never token ids
         return [cast(Prompt, prompts)]
     items = list(prompts)
@@ -618,7 +621,7 @@ def _as_prompt_list(prompts: PromptsType) -> list[Prompt]:
 
 
 def _is_token_id(item: object) -> bool:
-    return isinstance(item, int) and not isinstance(item, bool)
+    return isinstance(item, numbers.Integral) and not isinstance(item, bool)  # numpy's integers too
 
 
 def _check_prompts(items: list, first: int = 0) -> None:
