@@ -92,6 +92,16 @@ CASES = [
     Bad("/v1/embeddings", b'{"input": "\xed\xa0\x80"}', 400, "'input' is not valid UTF-8 text", "input"),
     Bad("/pooling", {"input": ["\udc00"], "task": "embed"}, 400, "'input' item 0 is not valid UTF-8 text", "input"),
     Bad("/v1/embeddings", {"input": "x", "\ud800": 1}, 400, "has a key that is not valid UTF-8 text"),
+    # the response's id carries request_id (a 500 after the model ran); a literal's value is no key
+    Bad("/v1/embeddings", {"input": "x", "request_id": "\ud800"}, 400, "'request_id' is not valid UTF-8", "request_id"),
+    Bad("/rerank", {"query": "q", "documents": ["d"], "request_id": "a\ud800"}, 400, "'request_id'", "request_id"),
+    Bad(
+        "/v1/embeddings",
+        {"input": "x", "encoding_format": "\ud800"},
+        400,
+        "field 'encoding_format' is not valid UTF-8 text (lone surrogate)",
+        "encoding_format",
+    ),  # fmt: skip
     Bad("/v1/embeddings", {"input": "x", "model": "\ud800"}, 404, "the model '\ud800' does not exist", "model"),
     Bad("/v1/embeddings", b'{"input": "\xff"}', 400, "not valid JSON (it must be UTF-8 encoded JSON)"),
     Bad("/v1/embeddings", b'\xff\xfe\x00{"input": "x"}', 400, "not valid JSON"),

@@ -66,6 +66,14 @@ def test_token_ids_count_as_sent(strict_server):
     assert _too_many_items(large, 4096, 10000) == ("input", 300_000, True)
     assert _too_many_items(orjson.dumps({"input": [[1, 2]] * 6000}), 8000, 10000) == ("input", 12000, True)
     assert _too_many_items(large, 4096, 0) is None  # no limit
+    # what orjson refuses and json.loads (FastAPI's) reads is checked too: it was parsed on the event loop
+    many = b'{"input": [' + b",".join([b"[1]"] * 5000) + b"]"
+    for body in (b"\xef\xbb\xbf" + many + b"}", many + b', "dimensions": NaN}', many + b', "user": "\\ud800"}'):
+        assert _too_many_items(body, 4096, 0) == ("input", 5000, False), body[-30:]
+    # a flat list of numbers is one token-id prompt, whatever its bad item (an id beyond 64 bits, 1.0)
+    for bad in (b"100000000000000000000000000000", b"1.0"):
+        body = b'{"input": [' + b",".join([b"1"] * 5000 + [bad]) + b"]}"
+        assert _too_many_items(body, 4096, 0) is None, bad
     ok = s.post("/v1/embeddings", {"input": [[2773] * 5000] * 2, "truncate_prompt_tokens": 64}, headers=AUTH)
     assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 128, ok.text
 

@@ -14,6 +14,7 @@ import asyncio
 import gc
 import hashlib
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -271,20 +272,28 @@ def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, in
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        try:  # what orjson refuses and FastAPI's json.loads reads (a BOM, NaN, 1e400, a lone surrogate's escape)
+            value = json.loads(body)
+        except Exception:  # invalid JSON, nesting too deep: FastAPI says so
+            return None
     if not isinstance(value, dict):
         return None
     for name in _ITEM_FIELDS:
         items = value.get(name)
         if not isinstance(items, list):
             continue
-        flat = all(type(x) is int for x in items)
+        # a flat list of numbers is one prompt of token ids (an id beyond 64 bits, or 1.0, is refused later by name)
+        flat = all(_is_number(x) for x in items)
         if len(items) > limit and not flat:
             return name, len(items), False
-        ids = len(items) if flat else sum(len(x) for x in items if type(x) is list and all(type(t) is int for t in x))
+        ids = len(items) if flat else sum(len(x) for x in items if type(x) is list and all(_is_number(t) for t in x))
         if most_ids and ids > most_ids:
             return name, ids, True
     return None
+
+
+def _is_number(x: object) -> bool:
+    return type(x) is int or type(x) is float
 
 
 def _headers_only(send: Send) -> Send:

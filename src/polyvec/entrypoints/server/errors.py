@@ -147,9 +147,10 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         and not (x in _TAGS and k > 0 and isinstance(raw[k - 1], int) and k + 1 < len(raw))
         and x not in _SHAPES
     ]
-    if kind == "string_unicode":  # pydantic cannot take a lone surrogate in an object key
+    if kind == "string_unicode":  # a lone surrogate where pydantic needs text: an object key, a literal's value
         where = f"field {_describe_loc(loc)}" if loc else "the request body"
-        return f"{where} has a key that is not valid UTF-8 text (lone surrogate)", str(loc[0]) if loc else None
+        what = "has a key that is" if not loc or first.get("input") in raw[-1:] else "is"  # a key: the loc's end
+        return f"{where} {what} not valid UTF-8 text (lone surrogate)", str(loc[0]) if loc else None
     if not loc:
         if kind == "missing":
             return "the request body is empty; send a JSON object", None

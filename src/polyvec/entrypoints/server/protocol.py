@@ -52,6 +52,12 @@ def _cache_salt(value: str) -> str:
     return value
 
 
+def _request_id(value: str) -> str:
+    """The response's id carries it: it must encode as UTF-8 (JSON can escape a lone surrogate)."""
+    _check_utf8(value, "request_id", "text")
+    return value
+
+
 def _check_token(value: Any, where: str, field: str) -> None:
     if isinstance(value, bool):
         _refuse(f"{where} is a boolean, not a token id (a non-negative integer)", field)
@@ -165,7 +171,7 @@ class VLLMCompatFields(StrictModel):
     priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] = 0
     """Accepted for vLLM compatibility (a 64-bit integer, as vLLM checks it); polyvec schedules by arrival and
     length."""
-    request_id: str | None = None
+    request_id: Annotated[str, AfterValidator(_request_id)] | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
     cache_salt: Annotated[str, AfterValidator(_cache_salt)] | None = None
     """Accepted for vLLM compatibility and checked as vLLM checks it (1 to 128 characters, none of @ / \\ NUL);
