@@ -220,3 +220,33 @@ def test_tokens_declared_only_in_the_configs_are_added_as_transformers_adds_them
     assert ref.convert_ids_to_tokens(ref(text)["input_ids"])[2:5] == ["[unused0]", "world", "<extra>"]
     assert ours.vocab_size == len(ref)
     assert ours.all_special_tokens == ref.all_special_tokens
+
+
+def test_the_transformers_surface_follows_the_tokenizer_config(tmp_path, minilm_path, splade_path):
+    """What LLM.get_tokenizer() answers as transformers does: truncation on tokenizer_config's side (it cut on
+    the right), decode cleaned up where the config asks (SPLADE-tiny's: "don ' t"), transformers 5's
+    extra_special_tokens among all_special_tokens, and an empty text_pair is no pair."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "vocab.txt", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(minilm_path / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(truncation_side="left", extra_special_tokens=["[unused1]", "<xq>"])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ref, ours = AutoTokenizer.from_pretrained(str(tmp_path)), PolyTokenizer(tmp_path / "tokenizer.json")
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    assert ours.encode(text, truncation=True, max_length=6) == ref.encode(text, truncation=True, max_length=6)
+    assert (
+        ours(text, truncation=True, max_length=6)["input_ids"] == ref(text, truncation=True, max_length=6)["input_ids"]
+    )
+    assert ours.all_special_tokens == ref.all_special_tokens and "<xq>" in ours.all_special_tokens
+    assert ours.all_special_ids == ref.all_special_ids
+    assert ours("Hello world", "")["input_ids"] == ref("Hello world", "")["input_ids"] == [101, 7592, 2088, 102]
+
+    ref, ours = AutoTokenizer.from_pretrained(str(splade_path)), PolyTokenizer(splade_path / "tokenizer.json")
+    ids = ref.encode("I don't think it's they're, really.")
+    for skip in (True, False):
+        assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+        assert ours.batch_decode([ids], skip_special_tokens=skip) == ref.batch_decode([ids], skip_special_tokens=skip)
+    assert ours.decode(ids, clean_up_tokenization_spaces=False) == ref.decode(ids, clean_up_tokenization_spaces=False)

@@ -409,8 +409,11 @@ class PolyTokenizer:
             raise TypeError(f"a text (and a text pair) to encode, got {type(text).__name__} and {type(pair).__name__}")
         limit = max_length if max_length is not None else self.model_max_length
         cut = limit if truncation else None  # without a limit, transformers does not cut either
-        item: str | tuple[str, str] = text if pair is None else (text, pair)
-        (enc,) = self.encode_prompts([item], 1 << 62 if cut is None else cut, cut is not None, add_special_tokens)
+        # an empty text_pair is no pair in transformers (it tests the pair's truth)
+        item: str | tuple[str, str] = (text, pair) if pair else text
+        max_len = 1 << 62 if cut is None else cut
+        side = self.default_truncation_side  # transformers' cuts on the tokenizer's side
+        (enc,) = self.encode_prompts([item], max_len, cut is not None, add_special_tokens, truncation_side=side)
         return enc
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
@@ -423,8 +426,13 @@ class PolyTokenizer:
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | None | list[int | None]:
         return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
 
-    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
+    def batch_decode(
+        self,
+        sequences: Sequence[Sequence[int]],
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> list[str]:
+        return [self.decode(ids, skip_special_tokens, clean_up_tokenization_spaces) for ids in sequences]
 
     def get_vocab(self) -> dict[str, int]:
         return self._base.get_vocab(with_added_tokens=True)
@@ -432,14 +440,20 @@ class PolyTokenizer:
     def __len__(self) -> int:
         return self.vocab_size
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """Text of ids; special tokens kept unless asked (transformers' default)."""
-        return self._base.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(
+        self, ids: Sequence[int], skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool | None = None
+    ) -> str:
+        """Text of ids; special tokens kept unless asked, cleaned up as the tokenizer config says unless asked
+        (transformers' defaults)."""
+        text = self._base.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if clean_up_tokenization_spaces is False:
+            return text
+        return self.clean_up(text, force=bool(clean_up_tokenization_spaces))
 
-    def clean_up(self, text: str) -> str:
-        """Decoded text as transformers' `decode` gives it: with `clean_up_tokenization_spaces`, no space before
-        punctuation and English contractions."""
-        if not self.clean_up_spaces:
+    def clean_up(self, text: str, force: bool = False) -> str:
+        """Decoded text as transformers' `decode` gives it: with `clean_up_tokenization_spaces` (or `force`), no
+        space before punctuation and English contractions."""
+        if not (self.clean_up_spaces or force):
             return text
         for spaced, joined in _CLEAN_UP:
             text = text.replace(spaced, joined)
@@ -455,9 +469,10 @@ class PolyTokenizer:
         """The named special tokens, then the additional ones, each once (transformers' order)."""
         named = special_tokens_map(self.path.parent)
         tokens: list[Any] = [named[k] for k in _SPECIAL_ATTRIBUTES if k in named]
-        extra = _read_config(self.path.parent / "special_tokens_map.json").get("additional_special_tokens") or []
-        extra = extra or _read_config(self.path.parent / "tokenizer_config.json").get("additional_special_tokens") or []
-        tokens += [t.get("content") if isinstance(t, dict) else t for t in extra]
+        for key in ("additional_special_tokens", "extra_special_tokens"):  # the second is transformers 5's
+            extra = _token_list(_read_config(self.path.parent / "special_tokens_map.json").get(key))
+            extra = extra or _token_list(_read_config(self.path.parent / "tokenizer_config.json").get(key))
+            tokens += [t.get("content") if isinstance(t, dict) else t for t in extra]
         return [t for t in dict.fromkeys(tokens) if isinstance(t, str)]
 
     @property

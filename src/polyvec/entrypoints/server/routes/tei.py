@@ -335,7 +335,7 @@ def _prompted(engine: Engine, prompts: list, prompt: str) -> list:
         if isinstance(p, list):
             if any(t >= vocab for t in p):
                 raise invalid(f"`inputs` item {i} has token ids outside the vocabulary (size {vocab})")
-            p = tokenizer.decode(p, skip_special_tokens=True)
+            p = tokenizer.decode(p, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # TEI's
         texts.append(prompt + p)
     return [enc.input_ids for enc in tokenizer.encode_prompts(texts, 1 << 62, truncate=False)]
 
