@@ -357,8 +357,8 @@ class EngineConfig:
     quantization: Quantization | None = None
     """None: projections in the model dtype. "int8" (CPU only, opt-in): dynamic W8A8, weights int8 per output
     channel and activations quantized per token at run time, on oneDNN's int8 matmul (VNNI / AMX); attention
-    and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: cosine ≥ 0.99 against
-    float32."""
+    and norms stay in the model dtype, pooling and heads in float32. Faster, not exact: close to float32, by
+    how much depending on the model (the README's int8 section)."""
     kernels: KernelOptions = field(default_factory=KernelOptions.from_env)
     """Which of polyvec's native CPU paths may run (native kernels, oneDNN projections, AMX); default: all,
     less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off."""

@@ -28,7 +28,7 @@ from .config import (
     PoolerConfig,
     SpladeSpec,
 )
-from .models.lora import ADAPTER_CONFIG, is_adapter, read_adapter_config
+from .models.lora import ADAPTER_CONFIG, has_embedded_adapter, is_adapter, read_adapter_config
 from .multimodal.image import CLIP_MEAN, CLIP_STD
 from .resolve import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotFoundError, resolve_model_path
 
@@ -420,6 +420,8 @@ def load_model_config(
     if is_adapter(root):  # a LoRA adapter: the base model's checkpoint, the adapter merged into its weights
         lora = read_adapter_config(root)
         root = resolve_model_path(lora.base_model, None, download_dir)
+    elif has_embedded_adapter(root):  # merged into this model's own weights, as transformers loads it
+        lora = read_adapter_config(root, base=str(root))
     st = _read_sentence_transformers(root)
     tdir: Path = st["transformer_dir"]
     if not (tdir / "config.json").is_file():

@@ -118,6 +118,29 @@ def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):
     assert cosine_rows(got, plain).min() < 0.999
 
 
+def test_an_adapter_beside_a_whole_model_is_merged_into_it(tmp_path, minilm_path):
+    """PEFT's save_pretrained into a model's own folder (config.json and weights beside adapter_config.json):
+    transformers and sentence-transformers load the local weights, then the adapter; polyvec loaded the weights
+    alone (cosine 0.88 to sentence-transformers, silently). The adapter's base_model_name_or_path is not read."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    folder = tmp_path / "model"
+    shutil.copytree(minilm_path, folder)
+    _adapter(AutoModel.from_pretrained(minilm_path).eval(), folder, minilm_path, r=8, lora_alpha=8,
+             use_rslora=True, target_modules=["query", "value"])  # fmt: skip
+    texts = ["a lift coefficient", "flutter of wings at high speed"]
+    want = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "not/read"}))
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.lora is not None and llm.model_config.path == folder.resolve()
+    got = torch.stack([o.outputs.data for o in llm.embed(texts, use_tqdm=False)])
+    assert cosine_rows(got, want).min() >= 0.9999
+    plain = torch.stack([o.outputs.data for o in LLM(str(minilm_path), dtype="float32").embed(texts, use_tqdm=False)])
+    assert cosine_rows(got, plain).min() < 0.999
+
+
 @pytest.mark.parametrize("bias", ["all", "lora_only"])
 def test_text_adapter_with_trained_biases(tmp_path, minilm_path, bias):
     """bias="all" / "lora_only": PEFT saves an adapted layer's bias as `<layer>.base_layer.bias` (and, for "all",
@@ -150,7 +173,9 @@ def test_adapters_polyvec_cannot_merge_are_refused(tmp_path, minilm_path):
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="names no base_model_name_or_path"):
         LLM(str(folder))
-    for key, value in (("use_dora", True), ("peft_type", "IA3"), ("trainable_token_indices", [5, 6])):
+    refused = [("use_dora", True), ("peft_type", "IA3"), ("trainable_token_indices", [5, 6])]
+    refused += [("alora_invocation_tokens", [2023, 2003]), ("arrow_config", {"top_k": 2})]  # merged everywhere before
+    for key, value in refused:
         (folder / "adapter_config.json").write_text(
             json.dumps({**cfg, key: value, "base_model_name_or_path": str(minilm_path)})
         )

@@ -697,7 +697,7 @@ def _embed_vectors(args: argparse.Namespace, llm: Any, texts: list[str]) -> int:
 
 QUANTIZATION_HELP = (
     "int8: int8 projections with per-token activation scales (a CPU with VNNI or AMX, opt-in; about twice float32, "
-    "on a par with bfloat16 on AMX; cosine >= 0.99 of float32 instead of exact)"
+    "on a par with bfloat16 on AMX; close to float32 instead of exact)"
 )
 
 

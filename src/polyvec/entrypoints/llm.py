@@ -88,7 +88,7 @@ class LLM:
         kv_cache_memory_bytes: causal models: memory for the KV caches of prompts prefilled in chunks.
         enable_prefix_caching: causal models: reuse computed prompt prefixes (default on).
         quantization: None, or "int8" (CPU, opt-in): int8 projections with per-token dynamic activation
-            scales; faster, cosine ≥ 0.99 against float32 instead of exact (see EngineConfig.quantization).
+            scales; faster, close to float32 instead of exact (see EngineConfig.quantization).
         kernels: which of polyvec's native CPU paths may run (`KernelOptions(native=, onednn=, amx=)`; default
             all, less those POLYVEC_DISABLE_KERNELS / _ONEDNN / _AMX=1 turn off).
         tokenizer: a folder or hub id to read the tokenizer from instead of the model's.

@@ -36,17 +36,25 @@ def is_adapter(folder: Path) -> bool:
     return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
 
 
-def read_adapter_config(folder: Path) -> LoraSpec:
-    """The adapter's settings; anything whose merge is not W + s·B·A is refused by name."""
+def has_embedded_adapter(folder: Path) -> bool:
+    """A whole model with an adapter beside its weights: transformers loads the local weights, then the adapter."""
+    return (folder / ADAPTER_CONFIG).is_file() and (folder / "config.json").is_file()
+
+
+def read_adapter_config(folder: Path, base: str | None = None) -> LoraSpec:
+    """The adapter's settings; anything whose merge is not W + s·B·A is refused by name. `base`: the model it
+    adapts, when not the one its config names (an adapter embedded in a whole model adapts that model)."""
     cfg: dict[str, Any] = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     where = folder / ADAPTER_CONFIG
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{where}: peft_type {cfg.get('peft_type')!r} is not supported; polyvec merges LORA adapters")
-    refused = ("use_dora", "fan_in_fan_out", "layer_replication", "lora_bias", "use_qalora")
+    # aLoRA (alora_invocation_tokens) adapts only tokens after its invocation; Arrow routes among adapters
+    refused = ("use_dora", "fan_in_fan_out", "layer_replication", "lora_bias", "use_qalora", "alora_invocation_tokens",
+               "arrow_config")  # fmt: skip
     for key in (*refused, "trainable_token_indices", "target_parameters"):  # the last two: not a W + s·B·A merge
         if cfg.get(key):
             raise ValueError(f"{where}: {key}={cfg[key]!r} is not supported; polyvec merges plain LoRA adapters")
-    base = cfg.get("base_model_name_or_path")
+    base = base or cfg.get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{where} names no base_model_name_or_path: polyvec cannot tell which model it adapts")
     return LoraSpec(
