@@ -250,3 +250,20 @@ def test_the_transformers_surface_follows_the_tokenizer_config(tmp_path, minilm_
         assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
         assert ours.batch_decode([ids], skip_special_tokens=skip) == ref.batch_decode([ids], skip_special_tokens=skip)
     assert ours.decode(ids, clean_up_tokenization_spaces=False) == ref.decode(ids, clean_up_tokenization_spaces=False)
+
+
+def test_special_tokens_map_wins_where_the_configs_disagree(tmp_path, minilm_path):
+    """special_tokens_map.json's [MASK] against tokenizer_config.json's <MyMask>: transformers takes the first;
+    polyvec took the second (and, adding it as a token, changed a text's ids)."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "vocab.txt", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(minilm_path / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "mask_token": "<MyMask>"}))
+    ref, ours = AutoTokenizer.from_pretrained(str(tmp_path)), PolyTokenizer(tmp_path / "tokenizer.json")
+    text = "hello <MyMask> world [MASK]"
+    assert ours.token_ids(text)[0] == ref(text)["input_ids"]
+    assert ours.special_token_id("mask_token") == ref.mask_token_id == 103
+    assert ours.vocab_size == len(ref) and ours.all_special_tokens == ref.all_special_tokens

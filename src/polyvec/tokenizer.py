@@ -124,9 +124,9 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def special_tokens_map(folder: Path) -> dict[str, str]:
-    """bos_token, cls_token, mask_token, ... of the tokenizer in `folder` (special_tokens_map.json, then
-    tokenizer_config.json, as transformers' special_tokens_map)."""
-    config = {**_read_config(folder / "special_tokens_map.json"), **_read_config(folder / "tokenizer_config.json")}
+    """bos_token, cls_token, mask_token, ... of the tokenizer in `folder` (tokenizer_config.json's, those of
+    special_tokens_map.json first where both name one, as transformers loads them)."""
+    config = {**_read_config(folder / "tokenizer_config.json"), **_read_config(folder / "special_tokens_map.json")}
     tokens = {}
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict):

@@ -457,6 +457,22 @@ def test_do_lower_case_of_tokenization_kwargs_overrides_the_models(tmp_path, min
     assert lowering.embed("Hello", use_tqdm=False)[0].prompt_token_ids == [101, 7592, 102]
     kept = lowering.embed("Hello", tokenization_kwargs={"do_lower_case": False}, use_tqdm=False)[0]
     assert kept.prompt_token_ids == [101, 100, 102]
+    # include_prompt false: the prompt left out of pooling is counted lowercased too, as sentence-transformers
+    # counts it (its cased length, 4 tokens, was left out where the lowercased prompt has 8)
+    from sentence_transformers import SentenceTransformer
+
+    (folder / "sentence_bert_config.json").write_text(json.dumps(cfg))
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "include_prompt": False}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "Xylophonist query: "}}))
+    st = SentenceTransformer(str(folder), device="cpu")
+    st[0].do_lower_case = True
+    want = torch.as_tensor(st.encode(["what is a wing"], prompt_name="query"))
+    prompted = LLM(str(folder), dtype="float32")
+    got = prompted.embed(["what is a wing"], PoolingParams(input_type="query"),
+                         tokenization_kwargs={"do_lower_case": True}, use_tqdm=False)[0]  # fmt: skip
+    assert got.prompt_token_ids == st.tokenize(["xylophonist query: what is a wing"])["input_ids"][0].tolist()
+    assert torch.nn.functional.cosine_similarity(got.outputs.data, want[0], dim=0) >= 0.9999
 
 
 def test_calls_from_several_threads_share_one_llm(minilm_path):

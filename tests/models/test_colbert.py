@@ -259,3 +259,12 @@ def test_prompts_go_before_the_text_as_pylate_puts_them(pylate_model, tmp_path):
         r = torch.as_tensor(r)
         assert q.outputs.data.shape == (24, 96) and q.prompt_token_ids[1] == model.query_prefix_id
         assert cosine_rows(q.outputs.data[: r.shape[0]], r).min() >= 0.9999
+    # token ids in either mode: the prompt is the caller's to include (a PromptError refused them with prompts)
+    tok = llm.get_tokenizer()
+    ids = tok("search_query: " + QUERIES[0])["input_ids"]
+    by_ids = llm.token_embed([ids], PoolingParams(input_type="query"), use_tqdm=False)[0]
+    assert by_ids.prompt_token_ids == queries[0].prompt_token_ids
+    assert torch.allclose(by_ids.outputs.data, queries[0].outputs.data, atol=1e-5)
+    doc_ids = tok("search_document: " + DOCS[2])["input_ids"]
+    by_doc = llm.token_embed([doc_ids], PoolingParams(input_type="document"), use_tqdm=False)[0]
+    assert by_doc.prompt_token_ids == docs[2].prompt_token_ids

@@ -60,6 +60,8 @@ class InputProcessor:
         self.type_vocab_size = int(
             getattr(getattr(getattr(model, "encoder", None), "args", None), "type_vocab_size", 0)
         )
+        # token ids the model has embeddings for (config.json's vocab_size; a tokenizer may declare tokens beyond)
+        self.id_rows = int(model_config.hf_config.get("vocab_size") or tokenizer.vocab_size)
         if model_config.bge_m3 is not None:  # its sparse head: pooled, or per token as vLLM serves it
             self.supported_tasks += ("embed_sparse", "token_classify")
         if model_config.splade_embed is not None:  # vLLM's SPLADE: embed is the sparse vector (its own task)
@@ -69,7 +71,7 @@ class InputProcessor:
             # A late-interaction model's outputs are its token vectors; a single pooled vector is not what
             # it was trained to produce.
             self.supported_tasks = ("token_embed",)
-        self._prompt_lengths: dict[tuple[str, bool], int] = {}  # include_prompt: false
+        self._prompt_lengths: dict[tuple[str, bool, bool | None], int] = {}  # include_prompt: false
         self.special_ids = frozenset(i for i, tok in tokenizer._base.get_added_tokens_decoder().items() if tok.special)
         # vLLM pads with the tokenizer's pad token; config.json's where the tokenizer names none
         config_pad = model_config.hf_config.get("pad_token_id")
@@ -247,7 +249,8 @@ class InputProcessor:
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
                 if isinstance(prompt, str) and tokenized[i] != prompt and not self.model_config.pool_prompt:
-                    skips[i] = self._prompt_length(tokenized[i][: len(tokenized[i]) - len(prompt)], add_special)
+                    head = tokenized[i][: len(tokenized[i]) - len(prompt)]
+                    skips[i] = self._prompt_length(head, add_special, do_lower_case)
                 spec = self.model_config.colqwen2
                 if spec is not None and isinstance(prompt, str) and p.input_type == "query":
                     tokenized[i] = spec.query_prefix + prompt + spec.query_suffix  # colpali-engine's queries
@@ -260,7 +263,9 @@ class InputProcessor:
                     raise PromptError(
                         i, f" is {type(prompt).__name__}: a prompt is a text, a text pair, token ids or a prompt dict"
                     )
-                if p.input_type is not None and self._with_prompt("", p):  # asked for, it would be silently lost
+                # asked for, it would be silently lost (a ColBERT model's input_type picks its mode: token ids are
+                # sent as they are meant, marker added)
+                if p.input_type is not None and self.colbert is None and self._with_prompt("", p):
                     raise PromptError(
                         i,
                         f": input_type={p.input_type!r} puts the model's {p.input_type!r} prompt before a text; "
@@ -285,6 +290,16 @@ class InputProcessor:
                 raise error from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
+            if self.tokenizer.vocab_size > self.id_rows:  # a token only the tokenizer's configs declare
+                for i in members:
+                    beyond = next((t for t in tokenized[i][0] if t >= self.id_rows), None)
+                    if beyond is not None:
+                        token = self.tokenizer.id_to_token(beyond)
+                        raise PromptError(
+                            i,
+                            f": its token {token!r} has id {beyond}, beyond the model's {self.id_rows} token "
+                            "embeddings (the tokenizer declares it, the model was not trained with it)",
+                        )
 
         requests = []
         for i in range(n):
@@ -575,12 +590,15 @@ class InputProcessor:
             return "truncate"  # the server-wide default applies to the tasks windows support
         return mode
 
-    def _prompt_length(self, prompt: str, add_special: bool) -> int:
+    def _prompt_length(self, prompt: str, add_special: bool, lower_case: bool | None = None) -> int:
         """`include_prompt: false`: the leading tokens sequence pooling leaves out, counted as
-        sentence-transformers counts them (the prompt tokenized alone, less a closing special token)."""
-        key = (prompt, add_special)
+        sentence-transformers counts them (the prompt tokenized alone, less a closing special token), lowercased
+        as the text is (`lower_case`: a call's override)."""
+        key = (prompt, add_special, lower_case)
         if key not in self._prompt_lengths:
-            ids = self.tokenizer.encode_prompts([prompt], 1 << 62, False, add_special_tokens=add_special)[0].input_ids
+            ids = self.tokenizer.encode_prompts(
+                [prompt], 1 << 62, False, add_special_tokens=add_special, lower_case=lower_case
+            )[0].input_ids
             self._prompt_lengths[key] = len(ids) - int(bool(ids) and ids[-1] in self.special_ids)
         return self._prompt_lengths[key]
 
@@ -607,8 +625,7 @@ class InputProcessor:
         ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
         if not ids:
             raise PromptError(i, " has no tokens")
-        vocab = self.tokenizer.vocab_size
-        vocab = max(vocab, int(self.model_config.hf_config.get("vocab_size", vocab)))
+        vocab = self.id_rows
         bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             what = f"token id {bad} is out of vocabulary" if type(bad) is int else f"{bad!r:.40} is not a token id"

@@ -231,6 +231,8 @@ def test_cohere_rank_fields_and_null_options(co_v1, server, minilm_llm):
     nulls = {"truncate": None, "priority": None}
     r = server.post("/v2/embed", {"texts": ["wing"], "input_type": "search_document", **nulls})
     assert r.status_code == 200, r.text
+    r = server.post("/v2/embed", {"texts": ["wing"], "input_type": "search_document", "priority": 2**64})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text  # vLLM's 64-bit bound
     body = {"query": query, "documents": ["a", "b"], "top_n": None, "return_documents": None, "priority": None}
     r = server.post("/v2/rerank", {**body, "max_tokens_per_doc": None, "max_tokens_per_query": None})
     assert r.status_code == 200 and len(r.json()["results"]) == 2 and "document" in r.json()["results"][0], r.text

@@ -615,3 +615,55 @@ def test_tei_paths_for_health_embeddings_and_invocations(server, classifier):
     url, texts, _ = classifier
     r = httpx.post(url + "/invocations", json={"inputs": texts[0], "parameters": {"top_k": 1}})
     assert r.status_code == 200 and r.json() == httpx.post(url + "/predict", json={"inputs": texts[0]}).json()
+
+
+def _copy_minilm(minilm_path, folder, **tokenizer_config):
+    import shutil
+
+    shutil.copytree(minilm_path, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    (folder / "model.safetensors").symlink_to(minilm_path / "model.safetensors")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, **tokenizer_config}))
+    return folder
+
+
+def test_requested_directions_cut_whatever_the_tokenizers_side(tmp_path, minilm_path):
+    """A tokenizer whose config says truncation_side "left": TEI's truncation_direction Right (its default) and
+    Cohere's truncate END still cut the end, as their APIs say; they followed the tokenizer's side."""
+    folder = _copy_minilm(minilm_path, tmp_path / "left", truncation_side="left")
+    llm = LLM(str(folder), dtype="float32", max_model_len=16)
+    text = " ".join(f"word{i} wing" for i in range(20))
+    right, left = (
+        llm.embed(text, truncate_prompt_tokens=16, tokenization_kwargs={"truncation_side": side}, use_tqdm=False)[0]
+        for side in ("right", "left")
+    )
+    assert not torch.allclose(right.outputs.data, left.outputs.data, atol=1e-3)
+    with in_process_server(llm.engine) as url:
+        for body, want in (
+            ({}, right),
+            ({"truncation_direction": "Right"}, right),
+            ({"truncation_direction": "Left"}, left),
+        ):
+            got = httpx.post(url + "/embed", json={"inputs": text, "truncate": True, **body}).json()[0]
+            assert np.allclose(got, want.outputs.data.numpy(), atol=1e-5), body
+        for truncate, want in (("END", right), ("START", left)):
+            body = {"texts": [text], "input_type": "search_document", "truncate": truncate}
+            got = httpx.post(url + "/v2/embed", json=body).json()["embeddings"]["float"][0]
+            assert np.allclose(got, want.outputs.data.numpy(), atol=1e-5), truncate
+
+
+def test_a_token_beyond_the_models_embeddings_is_refused_by_item(tmp_path, minilm_path):
+    """A special token only the tokenizer's config declares gets an id past config.json's vocab_size: a text
+    holding it (and such an id sent as a token) is a 400 naming the item, not an IndexError (500)."""
+    folder = _copy_minilm(minilm_path, tmp_path / "declared", additional_special_tokens=["<XQ>"])
+    llm = LLM(str(folder), dtype="float32")
+    with pytest.raises(ValueError, match=r"prompt 1: its token '<XQ>' has id 30522, beyond the model's 30522"):
+        llm.embed(["fine", "hello <XQ> world"], use_tqdm=False)
+    with in_process_server(llm.engine) as url:
+        for body, words in (
+            ({"input": ["fine", "hello <XQ> world"]}, "'input' item 1: its token '<XQ>' has id 30522"),
+            ({"input": [101, 30522, 102]}, "token id 30522 is out of vocabulary"),
+        ):
+            r = httpx.post(url + "/v1/embeddings", json=body)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        assert httpx.post(url + "/v1/embeddings", json={"input": "hello world"}).status_code == 200

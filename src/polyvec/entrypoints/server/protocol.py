@@ -684,8 +684,9 @@ class CohereEmbedRequest(CohereEmbedV1Request):
     max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """At most this many tokens per input, special tokens included (at most the model's maximum input length);
     longer input is cut as `truncate` says, or rejected with NONE."""
-    priority: Annotated[int, INTEGRAL] | None = 0
-    """Accepted for compatibility; ignored."""
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] | None = 0
+    """Accepted for compatibility (a 64-bit integer, as vLLM checks it; null too, as Cohere's clients send it);
+    ignored."""
 
 
 class TokenizeRequest(StrictModel):

@@ -58,7 +58,8 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
     params = pooling_params(req, dimensions=v2.output_dimension if v2 else None, truncate_prompt_tokens=cut)
     if req.input_type == "image":  # an image model's documents
         params.input_type = "search_document"
-    side: dict[str, Any] = {"truncation_side": "left"} if req.truncate == "START" else {}  # keep the last tokens
+    # START keeps the last tokens, END the first, whatever side the tokenizer's config names (Cohere's meaning)
+    side: dict[str, Any] = {"truncation_side": "left" if req.truncate == "START" else "right"}
     outputs = await run_pooling(
         state,
         raw,

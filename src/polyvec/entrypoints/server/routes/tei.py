@@ -308,7 +308,8 @@ def _default_prompt(state: ServerState) -> str:
 def _truncation(truncate: bool | None, direction: str) -> tuple[dict[str, Any], str | None]:
     """TEI's `truncate` and `truncation_direction` for the engine: run_pooling's `truncation` and
     `truncation_side`, and PoolingParams.long_input (null `truncate`: the server's --truncation)."""
-    kwargs: dict[str, Any] = {"truncation_side": "left"} if direction in ("Left", "left") else {}  # keep the end
+    # TEI cuts where the request says (Right by default), whatever side the tokenizer's config names
+    kwargs: dict[str, Any] = {"truncation_side": "left" if direction in ("Left", "left") else "right"}
     if truncate is None:
         return kwargs, None
     # true cuts even where the server splits long input into windows; false refuses it unless the server does
