@@ -267,3 +267,19 @@ def test_special_tokens_map_wins_where_the_configs_disagree(tmp_path, minilm_pat
     assert ours.token_ids(text)[0] == ref(text)["input_ids"]
     assert ours.special_token_id("mask_token") == ref.mask_token_id == 103
     assert ours.vocab_size == len(ref) and ours.all_special_tokens == ref.all_special_tokens
+
+
+def test_a_vocab_txt_tokenizer_has_berts_special_tokens_by_default(tmp_path, minilm_path):
+    """Only vocab.txt and a tokenizer_config.json naming no special token: transformers' BertTokenizer defaults
+    ([CLS], [SEP], [PAD], ...), where polyvec had none (no pad id, no special tokens)."""
+    import json
+    import shutil
+
+    shutil.copy(minilm_path / "vocab.txt", tmp_path / "vocab.txt")
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"})
+    )
+    ref, ours = AutoTokenizer.from_pretrained(str(tmp_path)), PolyTokenizer(tmp_path / "vocab.txt")
+    assert ours.pad_token_id == ref.pad_token_id == 0
+    assert ours.all_special_tokens == ref.all_special_tokens and ours.all_special_ids == ref.all_special_ids
+    assert ours.token_ids("hello [MASK] world")[0] == ref("hello [MASK] world")["input_ids"]

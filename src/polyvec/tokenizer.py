@@ -122,11 +122,17 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
     }
 
 
+_BERT_SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                 "mask_token": "[MASK]"}  # fmt: skip
+
+
 @lru_cache(maxsize=8)
 def special_tokens_map(folder: Path) -> dict[str, str]:
     """bos_token, cls_token, mask_token, ... of the tokenizer in `folder` (tokenizer_config.json's, those of
     special_tokens_map.json first where both name one, as transformers loads them)."""
     config = {**_read_config(folder / "tokenizer_config.json"), **_read_config(folder / "special_tokens_map.json")}
+    if not (folder / "tokenizer.json").is_file() and (folder / "vocab.txt").is_file():
+        config = {**_BERT_SPECIAL, **config}  # a vocab.txt-only tokenizer is BertTokenizer, with its defaults
     tokens = {}
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict):
