@@ -21,20 +21,29 @@ class ChatError(ValueError):
     """A conversation or template that cannot be rendered; the message names the message index."""
 
 
-def find_template(model_dir: Path, tokenizer_dir: Path | None = None, tools: bool = False) -> str | None:
+def find_template(
+    model_dir: Path, tokenizer_dir: Path | None = None, tools: bool = False, name: str | None = None
+) -> str | None:
     """The checkpoint's own template: `chat_template.jinja`, else tokenizer_config.json's `chat_template`
     (a string, or a list of named templates of which "default" is used, or "tool_use" for a request with
-    tools where there is one, as transformers picks)."""
+    tools where there is one, as transformers picks). `name`: that named template only (None or "default":
+    the default one)."""
+    name = None if name == "default" else name
     for folder in dict.fromkeys(d for d in (tokenizer_dir, model_dir) if d is not None):
         jinja = folder / "chat_template.jinja"
-        if jinja.is_file():
+        if jinja.is_file() and name is None:
             return jinja.read_text(encoding="utf-8")
+        if name is not None and (folder / "additional_chat_templates" / f"{name}.jinja").is_file():
+            return (folder / "additional_chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
         config = folder / "tokenizer_config.json"
         if config.is_file():
             value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
             if isinstance(value, list):
                 named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-                value = named.get("tool_use") if tools and "tool_use" in named else named.get("default")
+                pick = name or ("tool_use" if tools and "tool_use" in named else "default")
+                value = named.get(pick)
+            elif name is not None:
+                value = None
             if isinstance(value, str):
                 return value
     return None

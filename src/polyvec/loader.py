@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .chat import find_template
 from .config import (
     Activation,
     BgeM3Spec,
@@ -210,6 +211,47 @@ def _read_router(folder: Path, out: dict[str, Any]) -> None:
 def _read_bge_m3(root: Path) -> BgeM3Spec | None:
     colbert, sparse = root / "colbert_linear.pt", root / "sparse_linear.pt"
     return BgeM3Spec(colbert, sparse) if colbert.is_file() and sparse.is_file() else None
+
+
+def _saved_score_template(root: Path, tokenizer_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """A sentence-transformers (6+) CrossEncoder whose one Transformer module reads `message` inputs: it scores a
+    pair as messages of roles "query" and "document" through the tokenizer's chat template (the saved
+    processing_kwargs name which, and its variables), as vLLM 0.34 reads the same files. (template, variables)."""
+    files = [root / n for n in ("config_sentence_transformers.json", "modules.json", "sentence_bert_config.json")]
+    if not all(f.is_file() for f in files):
+        return None
+    st_model, modules, transformer = (_read_json(f) for f in files)
+    modules = modules.get("modules") if isinstance(modules, dict) else modules
+    modality = transformer.get("modality_config") if isinstance(transformer, dict) else None
+    if not (
+        isinstance(st_model, dict)
+        and st_model.get("model_type") == "CrossEncoder"
+        and isinstance(modules, list)
+        and len(modules) == 1
+        and isinstance(modules[0], dict)
+        and str(modules[0].get("type", "")).rsplit(".", 1)[-1] == "Transformer"
+        and not modules[0].get("path")
+        and transformer.get("transformer_task") == "sequence-classification"
+        and isinstance(modality, dict)
+        and "message" in modality
+    ):
+        return None
+    where = root / "sentence_bert_config.json"
+    kwargs = (transformer.get("processing_kwargs") or {}).get("chat_template") or {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{where}: processing_kwargs.chat_template must be a JSON object")
+    kwargs = {k: v for k, v in kwargs.items() if k != "restore_suffix"}  # the document is cut to fit (scoring)
+    name = kwargs.pop("chat_template", None)
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{where}: the chat template's name must be a string, got {name!r}")
+    if reserved := sorted({"tokenize", "tools"} & kwargs.keys()):
+        raise ValueError(f"{where}: chat template settings not supported: {', '.join(reserved)}")
+    template = find_template(root, tokenizer_dir, name=name)
+    if template is None:
+        raise ValueError(
+            f"{where} declares message inputs, but the checkpoint has no {name or 'default'!r} chat template"
+        )
+    return template, kwargs
 
 
 def tokenizer_max_length(folder: Path) -> int | None:
@@ -586,6 +628,9 @@ def load_model_config(
             sources["dimensions"] = "config_sentence_transformers.json truncate_dim"
             if not matryoshka:
                 hf_config = {**hf_config, "is_matryoshka": True}
+    score_template = _saved_score_template(root, tokenizer_path.parent)
+    if score_template is not None:
+        sources["score_template"] = "sentence_bert_config.json modality_config message"
     from .models.registry import CAUSAL_FAMILIES
 
     return ModelConfig(
@@ -598,6 +643,7 @@ def load_model_config(
         prompts=prompts,
         default_prompt_name=default_prompt,
         truncate_dim=truncate_dim if pooler_config.dimensions is None else None,
+        score_template=score_template,
         pool_prompt=st["include_prompt"],
         path=root,
         hf_config=hf_config,

@@ -526,6 +526,11 @@ class LLM:
         data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
         template = None if chat_template is None else load_template(chat_template)
+        variables: dict[str, Any] = {}
+        if template is None and self.engine.is_cross_encoder and self.model_config.score_template is not None:
+            template, variables = self.model_config.score_template  # the one its sentence-transformers config names
+            # rendered as sentence-transformers renders it: the template writes every token, none added
+            tokenization_kwargs = {"add_special_tokens": False, **(tokenization_kwargs or {})}
         # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
         fits = self.engine.engine_config.truncation == "auto" and truncate_prompt_tokens is None
         fit_to = (tok, self.model_config.max_model_len) if fits and not tokenization_kwargs else None
@@ -540,6 +545,7 @@ class LLM:
                 self.model_config.hf_config,
                 template,
                 special_tokens_map(self.model_config.tokenizer_path.parent),
+                variables,
                 fit_to=fit_to,
             ),
         )

@@ -275,3 +275,42 @@ def test_a_rerank_template_gets_special_tokens_and_its_variables(tmp_path, minil
             body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: "x"}}
             r = httpx.post(url + "/tokenize", json=body, timeout=60)
             assert r.status_code != 500, (name, r.text)
+
+
+def test_a_sentence_transformers_cross_encoder_scores_through_its_saved_template(tmp_path, minilm_path):
+    """sentence-transformers 6 saves a CrossEncoder whose tokenizer has a chat template with `message` inputs:
+    it scores each pair as "query" / "document" messages through that template (its saved variables too), as
+    vLLM 0.34 reads the same files; polyvec scored the plain text pair (silently other scores)."""
+    import json
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    from tests.helpers import save_special_tokenizer
+
+    raw = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path / "raw", minilm_path,
+                          num_labels=1, **TINY)  # fmt: skip
+    save_special_tokenizer(raw, minilm_path, [])  # nothing added around a text: the template writes it all
+    template = "{{ instruction | default('judge') }}: {% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
+    (raw / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "model_max_length": 128}))
+    folder = tmp_path / "st"
+    CrossEncoder(str(raw), device="cpu").save(str(folder))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    assert "message" in config["modality_config"]
+    config["processing_kwargs"] = {"chat_template": {"instruction": "relevant?"}}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    query, docs = "capital of china", ["beijing is the capital of china", "gravity is a force"]
+    want = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in docs]).tolist()
+    llm = LLM(str(folder), dtype="float32")
+    got = llm.score(query, docs, use_tqdm=False)
+    assert [o.outputs.score for o in got] == pytest.approx(want, abs=1e-6)
+    rendered = llm.get_tokenizer().decode(got[0].prompt_token_ids)
+    assert rendered.startswith("relevant? : query capital of china document beijing"), rendered
+    plain = LLM(str(raw), dtype="float32").score(query, docs, use_tqdm=False)
+    assert [o.outputs.score for o in plain] != pytest.approx(want, abs=1e-6)  # the template matters here
+    shutil.rmtree(raw)
+    with in_process_server(llm.engine) as url:
+        ranked = httpx.post(url + "/rerank", json={"query": query, "documents": docs}).json()["results"]
+        assert {r["index"]: r["relevance_score"] for r in ranked} == pytest.approx(dict(enumerate(want)), abs=1e-6)
+        asked = httpx.post(url + "/score", json={"text_1": query, "text_2": docs[0], "instruction": "other"})
+        assert asked.status_code == 200 and asked.json()["data"][0]["score"] != pytest.approx(want[0], abs=1e-7)

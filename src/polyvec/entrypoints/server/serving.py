@@ -85,6 +85,18 @@ class ServerState:
                 self._chat_templates[tools] = find_template(mc.path, mc.tokenizer_path.parent, tools=tools) or ""
         return self._chat_templates[tools] or None
 
+    def score_template(self) -> tuple[str | None, dict[str, Any], bool]:
+        """A cross-encoder's pair template, its saved variables and whether the rendered pair gets the tokenizer's
+        special tokens: --chat-template (yes, as vLLM tokenizes it), else the one its sentence-transformers config
+        declares (as vLLM 0.34 picks it; no, as sentence-transformers renders it), else none: the text pair."""
+        if not self.engine.is_cross_encoder:
+            return None, {}, True
+        if self.config.chat_template is not None:
+            return self.chat_template(), {}, True
+        if self.model_config.score_template is not None:
+            return *self.model_config.score_template, False
+        return None, {}, True
+
     def special_tokens(self) -> dict[str, str]:
         """bos_token, eos_token, ... as the template sees them."""
         return special_tokens_map(self.model_config.tokenizer_path.parent)

@@ -38,19 +38,20 @@ async def score_pairs(
         raise APIError(400, str(exc), list(limits)[exc.side]) from None
     text_1 = cut_side(text_1, limits["max_tokens_per_query"], engine.tokenizer._base)
     text_2 = cut_side(text_2, limits["max_tokens_per_doc"], engine.tokenizer._base)
-    # vLLM renders a cross-encoder's pair through --chat-template only when one is given (its `instruction` a
-    # variable of it, as the Qwen3-Reranker template reads it)
-    template = state.chat_template() if state.config.chat_template is not None and engine.is_cross_encoder else None
+    # vLLM renders a cross-encoder's pair through a chat template only when one is given: --chat-template, else
+    # the one a sentence-transformers CrossEncoder's config declares (its `instruction` a variable of it, as the
+    # Qwen3-Reranker template reads it)
+    template, saved, special = state.score_template()
     for name in ("instruction", "chat_template_kwargs"):  # they would change scores in vLLM; dropped, they would not
         if getattr(req, name) is not None and template is None:
             raise APIError(400, f"'{name}' needs a reranker served with a --chat-template that uses it", name)
-    # vLLM's: `instruction` is chat_template_kwargs' "instruction" unless those name one
-    variables = dict(req.chat_template_kwargs or {})
+    # vLLM's: the request's chat_template_kwargs over the saved ones; `instruction` unless those name one
+    variables = {**saved, **(req.chat_template_kwargs or {})}
     reserved = ("chat_template", "tools", "tokenize", "messages")  # vLLM refuses the first three; the last is ours
     if given := [name for name in reserved if name in variables]:
         raise APIError(400, f"chat_template_kwargs cannot set {', '.join(given)}", "chat_template_kwargs")
-    if req.instruction is not None:
-        variables.setdefault("instruction", req.instruction)
+    if req.instruction is not None and "instruction" not in (req.chat_template_kwargs or {}):
+        variables["instruction"] = req.instruction  # over a saved one: the request's
     try:
         # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
         fits = engine.engine_config.truncation == "auto" and req.truncate_prompt_tokens is None
@@ -94,7 +95,7 @@ async def score_pairs(
         plan.task,
         locate=locate,
         truncation_side=req.truncation_side,
-        add_special_tokens=req.add_special_tokens,
+        add_special_tokens=req.add_special_tokens and (special or plan.task != "classify"),
         padding=req.padding,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)

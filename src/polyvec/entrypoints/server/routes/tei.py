@@ -353,6 +353,7 @@ async def _run(
     field: str = "inputs",
     locate: Callable[[int], tuple[str, str]] | None = None,
     single: bool = False,
+    add_special_tokens: bool = True,
 ) -> list:
     """`run_pooling` with TEI's truncate, truncation_direction and prompt_name (`single`: one input, not a list)."""
     kwargs, long_input = _truncation(options.truncate, options.truncation_direction)
@@ -360,7 +361,10 @@ async def _run(
     if prompt is not None:
         prompts = await state.async_engine.call(_prompted, state.engine, prompts, prompt)
     params = _with_long_input(params, long_input)
-    return await run_pooling(state, raw, prompts, params, task, field=field, locate=locate, single=single, **kwargs)
+    return await run_pooling(
+        state, raw, prompts, params, task, field=field, locate=locate, single=single,
+        add_special_tokens=add_special_tokens, **kwargs,
+    )  # fmt: skip
 
 
 def _headers(state: ServerState, raw: Request, start: float, outputs: list, chars: int) -> dict[str, str]:
@@ -575,11 +579,11 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         _check_batch(state, len(req.texts), "texts")
         engine = state.engine
         try:
-            template = state.chat_template() if state.config.chat_template else None
+            template, saved, special = state.score_template()
             # as /score: a rendered pair over max_model_len has its text cut, not the template's end
             cuts = req.truncate if req.truncate is not None else engine.engine_config.truncation == "auto"
             fit_to = (engine.tokenizer._base, state.model_config.max_model_len) if cuts else None
-            compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), fit_to=fit_to)
+            compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), saved, fit_to)
             plan = await state.async_engine.call(  # in a worker thread: a template renders each pair
                 plan_scores,
                 req.query,
@@ -603,7 +607,10 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
             return ("'query'", "query") if k == 0 else (f"'texts' item {k - 1}", "texts")
 
         base = PoolingParams(use_activation=False) if cross else PoolingParams()  # a cross-encoder's logit
-        outputs = await _run(state, raw, plan.prompts, plan.params(base), plan.task, req, field="texts", locate=locate)
+        outputs = await _run(
+            state, raw, plan.prompts, plan.params(base), plan.task, req, field="texts", locate=locate,
+            add_special_tokens=special or not cross,
+        )  # fmt: skip
         scores = torch.tensor(plan.scores(outputs), dtype=torch.float32)
         if cross and not req.raw_scores:
             scores = torch.sigmoid(scores)
