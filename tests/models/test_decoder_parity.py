@@ -453,3 +453,14 @@ def test_a_mistral_config_without_sliding_window_has_transformers_default():
     assert DecoderArgs.from_hf({**base, "model_type": "llama"}).sliding_window is None
     # vLLM's is_causal false (bidirectional embedders): the whole prompt, not a window nobody asked for
     assert DecoderArgs.from_hf({**base, "model_type": "mistral", "is_causal": False}).sliding_window is None
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+                                  {"rope_type": "dynamic", "factor": 2.0}])  # fmt: skip
+def test_an_unsupported_rope_type_is_refused_at_load(tmp_path, minilm_path, rope):
+    """yarn / dynamic rope loaded, then every forward pass failed (a server healthy, each request a 500)."""
+    from polyvec import LLM
+
+    save_decoder("qwen2", "Model", tmp_path, minilm_path, rope_scaling=rope)
+    with pytest.raises(ValueError, match=f"rope type '{rope['rope_type']}' \\(config.json\\) is not supported"):
+        LLM(str(tmp_path), dtype="float32")

@@ -71,7 +71,10 @@ def rope_inv_freq(args: DecoderArgs, head_dim: int) -> torch.Tensor:
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, blended, scaled).float()
-    raise ValueError(f"rope type {kind!r} is not supported; supported: default, linear, llama3")
+    raise ValueError(f"rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+
+
+ROPE_TYPES = ("default", "mrope", "linear", "llama3")
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -165,6 +168,9 @@ class DecoderModel(nn.Module):
 
     def __init__(self, args: DecoderArgs):
         super().__init__()
+        kind = rope_parameters(args)["rope_type"]
+        if kind not in ROPE_TYPES:  # at load, not in every request's forward pass (a server healthy, all 500s)
+            raise ValueError(f"rope type {kind!r} (config.json) is not supported; supported: {', '.join(ROPE_TYPES)}")
         self.args = args
         self.head_dim = args.head_dim
         self.num_kv_heads = args.num_key_value_heads
