@@ -230,3 +230,17 @@ def test_generation_blocks_render_their_body():
     )
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     assert render(template, conversation) == _transformers(template, conversation) == "<u>hi</u><a>hello</a>"
+
+
+def test_named_templates_of_transformers_5_are_found(tmp_path):
+    """transformers 5 saves named templates in additional_chat_templates/: "tool_use" for a request with tools (the
+    default was used), and a template picked by name."""
+    from polyvec.chat import find_template
+
+    (tmp_path / "chat_template.jinja").write_text("DEFAULT")
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text("TOOLS")
+    (tmp_path / "additional_chat_templates" / "rerank.jinja").write_text("RERANK")
+    assert find_template(tmp_path) == find_template(tmp_path, name="default") == "DEFAULT"
+    assert find_template(tmp_path, tools=True) == "TOOLS"
+    assert find_template(tmp_path, name="rerank") == "RERANK" and find_template(tmp_path, name="other") is None

@@ -30,11 +30,14 @@ def find_template(
     the default one)."""
     name = None if name == "default" else name
     for folder in dict.fromkeys(d for d in (tokenizer_dir, model_dir) if d is not None):
+        # transformers 5 saves named templates beside the default one, "tool_use" picked for tools
+        extra = folder / "additional_chat_templates"
+        pick = name or ("tool_use" if tools and (extra / "tool_use.jinja").is_file() else None)
+        if pick is not None and (extra / f"{pick}.jinja").is_file():
+            return (extra / f"{pick}.jinja").read_text(encoding="utf-8")
         jinja = folder / "chat_template.jinja"
         if jinja.is_file() and name is None:
             return jinja.read_text(encoding="utf-8")
-        if name is not None and (folder / "additional_chat_templates" / f"{name}.jinja").is_file():
-            return (folder / "additional_chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
         config = folder / "tokenizer_config.json"
         if config.is_file():
             value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")

@@ -279,9 +279,10 @@ class ModelConfig:
     """Instruction prompts by name (config_sentence_transformers.json), prepended to text prompts whose
     input_type (query / document) names one."""
     default_prompt_name: str | None = None
-    score_template: tuple[str, dict[str, Any]] | None = None
+    score_template: tuple[str | None, dict[str, Any]] | None = None
     """A sentence-transformers CrossEncoder that scores pairs as "query" / "document" messages: the chat template
-    and its saved variables (used where no chat template is given, as vLLM does)."""
+    (None: the one it names is missing) and its saved variables (used where no chat template is given, as vLLM
+    does)."""
     pool_prompt: bool = True
     """False (the Pooling module's `include_prompt: false`): embed and classify pool only the tokens after the
     instruction prompt, as sentence-transformers does."""

@@ -177,6 +177,7 @@ def pair_composer(
     special_tokens: dict[str, str] | None = None,
     variables: dict[str, Any] | None = None,
     fit_to: tuple[Any, int] | None = None,
+    special_tokens_added: bool = True,
 ) -> Compose | None:
     """How a cross-encoder joins a pair of texts, as vLLM 0.34 does: through a chat template given explicitly
     (`--chat-template`, `LLM.score(chat_template=)`: messages of roles "query" and "document", e.g. the
@@ -184,7 +185,8 @@ def pair_composer(
     recipes set), the two texts joined without a separator; None: the tokenizer's text pair. `fit_to`: a
     `tokenizers.Tokenizer` and the most tokens a prompt may have: a rendered pair longer than that has its
     document cut so that it fits, the template's words after the document kept (cut from the end, they would be
-    lost, and the score read in the middle of the document)."""
+    lost, and the score read in the middle of the document), counted with the special tokens the pair gets
+    (`special_tokens_added`)."""
     if template is not None:
         from .chat import render
 
@@ -210,7 +212,7 @@ def pair_composer(
         def fitted(query: str, document: str) -> str:
             text = rendered(query, document)
             for _ in range(6):  # the document first, then the query; a cut can tokenize a little differently
-                over = len(tokenizer.encode(text).ids) - most
+                over = len(tokenizer.encode(text, add_special_tokens=special_tokens_added).ids) - most
                 if over <= 0:
                     return text
                 doc = len(tokenizer.encode(document, add_special_tokens=False).ids)
@@ -220,7 +222,7 @@ def pair_composer(
                     kept = len(tokenizer.encode(query, add_special_tokens=False).ids) - over
                     query = truncate_text(query, tokenizer, max(kept, 0))
                 text = rendered(query, document)
-            if len(tokenizer.encode(text).ids) > most:
+            if len(tokenizer.encode(text, add_special_tokens=special_tokens_added).ids) > most:
                 raise TemplateTooLong(f"the chat template's own words exceed max_model_len={most}: no pair can fit")
             return text
 

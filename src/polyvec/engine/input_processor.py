@@ -320,6 +320,11 @@ class InputProcessor:
                     pad = self.pad_token_id
                     if pad is None:
                         raise PromptError(i, ": padding='max_length' needs a pad token (the tokenizer has none)")
+                    if pad >= self.id_rows:  # a pad token only the tokenizer's configs declare
+                        raise PromptError(
+                            i, f": padding='max_length' pads with token id {pad}, beyond the model's {self.id_rows} "
+                            "token embeddings",
+                        )  # fmt: skip
                     ids = [*ids, *[pad] * (pad_width - len(ids))]
                     types = None if types is None else [*types, *[0] * (pad_width - len(types))]
             if not ids and not static[i]:  # text the tokenizer drops entirely, without special tokens around it

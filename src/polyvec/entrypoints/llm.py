@@ -26,7 +26,7 @@ from ..engine.engine import Engine, FinishError, Prompt
 from ..engine.factory import create_engine
 from ..engine.input_processor import PromptError
 from ..late_chunking import LateChunkingParams
-from ..loader import DEFAULT_MODEL
+from ..loader import DEFAULT_MODEL, missing_score_template
 from ..multimodal.image import is_image_object
 from ..outputs import (
     ClassificationRequestOutput,
@@ -527,13 +527,17 @@ class LLM:
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
         template = None if chat_template is None else load_template(chat_template)
         variables: dict[str, Any] = {}
-        if template is None and self.engine.is_cross_encoder and self.model_config.score_template is not None:
-            template, variables = self.model_config.score_template  # the one its sentence-transformers config names
-            # rendered as sentence-transformers renders it: the template writes every token, none added
-            tokenization_kwargs = {"add_special_tokens": False, **(tokenization_kwargs or {})}
         # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
         fits = self.engine.engine_config.truncation == "auto" and truncate_prompt_tokens is None
         fit_to = (tok, self.model_config.max_model_len) if fits and not tokenization_kwargs else None
+        special = True
+        if template is None and self.engine.is_cross_encoder and self.model_config.score_template is not None:
+            template, variables = self.model_config.score_template  # the one its sentence-transformers config names
+            if template is None:
+                raise ValueError(missing_score_template(self.model_config))
+            # rendered as sentence-transformers renders it: the template writes every token, none added
+            special = bool((tokenization_kwargs or {}).get("add_special_tokens", False))
+            tokenization_kwargs = {"add_special_tokens": special, **(tokenization_kwargs or {})}
         plan = plan_scores(
             data_1,
             data_2,
@@ -547,6 +551,7 @@ class LLM:
                 special_tokens_map(self.model_config.tokenizer_path.parent),
                 variables,
                 fit_to=fit_to,
+                special_tokens_added=special,
             ),
         )
         try:

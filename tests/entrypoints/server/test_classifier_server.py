@@ -314,3 +314,49 @@ def test_a_sentence_transformers_cross_encoder_scores_through_its_saved_template
         assert {r["index"]: r["relevance_score"] for r in ranked} == pytest.approx(dict(enumerate(want)), abs=1e-6)
         asked = httpx.post(url + "/score", json={"text_1": query, "text_2": docs[0], "instruction": "other"})
         assert asked.status_code == 200 and asked.json()["data"][0]["score"] != pytest.approx(want[0], abs=1e-7)
+
+
+def test_a_saved_template_pair_is_fitted_as_sentence_transformers_tokenizes_it(tmp_path, minilm_path):
+    """A BERT tokenizer (it adds [CLS] / [SEP]) and a template writing its own: a long pair is cut to fit the
+    model with the template's end kept, counted without added special tokens, the same tokens offline and over
+    HTTP as sentence-transformers'; the pair was cut from the end offline, 2 tokens short on the server. A
+    missing saved template refuses scoring only, and --chat-template replaces it."""
+    import json
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    raw = save_tiny_model("BertForSequenceClassification", "BertConfig", tmp_path / "raw", minilm_path,
+                          num_labels=1, **TINY)  # fmt: skip
+    for name in ("vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_path / name, raw / name)
+    template = "[CLS]{% for m in messages %}{{ m.role }}: {{ m.content }}[SEP]{% endfor %}"
+    config = json.loads((minilm_path / "tokenizer_config.json").read_text())
+    (raw / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": template, "model_max_length": 40})
+    )
+    folder = tmp_path / "st"
+    CrossEncoder(str(raw), device="cpu").save(str(folder))
+    query, doc = "capital of china", " ".join(f"word{i} beijing capital" for i in range(40))
+    ce = CrossEncoder(str(folder), device="cpu")
+    want_ids = ce[0].preprocess([(query, doc)])["input_ids"][0].tolist()
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.max_model_len == 40
+    got = llm.score(query, [doc], use_tqdm=False)[0]
+    assert got.prompt_token_ids[-1] == 102 and len(got.prompt_token_ids) == 40
+    assert got.prompt_token_ids == want_ids
+    with in_process_server(llm.engine) as url:
+        r = httpx.post(url + "/score", json={"text_1": query, "text_2": doc}).json()
+        assert r["data"][0]["score"] == pytest.approx(got.outputs.score, abs=1e-6) and r["usage"]["prompt_tokens"] == 40
+
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
+    bare = LLM(str(folder), dtype="float32")
+    assert bare.classify(["a text"], use_tqdm=False)[0].outputs.data.shape == (1,)  # other tasks run
+    with pytest.raises(ValueError, match="declares message inputs, but the checkpoint has no 'default' chat template"):
+        bare.score(query, ["short"], use_tqdm=False)
+    assert bare.score(query, ["short"], use_tqdm=False, chat_template=template)[0].prompt_token_ids[0] == 101
+    with in_process_server(bare.engine) as url:
+        r = httpx.post(url + "/rerank", json={"query": query, "documents": ["short"]})
+        assert r.status_code == 400 and "no 'default' chat template" in r.json()["error"]["message"], r.text

@@ -667,3 +667,9 @@ def test_a_token_beyond_the_models_embeddings_is_refused_by_item(tmp_path, minil
             r = httpx.post(url + "/v1/embeddings", json=body)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         assert httpx.post(url + "/v1/embeddings", json={"input": "hello world"}).status_code == 200
+    # a pad token only the configs declare: padding="max_length" refused by item, not an IndexError
+    padx = _copy_minilm(minilm_path, tmp_path / "padx", pad_token="<PADX>")
+    (padx / "special_tokens_map.json").unlink()
+    padded = LLM(str(padx), dtype="float32", max_model_len=16)
+    with pytest.raises(ValueError, match="prompt 0: padding='max_length' pads with token id 30522, beyond the model's"):
+        padded.embed(["hi"], tokenization_kwargs={"padding": "max_length", "max_length": 16}, use_tqdm=False)

@@ -28,6 +28,7 @@ from ...chat import ChatError, find_template, load_template, render, text_messag
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
+from ...loader import missing_score_template
 from ...multimodal.image import is_remote
 from ...muvera import MuveraParams
 from ...pooling_params import PoolingParams, TaskError
@@ -94,7 +95,10 @@ class ServerState:
         if self.config.chat_template is not None:
             return self.chat_template(), {}, True
         if self.model_config.score_template is not None:
-            return *self.model_config.score_template, False
+            template, variables = self.model_config.score_template
+            if template is None:
+                raise APIError(400, missing_score_template(self.model_config))
+            return template, variables, False
         return None, {}, True
 
     def special_tokens(self) -> dict[str, str]:

@@ -56,7 +56,9 @@ async def score_pairs(
         # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
         fits = engine.engine_config.truncation == "auto" and req.truncate_prompt_tokens is None
         fit_to = (engine.tokenizer._base, state.model_config.max_model_len) if fits else None
-        compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), variables, fit_to)
+        compose = pair_composer(
+            state.model_config.hf_config, template, state.special_tokens(), variables, fit_to, special
+        )
         plan = await state.async_engine.call(  # in a worker thread: a template renders each pair
             plan_scores,
             text_1,

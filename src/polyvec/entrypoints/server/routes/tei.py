@@ -583,7 +583,9 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
             # as /score: a rendered pair over max_model_len has its text cut, not the template's end
             cuts = req.truncate if req.truncate is not None else engine.engine_config.truncation == "auto"
             fit_to = (engine.tokenizer._base, state.model_config.max_model_len) if cuts else None
-            compose = pair_composer(state.model_config.hf_config, template, state.special_tokens(), saved, fit_to)
+            compose = pair_composer(
+                state.model_config.hf_config, template, state.special_tokens(), saved, fit_to, special
+            )
             plan = await state.async_engine.call(  # in a worker thread: a template renders each pair
                 plan_scores,
                 req.query,
