@@ -8,6 +8,7 @@ fallbacks too (tests/platforms).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
@@ -53,8 +54,38 @@ _MMAP_CEILING = 32 << 20
 TRIM_EVERY = 16
 
 
+@functools.lru_cache(maxsize=1)
+def bf16_is_faster() -> bool:
+    """Whether `auto` picks bfloat16: the CPU has AVX512-BF16 or AMX *and* a bfloat16 matmul measures clearly
+    faster than float32 here (some machines report AVX512-BF16 and run bfloat16 at well under float32's
+    speed). A few milliseconds, once per process."""
+    if not cpu_has_native_bf16():
+        return False
+    return bf16_speedup() >= BF16_MIN_SPEEDUP
+
+
+BF16_MIN_SPEEDUP = 1.2  # AMX measures ~3x, Zen 4's AVX512-BF16 ~2x; below this, float32's exactness wins
+
+
+def bf16_speedup() -> float:
+    """float32 time / bfloat16 time of a projection-shaped matmul (512 x 384 @ 384 x 1536), best of 5 each."""
+    import time
+
+    times = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(512, 384, dtype=dtype), torch.randn(384, 1536, dtype=dtype)
+        a @ b  # oneDNN's first call builds its kernel
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        times.append(best)
+    return times[0] / max(times[1], 1e-9)
+
+
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bfloat16 matmuls run at about twice float32 (oneDNN), so `auto` picks bfloat16."""
+    """AVX512-BF16 or AMX in the CPU's flags (bfloat16 matmuls may then run at about twice float32)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
@@ -104,7 +135,7 @@ class CpuPlatform(Platform):
         pass  # prepare_model checks what int8 needs here (dtype, oneDNN, kernels, VNNI)
 
     def default_dtype(self, checkpoint_dtype: str | None, model_type: str | None = None) -> torch.dtype:
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if bf16_is_faster() else torch.float32
 
     def default_max_num_batched_tokens(self, model_config: ModelConfig, quantization: str | None) -> int:
         """The largest power of two (1024..8192) whose widest activation (tokens x max(FFN width, 3 x hidden))
