@@ -170,6 +170,16 @@ class ColQwen2Spec:
 
 
 @dataclass(frozen=True)
+class ScoreTemplate:
+    """The chat template a sentence-transformers CrossEncoder's config names (`sentence_bert_config.json`
+    `processing_kwargs.chat_template`) and the variables saved with it; `template` None: the checkpoint lacks it."""
+
+    name: str
+    template: str | None
+    variables: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LoraSpec:
     """A PEFT LoRA adapter (`path`) on the checkpoint `base_model`, merged into its weights at load time
     (models/lora.py)."""
@@ -279,10 +289,9 @@ class ModelConfig:
     """Instruction prompts by name (config_sentence_transformers.json), prepended to text prompts whose
     input_type (query / document) names one."""
     default_prompt_name: str | None = None
-    score_template: tuple[str | None, dict[str, Any]] | None = None
-    """A sentence-transformers CrossEncoder that scores pairs as "query" / "document" messages: the chat template
-    (None: the one it names is missing) and its saved variables (used where no chat template is given, as vLLM
-    does)."""
+    score_template: ScoreTemplate | None = None
+    """A sentence-transformers CrossEncoder that scores pairs as "query" / "document" messages through a chat
+    template (used where no chat template is given, as vLLM does)."""
     pool_prompt: bool = True
     """False (the Pooling module's `include_prompt: false`): embed and classify pool only the tokens after the
     instruction prompt, as sentence-transformers does."""

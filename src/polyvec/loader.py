@@ -27,6 +27,7 @@ from .config import (
     DenseSpec,
     ModelConfig,
     PoolerConfig,
+    ScoreTemplate,
     SpladeSpec,
 )
 from .models.lora import ADAPTER_CONFIG, has_embedded_adapter, is_adapter, read_adapter_config
@@ -213,10 +214,10 @@ def _read_bge_m3(root: Path) -> BgeM3Spec | None:
     return BgeM3Spec(colbert, sparse) if colbert.is_file() and sparse.is_file() else None
 
 
-def _saved_score_template(root: Path, tokenizer_dir: Path) -> tuple[str | None, dict[str, Any]] | None:
+def _saved_score_template(root: Path, tokenizer_dir: Path) -> ScoreTemplate | None:
     """A sentence-transformers (6+) CrossEncoder whose one Transformer module reads `message` inputs: it scores a
     pair as messages of roles "query" and "document" through the tokenizer's chat template (the saved
-    processing_kwargs name which, and its variables), as vLLM 0.34 reads the same files. (template, variables)."""
+    processing_kwargs name which, and its variables), as vLLM 0.34 reads the same files."""
     files = [root / n for n in ("config_sentence_transformers.json", "modules.json", "sentence_bert_config.json")]
     if not all(f.is_file() for f in files):
         return None
@@ -247,21 +248,7 @@ def _saved_score_template(root: Path, tokenizer_dir: Path) -> tuple[str | None, 
     if reserved := sorted({"tokenize", "tools"} & kwargs.keys()):
         raise ValueError(f"{where}: chat template settings not supported: {', '.join(reserved)}")
     # none found: scoring is refused unless a chat template is given (vLLM's), other tasks run
-    template = find_template(root, tokenizer_dir, name=name)
-    return template, {**kwargs, _TEMPLATE_NAME: name or "default"} if template is None else kwargs
-
-
-_TEMPLATE_NAME = "\0name"  # where a missing saved template's name is kept, for missing_score_template
-
-
-def missing_score_template(model_config: Any) -> str:
-    """Why scoring is refused: the saved template a sentence-transformers CrossEncoder names is not there."""
-    saved: dict[str, Any] = model_config.score_template[1] if model_config.score_template else {}
-    name = saved.get(_TEMPLATE_NAME, "default")
-    return (
-        f"{model_config.path / 'sentence_bert_config.json'} declares message inputs, but the checkpoint has no "
-        f"{name!r} chat template: give one (--chat-template, LLM.score(chat_template=))"
-    )
+    return ScoreTemplate(name or "default", find_template(root, tokenizer_dir, name=name), kwargs)
 
 
 def tokenizer_max_length(folder: Path) -> int | None:

@@ -171,6 +171,22 @@ Compose = Callable[[str, str], str]
 """A cross-encoder's one text for a (query, document) pair of texts, where it is not the tokenizer's text pair."""
 
 
+def pair_template(model_config: Any, cross_encoder: bool, given: str | None) -> tuple[str | None, dict[str, Any], bool]:
+    """A cross-encoder's pair template, its saved variables and whether the rendered pair gets the tokenizer's
+    special tokens: the one given (--chat-template, LLM.score(chat_template=); yes, as vLLM tokenizes it), else
+    the one a sentence-transformers CrossEncoder's config names (no, as sentence-transformers renders it; a
+    ValueError where the checkpoint lacks it), else none (the text pair)."""
+    saved = model_config.score_template
+    if not cross_encoder or given is not None or saved is None:
+        return (given if cross_encoder else None), {}, True
+    if saved.template is None:
+        raise ValueError(
+            f"{model_config.path / 'sentence_bert_config.json'} declares message inputs, but the checkpoint has no "
+            f"{saved.name!r} chat template: give one (--chat-template, LLM.score(chat_template=))"
+        )
+    return saved.template, dict(saved.variables), False
+
+
 def pair_composer(
     hf_config: dict[str, Any],
     template: str | None,

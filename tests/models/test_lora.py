@@ -121,7 +121,7 @@ def test_text_adapter_rslora_and_modules_to_save(tmp_path, minilm_path):
 def test_an_adapter_beside_a_whole_model_is_merged_into_it(tmp_path, minilm_path):
     """PEFT's save_pretrained into a model's own folder (config.json and weights beside adapter_config.json):
     transformers and sentence-transformers load the local weights, then the adapter; polyvec loaded the weights
-    alone (cosine 0.88 to sentence-transformers, silently). The adapter's base_model_name_or_path is not read."""
+    alone (other vectors, silently). The adapter's base_model_name_or_path is not read."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 

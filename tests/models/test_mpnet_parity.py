@@ -36,7 +36,7 @@ def test_mpnet_embed_and_token_embed_match_sentence_transformers(cranfield_texts
 
 def test_positions_of_mpnet_ignore_its_pad_token_id(tmp_path, minilm_path):
     """transformers' MPNet numbers positions from a fixed padding_idx of 1 whatever config.json's pad_token_id
-    says; polyvec took pad_token_id + 1 (0.05 off per token with pad 0) and allowed one token more."""
+    says; polyvec took pad_token_id + 1 (other vectors with pad 0) and allowed one token more."""
     import transformers
 
     from polyvec import PoolingParams

@@ -62,6 +62,7 @@ class InputProcessor:
         )
         # token ids the model has embeddings for (config.json's vocab_size; a tokenizer may declare tokens beyond)
         self.id_rows = int(model_config.hf_config.get("vocab_size") or tokenizer.vocab_size)
+        self._tokens_past_rows = tokenizer.vocab_size > self.id_rows  # then a text's ids are checked
         if model_config.bge_m3 is not None:  # its sparse head: pooled, or per token as vLLM serves it
             self.supported_tasks += ("embed_sparse", "token_classify")
         if model_config.splade_embed is not None:  # vLLM's SPLADE: embed is the sparse vector (its own task)
@@ -245,7 +246,6 @@ class InputProcessor:
                 else:
                     raise PromptError(i, " is a dict without 'prompt' or 'prompt_token_ids'")
             if isinstance(prompt, str) or _is_text_pair(prompt):
-                _check_unicode(i, cast("str | tuple[str, str]", prompt))
                 # Text pairs (query, document) are encoded as one sequence with segment ids: cross-encoders.
                 tokenized[i] = self._with_prompt(prompt, p) if isinstance(prompt, str) else tuple(prompt)
                 if isinstance(prompt, str) and tokenized[i] != prompt and not self.model_config.pool_prompt:
@@ -284,16 +284,21 @@ class InputProcessor:
                     truncation_side=side,
                     lower_case=do_lower_case,
                 )
+            except TypeError:  # tokenizers refuses a str it cannot encode (a lone surrogate): name the prompt
+                for i in members:
+                    _check_unicode(i, tokenized[i])
+                raise
             except PromptTooLongError as exc:
                 error = _too_long(members[exc.index], exc.num_tokens, max_len, exc.at_least)
                 error.over_windows = over_windows[members[exc.index]]
                 raise error from None
             for i, enc in zip(members, encoded):
                 tokenized[i] = (enc.input_ids, enc.token_type_ids, enc.num_input_tokens)
-            if self.tokenizer.vocab_size > self.id_rows:  # a token only the tokenizer's configs declare
+            if self._tokens_past_rows:  # a token only the tokenizer's configs declare
                 for i in members:
-                    beyond = next((t for t in tokenized[i][0] if t >= self.id_rows), None)
-                    if beyond is not None:
+                    ids = tokenized[i][0]
+                    if ids and max(ids) >= self.id_rows:
+                        beyond = next(t for t in ids if t >= self.id_rows)
                         token = self.tokenizer.id_to_token(beyond)
                         raise PromptError(
                             i,

@@ -26,7 +26,7 @@ from ..engine.engine import Engine, FinishError, Prompt
 from ..engine.factory import create_engine
 from ..engine.input_processor import PromptError
 from ..late_chunking import LateChunkingParams
-from ..loader import DEFAULT_MODEL, missing_score_template
+from ..loader import DEFAULT_MODEL
 from ..multimodal.image import is_image_object
 from ..outputs import (
     ClassificationRequestOutput,
@@ -39,7 +39,7 @@ from ..outputs import (
 )
 from ..platforms import KernelOptions
 from ..pooling_params import PoolingParams
-from ..scoring import SideError, check_token_limits, cut_side, pair_composer, plan_scores
+from ..scoring import SideError, check_token_limits, cut_side, pair_composer, pair_template, plan_scores
 from ..tokenizer import special_tokens_map
 from . import vllm_compat
 
@@ -525,17 +525,12 @@ class LLM:
         tok = self.engine.tokenizer._base
         data_1 = cut_side(data_1, limits["max_tokens_per_query"], tok)
         data_2 = cut_side(data_2, limits["max_tokens_per_doc"], tok)
-        template = None if chat_template is None else load_template(chat_template)
-        variables: dict[str, Any] = {}
+        given = None if chat_template is None else load_template(chat_template)
+        template, variables, special = pair_template(self.model_config, self.engine.is_cross_encoder, given)
         # a rendered pair over max_model_len has its document cut, not the template's end (where truncation applies)
         fits = self.engine.engine_config.truncation == "auto" and truncate_prompt_tokens is None
         fit_to = (tok, self.model_config.max_model_len) if fits and not tokenization_kwargs else None
-        special = True
-        if template is None and self.engine.is_cross_encoder and self.model_config.score_template is not None:
-            template, variables = self.model_config.score_template  # the one its sentence-transformers config names
-            if template is None:
-                raise ValueError(missing_score_template(self.model_config))
-            # rendered as sentence-transformers renders it: the template writes every token, none added
+        if not special:  # a saved template writes every token: none added unless the call asks
             special = bool((tokenization_kwargs or {}).get("add_special_tokens", False))
             tokenization_kwargs = {"add_special_tokens": special, **(tokenization_kwargs or {})}
         plan = plan_scores(
@@ -599,8 +594,14 @@ def _tokenization_options(
         options["truncation_side"] = kwargs["truncation_side"]
     if kwargs.get("do_lower_case") is not None:  # vLLM's renderer lowercases texts (the model's setting else)
         options["do_lower_case"] = bool(kwargs["do_lower_case"])
-    used = {"truncation", "max_length", "truncate_prompt_tokens", "add_special_tokens", "truncation_side"}
-    used.add("do_lower_case")
+    used = {
+        "truncation",
+        "max_length",
+        "truncate_prompt_tokens",
+        "add_special_tokens",
+        "truncation_side",
+        "do_lower_case",
+    }
     if kwargs.get("padding") in ("max_length", "do_not_pad", False, None):  # vLLM's; other values warned of
         options["padding"] = kwargs.get("padding")
         used.add("padding")

@@ -265,6 +265,9 @@ _POOLING_PATHS = frozenset(
 """POST routes of pooling requests (not /tokenize, /detokenize, /decode): TEI's request counts are theirs."""
 
 
+_NUMBERS = (int, float)  # what JSON numbers parse to
+
+
 def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, int, bool] | None:
     """(field, count, whether of token ids) of a top-level list of prompts longer than `limit`, or one whose token
     ids (a flat list of ints is one prompt of them) number more than `most_ids` (0: no limit). None for anything
@@ -283,17 +286,17 @@ def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, in
         if not isinstance(items, list):
             continue
         # a flat list of numbers is one prompt of token ids (an id beyond 64 bits, or 1.0, is refused later by name)
-        flat = all(_is_number(x) for x in items)
+        flat = all(type(x) in _NUMBERS for x in items)
         if len(items) > limit and not flat:
             return name, len(items), False
-        ids = len(items) if flat else sum(len(x) for x in items if type(x) is list and all(_is_number(t) for t in x))
+        ids = (
+            len(items)
+            if flat
+            else sum(len(x) for x in items if type(x) is list and all(type(t) in _NUMBERS for t in x))
+        )
         if most_ids and ids > most_ids:
             return name, ids, True
     return None
-
-
-def _is_number(x: object) -> bool:
-    return type(x) is int or type(x) is float
 
 
 def _headers_only(send: Send) -> Send:

@@ -28,10 +28,10 @@ from ...chat import ChatError, find_template, load_template, render, text_messag
 from ...config import ModelConfig
 from ...engine.engine import Engine
 from ...engine.input_processor import PromptError
-from ...loader import missing_score_template
 from ...multimodal.image import is_remote
 from ...muvera import MuveraParams
 from ...pooling_params import PoolingParams, TaskError
+from ...scoring import pair_template
 from ...tokenizer import special_tokens_map
 from . import protocol as P
 from .async_engine import AsyncEngine
@@ -87,19 +87,13 @@ class ServerState:
         return self._chat_templates[tools] or None
 
     def score_template(self) -> tuple[str | None, dict[str, Any], bool]:
-        """A cross-encoder's pair template, its saved variables and whether the rendered pair gets the tokenizer's
-        special tokens: --chat-template (yes, as vLLM tokenizes it), else the one its sentence-transformers config
-        declares (as vLLM 0.34 picks it; no, as sentence-transformers renders it), else none: the text pair."""
-        if not self.engine.is_cross_encoder:
-            return None, {}, True
-        if self.config.chat_template is not None:
-            return self.chat_template(), {}, True
-        if self.model_config.score_template is not None:
-            template, variables = self.model_config.score_template
-            if template is None:
-                raise APIError(400, missing_score_template(self.model_config))
-            return template, variables, False
-        return None, {}, True
+        """A cross-encoder's pair template, its variables and whether the pair gets special tokens (see
+        scoring.pair_template); a 400 where the template a CrossEncoder's config names is missing."""
+        given = self.chat_template() if self.config.chat_template is not None else None
+        try:
+            return pair_template(self.model_config, self.engine.is_cross_encoder, given)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
 
     def special_tokens(self) -> dict[str, str]:
         """bos_token, eos_token, ... as the template sees them."""
