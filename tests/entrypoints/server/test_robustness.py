@@ -4,6 +4,7 @@ the statuses the server really sends."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import socket
@@ -142,14 +143,18 @@ def _post_while_probing(server, path: str, **request) -> tuple[httpx.Response, l
     result: dict[str, httpx.Response] = {}
     worker = threading.Thread(target=lambda: result.update(r=httpx.post(server.url + path, timeout=120, **request)))
     latencies = []
-    with httpx.Client(base_url=server.url, timeout=30) as probe:
-        probe.get("/health")  # connect before measuring
-        worker.start()
-        while worker.is_alive():
-            start = time.perf_counter()
-            assert probe.get("/health").status_code == 200
-            latencies.append(time.perf_counter() - start)
-            time.sleep(0.005)
+    gc.disable()  # this process's collector (a full suite's heap) is not the server's latency
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as probe:
+            probe.get("/health")  # connect before measuring
+            worker.start()
+            while worker.is_alive():
+                start = time.perf_counter()
+                assert probe.get("/health").status_code == 200
+                latencies.append(time.perf_counter() - start)
+                time.sleep(0.005)
+    finally:
+        gc.enable()
     worker.join()
     return result["r"], latencies
 
