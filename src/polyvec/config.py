@@ -442,6 +442,7 @@ def resolve_dtype(dtype: str | torch.dtype, platform: Platform, hf_config: dict[
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+        platform.check_dtype(dtype)
         return dtype
     if dtype == "auto":
         cfg = hf_config or {}
@@ -449,4 +450,5 @@ def resolve_dtype(dtype: str | torch.dtype, platform: Platform, hf_config: dict[
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    platform.check_dtype(DTYPES[dtype])
     return DTYPES[dtype]

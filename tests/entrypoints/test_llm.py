@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from typing import Any
@@ -263,6 +264,36 @@ def test_auto_dtype_is_bfloat16_where_the_cpu_runs_it_faster(minilm_path, monkey
         monkeypatch.setattr(cpu, "bf16_speedup", lambda speedup=speedup: speedup)
         assert resolve_dtype("auto", get_platform(torch.device("cpu"))) == want, (flags, speedup)
     cpu.bf16_is_faster.cache_clear()
+
+
+def test_a_chosen_bfloat16_slower_than_float32_is_said(monkeypatch, caplog):
+    """dtype bfloat16 asked for where this CPU runs it slower than float32 (a Xeon with AVX512-BF16 and no AMX:
+    about half the speed) is kept, with a warning that says so; float32, auto and a faster bfloat16 say nothing."""
+    from polyvec.config import resolve_dtype
+    from polyvec.platforms import cpu, get_platform
+
+    platform = get_platform(torch.device("cpu"))
+    try:
+        for flags, speedup, dtype, warned in (
+            (True, 0.6, "bfloat16", True),
+            (False, 3.0, torch.bfloat16, True),
+            (True, 0.6, "float32", False),
+            (True, 0.6, "auto", False),
+            (True, 2.0, "bfloat16", False),
+        ):
+            cpu.bf16_is_faster.cache_clear()
+            monkeypatch.setattr(cpu, "cpu_has_native_bf16", lambda flags=flags: flags)
+            monkeypatch.setattr(cpu, "bf16_speedup", lambda speedup=speedup: speedup)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="polyvec.platforms.cpu"):
+                chosen = resolve_dtype(dtype, platform)
+            assert chosen == (torch.float32 if dtype in ("float32", "auto") else torch.bfloat16)
+            said = [r.getMessage() for r in caplog.records if "not faster than float32" in r.getMessage()]
+            assert bool(said) == warned, (flags, speedup, dtype, said)
+            if said:
+                assert ("no AVX512-BF16 or AMX" in said[0]) == (not flags), said
+    finally:
+        cpu.bf16_is_faster.cache_clear()
 
 
 def test_bfloat16_stays_within_0999_of_float32(minilm_path, minilm_llm, cranfield_texts):

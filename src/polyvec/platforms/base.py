@@ -51,6 +51,9 @@ class Platform:
         """The dtype `dtype="auto"` means here, for a checkpoint saved in `checkpoint_dtype`."""
         return torch.float32
 
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """Say (a warning) when a dtype the user chose runs slower here than the one `auto` would pick."""
+
     def verify_quantization(self, quantization: str | None) -> None:
         """Refuse a quantization this device cannot run, before the model is read."""
         if quantization is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
@@ -28,6 +29,8 @@ from ..layers.linear import (
     pack_linear,
 )
 from .base import KernelOptions, Platform
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -130,6 +133,14 @@ class CpuPlatform(Platform):
 
     def native_kernels(self) -> bool:
         return self.options.native and kernels.load()
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype == torch.bfloat16 and not bf16_is_faster():
+            logger.warning(
+                "dtype bfloat16 on this CPU: its bfloat16 matmuls are not faster than float32's (%s); dtype auto "
+                "(float32 here) runs faster",
+                "measured" if cpu_has_native_bf16() else "no AVX512-BF16 or AMX",
+            )
 
     def verify_quantization(self, quantization: str | None) -> None:
         pass  # prepare_model checks what int8 needs here (dtype, oneDNN, kernels, VNNI)
