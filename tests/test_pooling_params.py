@@ -27,7 +27,7 @@ def test_defaults_resolve_task_and_activation(cfg):
 
 
 def test_unsupported_task_lists_supported(cfg):
-    with pytest.raises(ValueError, match=r"task='classify' is not supported .* it supports: embed, token_embed"):
+    with pytest.raises(ValueError, match=r"Unsupported task: 'classify' is not .* it supports: embed, token_embed"):
         verify(PoolingParams(), "classify", cfg)
 
 
@@ -44,7 +44,15 @@ def test_removed_tasks_in_vllms_words(cfg):
     with pytest.raises(ValueError, match="^`encode` task was removed; use `token_embed` or `token_classify` instead.$"):
         verify(PoolingParams(), "encode", cfg)
     with pytest.raises(ValueError, match="^`score` task was removed; use `classify` instead.$"):
-        verify(PoolingParams(task="score"), None, cfg)
+        verify(PoolingParams(), "score", cfg)
+    # refused when built, as vLLM's PoolingParams and PoolerConfig refuse them, not when first used
+    for task, message in (("score", "`score` task was removed"), ("encode", "`encode` task was removed")):
+        with pytest.raises(ValueError, match=message):
+            PoolingParams(task=task)
+    for value in (False, True, None):
+        with pytest.raises(ValueError, match="^Parameter `normalize` was removed; use `use_activation` instead.$"):
+            PoolerConfig(normalize=value)  # type: ignore[call-arg]
+    assert PoolerConfig(task="embed").to_dict() == {"task": "embed"}
 
 
 def test_vllms_internal_fields_are_accepted(cfg, minilm_llm):

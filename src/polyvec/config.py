@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +38,9 @@ Quantization = Literal["int8"]
 
 # Activations a checkpoint may name (sentence-transformers `activation_fn` / Dense `activation_function`).
 Activation = Literal["identity", "tanh", "relu", "gelu", "sigmoid", "softmax"]
+
+
+_REMOVED = object()  # the default of a removed keyword argument: giving it at all is refused
 
 
 @dataclass
@@ -75,8 +78,12 @@ class PoolerConfig:
     """STEP pooling: only these output columns are returned."""
     enable_flash_late_interaction: bool | None = None
     """vLLM's choice of a Triton MaxSim kernel: accepted, no effect (MaxSim here is the reference's)."""
+    normalize: InitVar[object] = _REMOVED
+    """Removed in vLLM: refused with a pointer to `use_activation`, as vLLM refuses it (not a field)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, normalize: object = _REMOVED) -> None:
+        if normalize is not _REMOVED:
+            raise ValueError("Parameter `normalize` was removed; use `use_activation` instead.")
         if self.task is not None and self.task not in POOLING_TASKS:
             removed = {"score": "classify", "encode": "token_embed or token_classify"}
             if self.task in removed:

@@ -111,6 +111,10 @@ class PoolingParams:
 
     SPARSE_OPTIONS: ClassVar[tuple[str, ...]] = ("sparse_top_k", "sparse_threshold", "return_tokens")
 
+    def __post_init__(self) -> None:
+        if isinstance(self.task, str) and self.task in REMOVED_TASKS:  # refused when built, as vLLM does
+            raise TaskError(REMOVED_TASKS[self.task])
+
     def sparse_options(self) -> list[str]:
         """The embed_sparse options given, by name (each applies to that task only)."""
         return [n for n in self.SPARSE_OPTIONS if getattr(self, n) is not None and getattr(self, n) is not False]
@@ -128,7 +132,7 @@ class PoolingParams:
             raise TaskError(f"task={task!r} is not a pooling task; allowed: {', '.join(POOLING_TASKS)}")
         if task not in supported_tasks:
             raise TaskError(
-                f"Unsupported task: task={task!r} is not supported by this model ({model_config.architecture}); "
+                f"Unsupported task: {task!r} is not supported by this model ({model_config.architecture}); "
                 f"it supports: {', '.join(supported_tasks)}"
             )
         if self.softmax is not None:
@@ -259,7 +263,7 @@ class PoolingParams:
             declared = model_config.prompts  # a prompt the model names (sentence-transformers' prompt_name)
             if input_type not in INPUT_TYPES and input_type not in declared:
                 allowed = ", ".join([*INPUT_TYPES, *(n for n in declared if n not in INPUT_TYPES)])
-                raise ValueError(f"input_type={input_type!r} is not valid; allowed: {allowed}")
+                raise ValueError(f"Unsupported input_type {input_type!r}; allowed: {allowed}")
             # a prompt the model declares by that name is its own (vLLM's task instructions); else Cohere's names are
             # the modes they mean (a ColBERT model's modes are query and document whatever it declares)
             if input_type not in declared or model_config.colbert is not None:

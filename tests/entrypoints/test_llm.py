@@ -116,7 +116,7 @@ def test_token_prompts_carry_their_segments(minilm_llm):
 
 
 def test_unsupported_task_names_supported_ones(minilm_llm):
-    with pytest.raises(ValueError, match=r"task='classify' is not supported .*it supports: embed, token_embed"):
+    with pytest.raises(ValueError, match=r"Unsupported task: 'classify' is not .*it supports: embed, token_embed"):
         minilm_llm.classify(QUERY, use_tqdm=False)
     with pytest.raises(ValueError, match="it supports: embed, token_embed"):
         minilm_llm.token_classify(QUERY, use_tqdm=False)

@@ -327,7 +327,7 @@ def test_late_chunking_pools_spans_of_the_whole_document(minilm_llm, cranfield_t
 
 def test_error_messages_carry_vllms_key_words(minilm_path, minilm_llm):
     """What vLLM users' code and tests match on, beside polyvec's own wording."""
-    with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
+    with pytest.raises(ValueError, match="Unsupported task: 'classify'"):
         minilm_llm.classify(QUERY, use_tqdm=False)
     with pytest.raises(ValueError, match="token id 99999 is out of vocabulary"):
         minilm_llm.embed([[101, 99999, 102]], use_tqdm=False)

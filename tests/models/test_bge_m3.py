@@ -164,7 +164,7 @@ def test_options_of_some_tasks_leave_the_others_alone(m3_folder):
         llm.encode(TEXTS, PoolingParams(dimensions=32), pooling_task=["embed_sparse", "token_classify"], use_tqdm=False)
     with pytest.raises(ValueError, match="activation is only valid for the classify, token_classify tasks"):
         llm.encode(TEXTS, PoolingParams(activation=False), pooling_task=["embed", "token_embed"], use_tqdm=False)
-    with pytest.raises(ValueError, match="Unsupported task: task='classify'"):
+    with pytest.raises(ValueError, match="Unsupported task: 'classify'"):
         llm.encode(TEXTS, pooling_task=["embed", "classify"], use_tqdm=False)
 
 

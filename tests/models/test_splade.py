@@ -106,7 +106,7 @@ def test_pruning_and_tokens(splade_llm, cranfield_texts):
 
 
 def test_dense_models_do_not_have_it(minilm_llm):
-    with pytest.raises(ValueError, match="Unsupported task: task='embed_sparse'"):
+    with pytest.raises(ValueError, match="Unsupported task: 'embed_sparse'"):
         minilm_llm.embed_sparse("x", use_tqdm=False)
 
 

@@ -163,6 +163,10 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"field {where} is required", param
     if kind in _JSON_TYPES:
         return f"invalid value for field {where}: it must be {_JSON_TYPES[kind]}", param
+    given = first.get("input")
+    if kind in ("literal_error", "enum") and isinstance(given, (str, int, float)) and not isinstance(given, bool):
+        # the value the client sent, as vLLM's messages repeat it (a typo is then visible in the log line)
+        return f"invalid value {json.dumps(given)[:100]} for field {where}: {first.get('msg', 'invalid value')}", param
     return f"invalid value for field {where}: {first.get('msg', 'invalid value')}", param
 
 

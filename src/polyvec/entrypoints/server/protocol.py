@@ -65,7 +65,7 @@ def _check_token(value: Any, where: str, field: str) -> None:
         what = "a number with a fraction or exponent" if isinstance(value, float) else json_type(value)
         _refuse(f"{where} is {what}, not a token id (a non-negative integer)", field)
     if value < 0:
-        _refuse(f"{where} is negative; token ids are non-negative integers", field)
+        _refuse(f"{where} is negative, out of vocabulary; token ids are non-negative integers", field)
 
 
 def _diagnose(value: Any, field: str, kind: str) -> None:
