@@ -425,11 +425,16 @@ class EngineConfig:
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dev = torch.device(self.device)
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError):  # torch's words for a string it cannot read ("gpu", "cuda:x")
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but torch sees no CUDA device")
-        if dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={self.device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
         return dev
 
 

@@ -276,6 +276,18 @@ def test_encode_dataset_checks_its_arguments_when_called(cluster):
     assert LLM_ARGS == set(inspect.signature(LLM.__init__).parameters) - {"self", "model", "kwargs"}
 
 
+def test_actors_without_gpus_run_cpu_engines():
+    """An actor that reserves no GPU still sees every GPU of its node (Ray leaves CUDA_VISIBLE_DEVICES alone at
+    num_gpus=0): device "auto" would have loaded the model onto GPU 0, which Ray never gave it."""
+    from polyvec.integrations import engine_device
+
+    assert engine_device({"dtype": "float32"}, 0) == {"dtype": "float32", "device": "cpu"}
+    assert engine_device({"device": "auto"}, 0) == {"device": "cpu"}
+    assert engine_device({"device": "auto"}, 1) == {"device": "auto"}
+    assert engine_device({}, 0.5) == {}
+    assert engine_device({"device": "cuda:1"}, 0) == {"device": "cuda:1"}
+
+
 @pytest.mark.parametrize("first_stage", ["muvera", "dense", "sparse"])
 def test_index_dataset_equals_a_local_build(cluster, tmp_path, minilm_path, minilm_llm, first_stage):
     from polyvec.index import Index

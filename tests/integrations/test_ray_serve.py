@@ -193,7 +193,11 @@ def test_build_reads_serve_run_arguments(minilm_path):
     d = build({**args, "max_model_len": "128", "enable_prefix_caching": "false"})._bound_deployment
     assert d.num_replicas == 2 and d.ray_actor_options["num_cpus"] == 1
     want = {"dtype": "float32", "max_model_len": 128, "enable_prefix_caching": False, "num_threads": 1}
-    assert d.init_args[1] == want
+    assert d.init_args[1] == {**want, "device": "cpu"}  # Ray leaves a replica with no GPU every GPU visible
+    gpu = deployment("m", num_gpus=1, engine_options={"dtype": "float32"})._bound_deployment
+    assert gpu.init_args[1] == {"dtype": "float32"} and gpu.ray_actor_options["num_gpus"] == 1
+    chosen = deployment("m", threads_per_replica=1, engine_options={"device": "cuda:1"})._bound_deployment
+    assert chosen.init_args[1]["device"] == "cuda:1"
     auto = build({"model": "m", "min_replicas": "1", "max_replicas": "4"})._bound_deployment
     assert auto._deployment_config.autoscaling_config.max_replicas == 4
     with pytest.raises(ValueError, match="do not fit"):  # the cluster has two nodes of one CPU

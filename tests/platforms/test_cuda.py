@@ -1,4 +1,4 @@
-"""The CUDA platform's choices (no prepacking, SDPA over a padded grid, no buckets, bf16 default, no int8),
+"""The CUDA platform's choices (no prepacking, SDPA over a padded grid, no buckets, vLLM's auto dtype, no int8),
 run here on a CPU device: the same code a GPU runs, less the device."""
 
 from __future__ import annotations
@@ -113,3 +113,19 @@ class _Lambda(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
+
+
+def test_a_device_torch_cannot_give_is_a_value_error(monkeypatch):
+    """A GPU index past the machine's (a bare AssertionError from torch, a traceback from the CLI) or a device
+    string torch cannot read (a RuntimeError) is a ValueError naming the device, as the CLI reports them."""
+    from polyvec.config import EngineConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert EngineConfig(device="cuda:0").resolve_device() == torch.device("cuda:0")
+    assert EngineConfig(device="cuda").resolve_device() == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"device='cuda:1': torch sees 1 CUDA device\(s\)"):
+        EngineConfig(device="cuda:1").resolve_device()
+    for bad in ("gpu", "cuda:x", "mps"):
+        with pytest.raises(ValueError, match=f"device must be auto, cpu, cuda or cuda:N, got '{bad}'"):
+            EngineConfig(device=bad).resolve_device()

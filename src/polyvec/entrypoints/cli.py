@@ -801,7 +801,8 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool) -> None:
         p,
         "--dtype",
         "auto",
-        "auto: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32 (half = float16, float = float32)",
+        "auto: bfloat16 on CPUs where it runs faster than float32, else float32; on CUDA vLLM's rule (float16, "
+        "bfloat16 checkpoints in bfloat16 from compute capability 8.0) (half = float16, float = float32)",
         choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
     )
     _flag(p, "--tokenizer", help="folder or hub id to read the tokenizer from (default: the model's)")

@@ -69,9 +69,10 @@ class LLM:
 
     Args:
         model: local folder, Hugging Face cache entry, or hub id resolved offline.
-        dtype: "auto" (bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32), "float32",
+        dtype: "auto" (on CPU bfloat16 where its matmuls run faster than float32's, else float32; on CUDA
+            vLLM's rule: float16, bfloat16 checkpoints in bfloat16 on compute capability 8.0+), "float32",
             "bfloat16" or "float16".
-        device: "auto", "cpu" or "cuda".
+        device: "auto", "cpu", "cuda" or "cuda:N".
         max_model_len: longest input in tokens (default: sentence-transformers max_seq_length, else the
             model's position limit).
         max_num_batched_tokens: token budget of one forward pass.

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
 from ..eval import document_text, row_id, row_text
+from . import engine_device
 
 __all__ = [
     "ROW_BATCH_SIZE",
@@ -207,6 +208,7 @@ def encode_dataset(
     if rows not in ROWS:
         raise ValueError(f"rows must be one of {', '.join(ROWS)}, not {rows!r}")
     _check_llm_kwargs(llm_kwargs)  # here, not in each actor once the job runs
+    llm_kwargs = engine_device(llm_kwargs, num_gpus)
     actors, threads, reserve = plan_pool(actors, threads_per_actor, num_gpus)
     return ds.map_batches(
         PolyvecEncoder,

@@ -29,6 +29,7 @@ from ray import serve
 from ..config import PoolerConfig
 from ..engine.factory import create_engine
 from ..entrypoints.server.app import ServerConfig, build_app
+from . import engine_device
 
 DEFAULT_TARGET_ONGOING_REQUESTS = 32
 """Autoscaling target: requests in progress per replica (enough to fill an engine's batches on CPU)."""
@@ -74,7 +75,7 @@ def deployment(
     `upscale_delay_s`). `engine_options` are `create_engine`'s keyword arguments,
     `server_options` `ServerConfig`'s. Each replica reserves `threads_per_replica` CPUs (default: all of this
     node's CPUs divided among the replicas, at least one) and uses as many threads."""
-    engine_options = dict(engine_options or {})
+    engine_options = engine_device(dict(engine_options or {}), num_gpus)
     # Serve sends X-Request-Id with every response itself: a second one from the app would repeat it
     server_options = {**(server_options or {}), "request_id_headers": False}
     server_options.setdefault("served_model_names", [model])

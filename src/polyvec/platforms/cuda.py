@@ -1,4 +1,4 @@
-"""CUDA: what PyTorch offers (cuBLAS projections, SDPA attention over a padded grid), bf16 by default.
+"""CUDA: what PyTorch offers (cuBLAS projections, SDPA attention over a padded grid), vLLM's dtype rule.
 
 Written to the same interface as the CPU platform, so a GPU run exercises exactly this file; its choices are
 tested on CPU by running a model through this platform on a CPU device (tests/platforms).
