@@ -353,6 +353,13 @@ def test_rerank_cross_encoder(cross_encoder):
     # Jina / Cohere's body on the same path is unchanged.
     jina = httpx.post(url + "/rerank", json={"query": query, "documents": texts}).json()
     assert [x["index"] for x in jina["results"]] == order
+    # an empty pair is TEI's Empty, as on /predict (it was scored); one empty side is a pair TEI scores
+    r = httpx.post(url + "/rerank", json={"query": "", "texts": ["a", ""]})
+    assert r.status_code == 400 and r.json() == {
+        "error": "Input validation error: `texts` cannot be empty ('texts' item 1)",
+        "error_type": "Empty",
+    }, r.text
+    assert httpx.post(url + "/rerank", json={"query": "", "texts": ["a"]}).status_code == 200
 
 
 def test_rerank_bi_encoder(server, minilm_llm):
@@ -364,6 +371,10 @@ def test_rerank_bi_encoder(server, minilm_llm):
     assert [x["index"] for x in r.json()] == list(np.argsort(ref)[::-1])
     assert np.allclose([x["score"] for x in r.json()], sorted(ref, reverse=True), atol=1e-6)
     assert "results" in server.post("/rerank", {"query": query, "documents": texts}).json()
+    for body, name in (({"query": "", "texts": ["a"]}, "query"), ({"query": "q", "texts": ["a", ""]}, "texts")):
+        r = server.post("/rerank", body)  # an empty text, refused as /embed refuses it (it was embedded)
+        assert r.status_code == 400 and r.json()["error_type"] == "Empty", r.text
+        assert f"`{name}` cannot be empty" in r.json()["error"], r.text
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer, info
@@ -585,6 +596,9 @@ def test_huggingface_hub_inference_client(server, classifier, minilm_llm, monkey
     client = InferenceClient(base_url=server.url)
     got = torch.tensor(client.feature_extraction("a swept wing"))
     assert F.cosine_similarity(got.reshape(1, -1), embed_ref(minilm_llm, ["a swept wing"])).item() >= 0.9999
+    for encoding in ("float", "base64"):  # the client's option, which TEI's /embed ignores (it was a 422)
+        again = torch.tensor(client.feature_extraction("a swept wing", encoding_format=encoding))
+        assert torch.equal(again, got), encoding
     sims = client.sentence_similarity("a swept wing", other_sentences=["a delta wing", "heat transfer"])
     assert len(sims) == 2 and sims[0] > sims[1]
     url, texts, ref = classifier

@@ -193,6 +193,9 @@ class TEIEmbedRequest(TruncationOptions):
     """L2-normalize each vector (after `dimensions`)."""
     dimensions: Annotated[int, Field(ge=0), P.INTEGRAL] | None = None
     """Keep the first `dimensions` values (Matryoshka truncation), then normalize."""
+    encoding_format: Literal["float", "base64"] | None = None
+    """Accepted and not used, as TEI does (its /embed answers floats): huggingface_hub's InferenceClient sends its
+    feature_extraction option here."""
 
 
 class TEIEmbedAllRequest(TruncationOptions):

@@ -602,6 +602,11 @@ async def rerank(req: T.TEIRerankRequest, raw: Request, state: ServerState) -> R
         except ValueError:
             raise TEIError("Backend", "Backend error: model is not a re-ranker model") from None
         cross = plan.task == "classify"
+        for k, text in enumerate(req.texts):  # TEI's Empty for an empty pair, as /predict; /embed's for one text
+            if text == "" and (req.query == "" or not cross):
+                raise _empty_input("texts", f"'texts' item {k}")
+        if req.query == "" and not cross:
+            raise _empty_input("query")
 
         def locate(k: int) -> tuple[str, str]:
             if cross:
