@@ -404,3 +404,106 @@ def test_cli_search_skips_blank_query_lines(capsys, tmp_path, minilm_path):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["0", "2"]  # line numbers as ids; the blank line is no query
     assert [line.split()[2] for line in lines] == ["a", "b"]
+
+
+def test_one_handle_at_a_time_on_an_embedded_index(minilm_llm, tmp_path):
+    """A second handle on an open embedded index (another process, or this one) is refused: two writers each
+    kept their own view, and the last to close dropped the other's documents."""
+    idx = tmp_path / "locked"
+    first = Index.create(idx, minilm_llm, first_stage="none")
+    first.add(["a wing"], ["a"])
+    for attempt in (lambda: Index.open(idx, minilm_llm), lambda: Index.create(idx, minilm_llm, overwrite=True)):
+        with pytest.raises(ValueError, match="is open elsewhere .*close it first"):
+            attempt()
+    code = "from polyvec.index import Index; Index.open(__import__('sys').argv[1])"
+    r = subprocess.run([sys.executable, "-c", code, str(idx)], capture_output=True, text=True)
+    assert r.returncode != 0 and "is open elsewhere" in r.stderr, r.stderr[-500:]
+    first.close()
+    with Index.open(idx, minilm_llm) as again:
+        again.add(["a flap"], ["b"])
+    with Index.open(idx, minilm_llm) as again:
+        assert len(again) == 2
+
+
+def test_damaged_index_folders_are_named(minilm_llm, tmp_path):
+    """A recipe that is not an index's, or a shard gone: a ValueError naming the folder (were a TypeError, an
+    AttributeError and Qdrant's own exception, tracebacks from the CLI)."""
+    import shutil
+
+    good = tmp_path / "good"
+    with Index.create(good, minilm_llm, first_stage="none") as index:
+        index.add(["a wing"])
+    recipe = json.loads((good / "polyvec-index.json").read_text())
+    for name, damage in (
+        ("no-dim", lambda d: (d / "polyvec-index.json").write_text(json.dumps({k: v for k, v in recipe.items()
+                                                                                if k != "dim"}))),
+        ("list", lambda d: (d / "polyvec-index.json").write_text("[]")),
+        ("not-json", lambda d: (d / "polyvec-index.json").write_text("{")),
+        ("no-shard", lambda d: shutil.rmtree(d / "shard")),
+    ):  # fmt: skip
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        damage(folder)
+        with pytest.raises(ValueError, match=f"{folder} is not a readable polyvec index: "):
+            Index.open(folder)
+    with Index.open(good, minilm_llm) as index:  # a refused open left no lock behind
+        assert len(index) == 1
+
+
+def test_the_recipe_names_a_local_model_by_its_whole_path(tmp_path, monkeypatch):
+    """A model folder given relative to the working directory is kept absolute: `polyvec search` from another
+    directory could not find it, or loaded another folder or a hub model of that name."""
+    (tmp_path / "colbert").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with Index.create(tmp_path / "rel", model="colbert", dim=4, first_stage="none") as index:
+        assert index.config.model == str(tmp_path / "colbert")
+    with Index.create(tmp_path / "hub", model="org/not-a-folder", dim=4, first_stage="none") as index:
+        assert index.config.model == "org/not-a-folder"  # a hub id as given
+
+
+def test_blank_texts_ids_and_huge_k_are_refused(minilm_llm, tmp_path):
+    """Empty or blank documents were indexed and ranked first for any query (their marker tokens alone), an empty
+    query was searched, an empty id was stored, k past 64 bits was an OverflowError from Qdrant, and a prompt
+    dict as the query searched its keys."""
+    with Index.create(tmp_path / "blank", minilm_llm, first_stage="none") as index:
+        index.add(["cone flow over a body", "heat transfer"], ["a", "b"])
+        for docs, message in ((["x", ""], "document 1 is empty"), (["   "], "document 0 is blank")):
+            with pytest.raises(ValueError, match=message):
+                index.add(docs, [f"n{i}" for i in range(len(docs))])
+        with pytest.raises(ValueError, match="id 0 is empty"):
+            index.add(["y"], [""])
+        assert len(index) == 2
+        for query, message in (("", "query 0 is empty"), (["x", " \n"], "query 1 is blank")):
+            with pytest.raises(ValueError, match=message):
+                index.search(query)
+        for option in ("k", "prefetch", "hnsw_ef"):
+            with pytest.raises(ValueError, match=f"{option} must be at most 1,000,000, got {2**70}"):
+                index.search("cone", **{option: 2**70})
+        assert index.search({"prompt": "cone flow"}, k=1) == index.search("cone flow", k=1)
+
+
+def test_cli_names_the_query_and_writes_nothing_on_an_error(capsys, tmp_path, minilm_path):
+    """A refused query past the first 64 was named by its place among its 64 (the 70th as "query 5"), after
+    the runs of the first 64 had been written; ids with whitespace broke a TREC run's columns; a blank line of a
+    plain-text corpus was indexed."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("wing flutter\n\nheat transfer\n")
+    idx = str(tmp_path / "i")
+    code, err = _main(capsys, "index", str(lines), "--index", idx, "--model", str(minilm_path), "--quiet",
+                      "--first-stage", "none")  # fmt: skip
+    assert code == 2 and "document '1' has no text" in err and not Path(idx).exists(), err
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "doc 1", "text": "flutter of wings"}\n{"_id": "b", "text": "heat transfer"}\n')
+    assert _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--quiet",
+                 "--first-stage", "none")[0] == 0  # fmt: skip
+    capsys.readouterr()
+    from polyvec.entrypoints.cli import main
+
+    assert main(["search", "--index", idx, *(["flutter"] * 69), ""]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "query '69' is empty" in out.err, out.err
+    assert main(["search", "--index", idx, "flutter", "--format", "trec"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "the id 'doc 1' has whitespace" in out.err, out.err
+    assert main(["search", "--index", idx, "flutter", "-k", "1"]) == 0  # JSON lines hold any id
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "doc 1"

@@ -225,6 +225,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {args.file}: {exc}") from None
     if not texts:
         raise CommandError(f"no texts in {args.file}")
+    blank = next((i for i, t in enumerate(texts) if not t.strip()), None)
+    if blank is not None:  # before the index is made; its marker tokens alone would match every query first
+        raise CommandError(f"cannot index {args.file}: document {ids[blank]!r} has no text")
     try:
         muvera = json.loads(args.muvera) if args.muvera else None
     except ValueError as exc:
@@ -319,39 +322,55 @@ def cmd_search(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # a bad --dtype, a model that cannot be read
         raise CommandError(f"cannot load the model: {exc}") from None
     index = Index(index.backend, llm, sparse_llm)
+    found: list[list[Any]] = []  # every query's hits before any is written: an error leaves no partial run
+    with index:
+        for start in range(0, len(queries), 64):
+            chunk = queries[start : start + 64]
+            try:
+                found += index.search(
+                    [q for _, q in chunk],
+                    k=args.k,
+                    prefetch=args.prefetch,
+                    rescore=args.rescore,
+                    oversampling=args.oversampling,
+                )
+            except ValueError as exc:  # a query refused, or a --model whose vectors or tasks are not the index's
+                # the index numbers the chunk's queries from 0: name the query by its id
+                message = _name_query(str(exc), [qid for qid, _ in chunk])
+                if args.model is None:
+                    raise CommandError(message) from None
+                raise CommandError(
+                    f"--model {args.model} does not fit the index (written with {index.config.model}): {message}"
+                ) from None
+    if args.format == "trec":  # a run's columns are split at whitespace
+        spaced = next((i for (qid, _), hits in zip(queries, found) for i in [qid, *(h.id for h in hits)]
+                       if not i or any(c.isspace() for c in i)), None)  # fmt: skip
+        if spaced is not None:
+            raise CommandError(f"the id {spaced!r} has whitespace, which a TREC run cannot hold: use --format jsonl")
     try:
         out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     except OSError as exc:
         raise CommandError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     try:
-        with index:
-            for start in range(0, len(queries), 64):
-                chunk = queries[start : start + 64]
-                try:
-                    found = index.search(
-                        [q for _, q in chunk],
-                        k=args.k,
-                        prefetch=args.prefetch,
-                        rescore=args.rescore,
-                        oversampling=args.oversampling,
-                    )
-                except ValueError as exc:  # a --model whose vectors or tasks are not the index's
-                    if args.model is None:
-                        raise CommandError(str(exc)) from None
-                    raise CommandError(
-                        f"--model {args.model} does not fit the index (written with {index.config.model}): {exc}"
-                    ) from None
-                for (qid, text), hits in zip(chunk, found):
-                    if args.format == "trec":
-                        for rank, h in enumerate(hits, 1):
-                            out.write(f"{qid} Q0 {h.id} {rank} {h.score:.6f} polyvec\n")
-                    else:
-                        row = {"query_id": qid, "query": text, "hits": [{"id": h.id, "score": h.score} for h in hits]}
-                        out.write(json.dumps(row) + "\n")
+        for (qid, text), hits in zip(queries, found):
+            if args.format == "trec":
+                for rank, h in enumerate(hits, 1):
+                    out.write(f"{qid} Q0 {h.id} {rank} {h.score:.6f} polyvec\n")
+            else:
+                row = {"query_id": qid, "query": text, "hits": [{"id": h.id, "score": h.score} for h in hits]}
+                out.write(json.dumps(row) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+def _name_query(message: str, ids: list[str]) -> str:
+    """An index error about "query i" of a chunk, naming that query by its id instead."""
+    found = re.match(r"query (\d+)", message)
+    if found is None or int(found.group(1)) >= len(ids):
+        return message
+    return f"query {ids[int(found.group(1))]!r}" + message[found.end() :]
 
 
 def _has_files(path: str) -> bool:

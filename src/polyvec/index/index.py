@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from ..entrypoints.llm import LLM
 
 
+MAX_RESULTS = 1_000_000
+"""The most hits (k), first-stage candidates (prefetch) or HNSW ef one search may ask for."""
+
+
 def _is_server(location: str) -> bool:
     return location == ":memory:" or location.startswith(("http://", "https://"))
 
@@ -44,7 +48,24 @@ def _doc_id(value: Any, position: int) -> str:
         raise ValueError(f"fewer ids than documents: document {position} has no id")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(f"id {position} is {type(value).__name__} {value!r}, not a string")
+    if value == "":  # a run file (TREC) or a log line could not tell it from a missing one
+        raise ValueError(f"id {position} is empty")
     return str(value)
+
+
+def _check_texts(texts: Sequence[Any], what: str, first: int = 0) -> None:
+    """An empty or blank text as a document or query: refused (its marker and expansion tokens alone would match
+    every query, and rank first)."""
+    for i, t in enumerate(texts):
+        if isinstance(t, str) and not t.strip():
+            raise ValueError(f"{what} {first + i} is {'empty' if not t else 'blank'}: it has no text to encode")
+
+
+def _stored_name(name: str) -> str:
+    """A model as the recipe keeps it: a local folder by its absolute path (a relative one named another folder,
+    or a hub id, from another working directory), else the name given."""
+    path = os.path.expanduser(name)
+    return os.path.abspath(path) if os.path.isdir(path) else name
 
 
 class Index:
@@ -106,11 +127,11 @@ class Index:
         if model is None or dim is None:
             raise ValueError("give an LLM, or model and dim")
         config = IndexConfig(
-            model=model,
+            model=_stored_name(model),
             dim=dim,
             first_stage=first_stage,
             dense_dim=dense_dim,
-            sparse_model=sparse_model if first_stage == "sparse" else None,
+            sparse_model=_stored_name(sparse_model) if first_stage == "sparse" and sparse_model else None,
             quantization=quantization,
             pool_factor=pool_factor,
             engine=options,
@@ -232,6 +253,7 @@ class Index:
                     first = seen.setdefault(name, added + i)
                     if first != added + i:
                         raise ValueError(f"id {added + i} repeats {name!r}, the id of document {first}")
+            _check_texts(batch, "document", added)
             enc = self._encode(batch, "document")
             self.add_vectors(names, enc.tokens, enc.dense, enc.sparse)
             added += len(batch)
@@ -296,10 +318,12 @@ class Index:
     ) -> list[list[Hit]]:
         """The k best documents for each query (a string or a list), best first, by MaxSim over the first
         stage's `prefetch` candidates."""
-        texts = [queries] if isinstance(queries, str) else list(queries)
+        # one query as add takes one document: a text, a prompt dict, an image
+        texts = [queries] if isinstance(queries, (str, dict)) or is_image_object(queries) else list(queries)
         self._check_search(k, prefetch, hnsw_ef, oversampling)
         if not texts:
             return []
+        _check_texts(texts, "query")
         enc = self._encode(texts, "query")
         return self.search_vectors(
             enc.tokens,
@@ -351,6 +375,8 @@ class Index:
         for name, value in (("k", k), ("prefetch", prefetch), ("hnsw_ef", hnsw_ef)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None and value > MAX_RESULTS:  # past Qdrant's integers (a traceback), or its memory
+                raise ValueError(f"{name} must be at most {MAX_RESULTS:,}, got {value}")
         if oversampling is not None and (isinstance(oversampling, bool) or not oversampling >= 1):
             raise ValueError(f"oversampling must be a number of at least 1, got {oversampling!r}")
 

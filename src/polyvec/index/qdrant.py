@@ -14,7 +14,7 @@ import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -25,6 +25,7 @@ SPARSE = "sparse"
 SparseVector = tuple[np.ndarray, np.ndarray]
 """(indices uint32, values float32) of a sparse vector's non-zero entries."""
 MANIFEST = "polyvec-index.json"
+LOCK = ".polyvec-index.lock"
 _IDS = uuid.UUID("6f1d3c2a-8c57-4b4e-9a55-3d1c8d8f0b21")  # namespace of the point ids: uuid5(doc id)
 
 
@@ -78,21 +79,50 @@ def _first_stage(config: IndexConfig) -> tuple[str, int] | None:
 # -------------------------------------------------------------------------------------------------- embedded
 
 
+def _lock(root: Path) -> IO[str] | None:
+    """An exclusive lock on the index folder while it is open (released when the file closes): two handles on
+    one embedded shard each write their own view, and the last to close drops the other's documents."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        return None
+    f = open(root / LOCK, "a")  # noqa: SIM115 (held open while the index is)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise ValueError(f"{root} is open elsewhere (another process or Index handle); close it first") from None
+    return f
+
+
 class EdgeBackend:
     """A Qdrant Edge shard in `path`/shard, the recipe in `path`/polyvec-index.json."""
 
-    def __init__(self, path: Path, config: IndexConfig, shard: Any):
-        self.path, self.config, self.shard = path, config, shard
+    def __init__(self, path: Path, config: IndexConfig, shard: Any, lock: IO[str] | None = None):
+        self.path, self.config, self.shard, self.lock = path, config, shard, lock
 
     @classmethod
     def create(cls, path: str | os.PathLike, config: IndexConfig, overwrite: bool = False) -> EdgeBackend:
-        q = _edge()
+        _edge()  # the extra not installed: said before a folder is made
         root = Path(path)
-        if (root / MANIFEST).exists() or (root / "shard").exists():
-            if not overwrite:
-                raise FileExistsError(f"{root} already holds an index (overwrite=True, or --overwrite, replaces it)")
-            shutil.rmtree(root / "shard", ignore_errors=True)
+        exists = (root / MANIFEST).exists() or (root / "shard").exists()
+        if exists and not overwrite:
+            raise FileExistsError(f"{root} already holds an index (overwrite=True, or --overwrite, replaces it)")
         root.mkdir(parents=True, exist_ok=True)
+        lock = _lock(root)
+        try:
+            backend = cls._create(root, config, exists, lock)
+        except BaseException:
+            if lock is not None:
+                lock.close()
+            raise
+        return backend
+
+    @classmethod
+    def _create(cls, root: Path, config: IndexConfig, exists: bool, lock: IO[str] | None) -> EdgeBackend:
+        q = _edge()
+        if exists:
+            shutil.rmtree(root / "shard", ignore_errors=True)
         quant: Any = None
         if config.quantization == "int8":
             quant = q.ScalarQuantizationConfig(q.ScalarType.Int8, always_ram=True)
@@ -121,15 +151,29 @@ class EdgeBackend:
         edge_config = q.EdgeConfig(vectors=vectors, sparse_vectors=sparse, wal_enabled=False)
         shard = q.EdgeShard.create(str(root / "shard"), edge_config)
         (root / MANIFEST).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
-        return cls(root, config, shard)
+        return cls(root, config, shard, lock)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> EdgeBackend:
         root = Path(path)
         if not (root / MANIFEST).is_file():
             raise FileNotFoundError(f"{root} holds no polyvec index ({MANIFEST} is missing)")
-        config = IndexConfig.from_dict(json.loads((root / MANIFEST).read_text()))
-        return cls(root, config, _edge().EdgeShard.load(str(root / "shard")))
+        try:
+            recipe = json.loads((root / MANIFEST).read_text())
+            if not isinstance(recipe, dict):
+                raise ValueError(f"{MANIFEST} holds {type(recipe).__name__}, not an object")
+            config = IndexConfig.from_dict(recipe)
+        except (ValueError, TypeError) as exc:  # a damaged recipe (JSON errors are ValueErrors)
+            raise ValueError(f"{root} is not a readable polyvec index: {exc}") from None
+        q = _edge()
+        lock = _lock(root)
+        try:
+            shard = q.EdgeShard.load(str(root / "shard"))
+        except Exception as exc:  # Qdrant Edge's own error type for a missing or damaged shard
+            if lock is not None:
+                lock.close()
+            raise ValueError(f"{root} is not a readable polyvec index: {exc}") from None
+        return cls(root, config, shard, lock)
 
     def upsert(self, ids: Sequence[str], vectors: dict[str, list[np.ndarray] | np.ndarray]) -> None:
         q = _edge()
@@ -187,8 +231,13 @@ class EdgeBackend:
         return sum(f.stat().st_blocks * 512 for f in files if f.is_file())
 
     def close(self) -> None:
-        self.shard.flush()
-        self.shard.close()
+        try:
+            self.shard.flush()
+            self.shard.close()
+        finally:
+            if self.lock is not None:
+                self.lock.close()
+                self.lock = None
 
 
 def _edge() -> Any:
