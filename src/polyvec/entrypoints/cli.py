@@ -318,8 +318,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         sparse = index.config.sparse_model
         sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
     except ModelNotFoundError as exc:
+        index.close()  # its lock: a caller in this process may open it again
         raise CommandError(str(exc)) from None
     except (ValueError, OSError) as exc:  # a bad --dtype, a model that cannot be read
+        index.close()
         raise CommandError(f"cannot load the model: {exc}") from None
     index = Index(index.backend, llm, sparse_llm)
     found: list[list[Any]] = []  # every query's hits before any is written: an error leaves no partial run
