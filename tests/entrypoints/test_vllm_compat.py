@@ -34,6 +34,21 @@ def test_dotted_json_options_fold_into_one_object():
         expand_dotted(["--pooler-config", "{task: embed}"])
 
 
+def test_a_json_flag_from_its_environment_variable_is_named_so(monkeypatch):
+    """A bad JSON value set in POLYVEC_POOLER_CONFIG was reported as --pooler-config's alone, a flag the command
+    line did not have."""
+    from polyvec.entrypoints.vllm_compat import json_arg
+
+    monkeypatch.setenv("POLYVEC_POOLER_CONFIG", "{bad")
+    with pytest.raises(ValueError, match=r"^--pooler-config \(from POLYVEC_POOLER_CONFIG\) is not valid JSON"):
+        json_arg("pooler_config", "{bad")
+    with pytest.raises(ValueError, match=r"^--pooler-config is not valid JSON"):  # the command line's own value
+        json_arg("pooler_config", "{worse")
+    monkeypatch.setenv("POLYVEC_HF_OVERRIDES", "[1]")
+    with pytest.raises(ValueError, match=r"^--hf-overrides \(from POLYVEC_HF_OVERRIDES\) must be a JSON object"):
+        json_arg("hf_overrides", "[1]")
+
+
 def test_a_pasted_vllm_command_line_parses_and_warns_once(caplog):
     args = parse(
         "--runner", "pooling", "--convert", "auto", "--dtype", "half", "--trust-remote-code",

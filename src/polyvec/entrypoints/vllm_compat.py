@@ -6,6 +6,7 @@ ordinary options of `cli.py` and `LLM`."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -150,12 +151,16 @@ def json_arg(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | 
     """A JSON-object option (`--hf-overrides`, `--pooler-config`) as a dict; ValueError naming the option."""
     if value is None or isinstance(value, dict):
         return value
+    where = f"--{name.replace('_', '-')}"
+    var = f"POLYVEC_{name.upper()}"
+    if os.environ.get(var) == value:  # the flag's environment variable gave it: name that too
+        where += f" (from {var})"
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--{name.replace('_', '-')} is not valid JSON ({exc.msg}): {value!r}") from None
+        raise ValueError(f"{where} is not valid JSON ({exc.msg}): {value!r}") from None
     if not isinstance(parsed, dict):
-        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {value!r}")
+        raise ValueError(f"{where} must be a JSON object, got {value!r}")
     return parsed
 
 
