@@ -151,6 +151,30 @@ def test_requests_wait_for_kv_cache_instead_of_failing():
     assert s.kv_used == 0
 
 
+def test_a_request_waiting_for_kv_cache_is_not_passed_by_younger_ones():
+    """The oldest request refused for want of cache: younger ones that need cache wait behind it (they took it
+    step after step, and it ran only when their chunks happened to free enough at once: after 64 later requests
+    in this stream). A younger request that needs no cache (it fits in the step) still runs."""
+    s = Scheduler(max_num_batched_tokens=64, max_num_seqs=8, kv_cache_tokens=200)
+    s.add(Req("first", 65, chunkable=True))
+    s.add(Req("big", 150, chunkable=True))  # 65 + 150 > 200: waits for "first" to finish
+    finished: list[str] = []
+    for step in range(40):
+        s.add(Req(f"later{step}", 65, chunkable=True))
+        s.add(Req(f"short{step}", 8, chunkable=True))  # one step, no cache reserved
+        for c in s.schedule():
+            if c.is_last:
+                s.release(c.request.request_id)
+                finished.append(c.request.request_id)
+        assert s.kv_used <= 200
+        if "big" in finished:
+            break
+    assert "big" in finished, finished
+    before = finished[: finished.index("big")]
+    assert [r for r in before if r.startswith("later")] == [], before  # none of the later cache holders first
+    assert "first" in before and any(r.startswith("short") for r in before)
+
+
 def test_prefix_hits_skip_cached_tokens_and_shared_prefixes_start_one_at_a_time():
     s = Scheduler(
         max_num_batched_tokens=1000,

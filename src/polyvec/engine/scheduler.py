@@ -11,7 +11,8 @@ A batch holds at most `max_num_batched_tokens` real tokens and `max_num_seqs` se
   (chunked prefill). Encoder requests are never chunked: the engine keeps `max_model_len` within the
   budget, so each fits in a batch of its own.
 - A request that keeps a KV cache reserves its whole length in `kv_cache_tokens` when it starts and
-  frees it when it finishes; when the cache is full it waits in the queue rather than failing.
+  frees it when it finishes; when the cache is full it waits in the queue rather than failing, and no
+  younger request takes cache before it.
 - With prefix caching, a request's leading tokens whose keys and values are cached are not scheduled at
   all (`prefix_probe`), and two new requests whose next uncached block is the same are not started in the
   same step: the second waits one step and then finds the block cached, so a shared prefix is computed once.
@@ -176,9 +177,12 @@ class Scheduler(Generic[R]):
         remaining = [r.num_tokens - r.num_computed_tokens - c for r, c in zip(window, cached)]
         chosen: dict[int, int] = {}  # window index → tokens scheduled
         chosen_keys: set[Hashable] = set()
+        # the oldest request refused for want of KV cache: no younger one takes cache before it (a stream of later
+        # requests would keep it waiting for as long as they come; vLLM stops at such a request likewise)
+        kv_blocked = len(window)
 
         def try_take(i: int, allow_chunk: bool) -> bool:
-            nonlocal budget, seqs
+            nonlocal budget, seqs, kv_blocked
             r, n = window[i], remaining[i]
             if n > budget:
                 if not (allow_chunk and r.chunkable):
@@ -187,8 +191,11 @@ class Scheduler(Generic[R]):
             if keys[i] is not None and keys[i] in chosen_keys:
                 return False  # same uncached prefix block as a request already in this batch
             if self.needs_cache(r, remaining[i], budget):
+                if i > kv_blocked:
+                    return False
                 with self._kv_lock:
                     if self.kv_used + r.num_tokens > self.kv_cache_tokens:
+                        kv_blocked = min(kv_blocked, i)
                         return False  # wait for the cache to free up
                     self.kv_used += r.num_tokens
                     self._reserved[r.request_id] = r.num_tokens
