@@ -47,3 +47,24 @@ def test_kernel_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("POLYVEC_DISABLE_AMX", "1")
     monkeypatch.delenv("POLYVEC_DISABLE_KERNELS", raising=False)
     assert KernelOptions.from_env() == KernelOptions(native=True, onednn=False, amx=False)
+
+
+def test_the_bfloat16_measure_runs_on_one_thread_and_gives_the_threads_back():
+    """dtype auto's measure runs one thread, the dtypes interleaved (on two threads a busy neighbour swung it
+    across the 1.2 line from one start to the next); the process keeps its own thread count."""
+    from polyvec.platforms import cpu
+
+    before = torch.get_num_threads()
+    seen = []
+    real = torch.Tensor.__matmul__
+
+    def matmul(a, b):
+        seen.append((a.dtype, torch.get_num_threads()))
+        return real(a, b)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "__matmul__", matmul)
+        assert cpu.bf16_speedup(rounds=3) > 0
+    assert torch.get_num_threads() == before
+    assert {t for _, t in seen} == {1} and len(seen) == 2 + 2 * 3
+    assert [d for d, _ in seen[2:4]] == [torch.float32, torch.bfloat16]  # alternated

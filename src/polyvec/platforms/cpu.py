@@ -70,21 +70,28 @@ def bf16_is_faster() -> bool:
 BF16_MIN_SPEEDUP = 1.2  # below this, float32's exactness wins (AMX and Zen 4 measure well above)
 
 
-def bf16_speedup() -> float:
-    """float32 time / bfloat16 time of a projection-shaped matmul (512 x 384 @ 384 x 1536), best of 5 each."""
+def bf16_speedup(rounds: int = 10) -> float:
+    """float32 time / bfloat16 time of a projection-shaped matmul (256 x 384 @ 384 x 1536) on one thread, the
+    two dtypes alternated, best of `rounds` each: on two threads, or one dtype's runs after the other's, a busy
+    neighbour process swung the ratio from 0.3 to 1.8 between runs (and auto's choice with it); one thread,
+    interleaved, measures the cores' own ratio (0.52-0.54 on a Xeon without AMX, idle or beside a busy loop)."""
     import time
 
-    times = []
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(512, 384, dtype=dtype), torch.randn(384, 1536, dtype=dtype)
-        a @ b  # oneDNN's first call builds its kernel
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-        times.append(best)
-    return times[0] / max(times[1], 1e-9)
+    pairs = [(torch.randn(256, 384, dtype=d), torch.randn(384, 1536, dtype=d)) for d in (torch.float32, torch.bfloat16)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for a, b in pairs:
+            a @ b  # oneDNN's first call builds its kernel
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):
+            for k, (a, b) in enumerate(pairs):
+                start = time.perf_counter()
+                a @ b
+                best[k] = min(best[k], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return best[0] / max(best[1], 1e-9)
 
 
 def cpu_has_native_bf16() -> bool:
