@@ -34,6 +34,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names
 # EngineConfig's choices (checked in its __post_init__, for callers that pass plain strings).
 Truncation = Literal["auto", "error"]
 LongInput = Literal["truncate", "window"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 Quantization = Literal["int8"]
 
 # Activations a checkpoint may name (sentence-transformers `activation_fn` / Dense `activation_function`).
@@ -370,6 +371,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     """Causal models: memory for the KV caches of requests being prefilled (default 4 GiB, and at least one
     max_model_len request plus a full batch). Requests wait when it is full."""
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    """vLLM's: fcfs serves waiting requests in arrival order; priority by their `priority` (lower first), then
+    arrival. Requests already started keep going either way."""
     enable_prefix_caching: bool | None = None
     """Causal models: reuse the keys/values of prompt prefixes already computed (None: on)."""
     prefix_cache_tokens: int = 8192
@@ -409,6 +413,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.truncation not in ("auto", "error"):
             raise ValueError(f"truncation must be 'auto' or 'error', got {self.truncation!r}")
         if self.num_threads is not None and self.num_threads < 1:

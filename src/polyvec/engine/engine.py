@@ -109,6 +109,7 @@ class Engine:
             kv_cache_tokens=self.kv_cache_tokens,
             cache_every_causal=self.prefix_cache is not None,
             prefix_probe=probe,
+            policy=engine_config.scheduling_policy,
         )
         self._window_groups: dict[str, Request] = {}  # parent request id → parent (long input windows)
         self._ready: list[Request] = []  # requests whose output needs no forward pass (Request.static_output)

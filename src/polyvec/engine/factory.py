@@ -8,7 +8,16 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, LongInput, ModelConfig, PoolerConfig, Quantization, Truncation, resolve_dtype
+from ..config import (
+    EngineConfig,
+    LongInput,
+    ModelConfig,
+    PoolerConfig,
+    Quantization,
+    SchedulingPolicy,
+    Truncation,
+    resolve_dtype,
+)
 from ..loader import load_model_config
 from ..platforms import KernelOptions, get_platform
 from .engine import Engine
@@ -41,6 +50,7 @@ def create_engine(
     max_image_pixels: int = 50_000_000,
     max_request_image_pixels: int | None = None,
     allowed_media_domains: list[str] | tuple[str, ...] | None = None,
+    scheduling_policy: SchedulingPolicy = "fcfs",
 ) -> Engine:
     """See `LLM` for the arguments. The settings are checked before the model is read."""
     if max_model_len == -1:  # vLLM's "auto": the model's own
@@ -57,6 +67,7 @@ def create_engine(
     checked = EngineConfig(
         max_num_batched_tokens=max_num_batched_tokens or 1,
         max_num_seqs=max_num_seqs,
+        scheduling_policy=scheduling_policy,
         device=device,
         truncation=truncation,
         num_threads=num_threads,

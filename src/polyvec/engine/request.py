@@ -25,6 +25,7 @@ class Request:
     skip_prompt: int = 0  # include_prompt: false: the instruction prompt's tokens, left out of sequence pooling
     static_output: Any = None  # an output known without the model (inference-free SPLADE queries)
     images: list[Any] | None = None  # multimodal.image.Qwen2VLPixels of the prompt's images, in prompt order
+    priority: int = 0  # lower is served earlier under the priority scheduling policy
     arrival_time: float = field(default_factory=time.monotonic)
     scheduled_time: float | None = None  # time.monotonic() when a step first took it (a window's: its parent's)
     # Causal models (chunked prefill):

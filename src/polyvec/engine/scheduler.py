@@ -4,7 +4,8 @@ A batch holds at most `max_num_batched_tokens` real tokens and `max_num_seqs` se
 
 - Requests already part-way through a chunked prefill (causal models) continue first, oldest first, so
   a long prompt advances every step and its KV cache is freed as soon as possible.
-- Then waiting requests: the oldest one that can start anchors the batch (no starvation), and the rest of
+- Then waiting requests, in arrival order (or, with the priority policy, by `priority`, lower first, then
+  arrival): the first one that can start anchors the batch (under fcfs none waits for ever), and the rest of
   the batch is filled, inside a look-ahead window of the queue, with the requests closest to it in length
   (attention pads encoder batches to their longest sequence).
 - A causal request longer than what is left of the budget gets a chunk of it and continues next step
@@ -76,7 +77,9 @@ class Scheduler(Generic[R]):
         kv_cache_tokens: int = 0,
         cache_every_causal: bool = False,
         prefix_probe: PrefixProbe[R] | None = None,
+        policy: str = "fcfs",
     ):
+        self.policy = policy
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.lookahead = max(lookahead, max_num_seqs)
@@ -95,7 +98,16 @@ class Scheduler(Generic[R]):
         self.running: list[R] = []  # started, not yet fully scheduled (chunked prefill)
 
     def add(self, request: R) -> None:
-        self.waiting.append(request)
+        """Queue a request: last (fcfs), or under the priority policy after every waiting request of its
+        `priority` or lower (lower values first, ties in arrival order)."""
+        if self.policy != "priority":
+            self.waiting.append(request)
+            return
+        rank = getattr(request, "priority", 0)
+        i = len(self.waiting)
+        while i and getattr(self.waiting[i - 1], "priority", 0) > rank:
+            i -= 1
+        self.waiting.insert(i, request)
 
     def abort(self, request_ids: set[str]) -> int:
         """Drop waiting and part-way requests (e.g. their client went away); returns how many."""

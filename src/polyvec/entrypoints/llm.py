@@ -21,7 +21,7 @@ import torch
 
 from .. import late_chunking
 from ..chat import load_template
-from ..config import LongInput, PoolerConfig, Quantization, Truncation
+from ..config import LongInput, PoolerConfig, Quantization, SchedulingPolicy, Truncation
 from ..engine.engine import Engine, FinishError, Prompt
 from ..engine.factory import create_engine
 from ..engine.input_processor import PromptError
@@ -98,6 +98,8 @@ class LLM:
             (default: the checkpoint's preprocessor_config.json).
         max_image_pixels: the largest decoded image accepted (width × height; default 50 million).
         allowed_media_domains: hosts whose http(s) image URLs are fetched (none by default).
+        scheduling_policy: vLLM's "fcfs" or "priority" (a server's requests by their `priority`; offline calls
+            carry none, so both serve them in order).
         runner, tensor_parallel_size, ...: vLLM's other arguments are accepted where they change nothing here
             (`entrypoints/vllm_compat.py`); a runner other than pooling, or more than one device, is refused.
     """
@@ -129,6 +131,7 @@ class LLM:
         mm_processor_kwargs: dict[str, Any] | None = None,
         max_image_pixels: int = 50_000_000,
         allowed_media_domains: list[str] | None = None,
+        scheduling_policy: SchedulingPolicy = "fcfs",
         **kwargs: Any,
     ):
         kwargs.pop("enforce_eager", None)  # vLLM's CUDA graphs; offline polyvec has no warm-up for it to skip
@@ -178,6 +181,7 @@ class LLM:
             mm_processor_kwargs=mm_processor_kwargs,
             max_image_pixels=max_image_pixels,
             allowed_media_domains=allowed_media_domains,
+            scheduling_policy=scheduling_policy,
         )
         self.model_config = self.engine.model_config
 

@@ -98,7 +98,8 @@ ROWS = ("keep", "plain", "jsonl")
 LLM_ARGS = frozenset(
     "allowed_media_domains convert device download_dir dtype enable_prefix_caching hf_overrides kernels "
     "kv_cache_memory_bytes limit_mm_per_prompt long_input max_image_pixels max_model_len max_num_batched_tokens "
-    "max_num_seqs mm_processor_kwargs num_threads pooler_config quantization revision tokenizer truncation "
+    "max_num_seqs mm_processor_kwargs num_threads pooler_config quantization revision scheduling_policy tokenizer "
+    "truncation "
     "window_overlap".split()
 )
 """LLM()'s own keywords, written out: the driver checks them without importing torch (a test keeps them equal)."""
