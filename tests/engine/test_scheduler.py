@@ -15,6 +15,7 @@ class Req:
     n: int
     chunkable: bool = False
     num_computed_tokens: int = 0
+    priority: int = 0
     prefix: tuple[int, str | None] = (0, None)  # what the prefix probe answers for it
 
     @property
@@ -212,3 +213,23 @@ def test_an_abort_during_a_step_releases_the_cache_when_the_step_ends():
     assert s.kv_used == 50 and s.aborted_in_step() == {"long"}
     s.end_step()
     assert s.kv_used == 0 and s.aborted_in_step() == set()
+
+
+def test_the_priority_policy_serves_lower_values_first_and_ties_in_arrival_order():
+    """vLLM's --scheduling-policy priority: a waiting request's `priority` orders the queue (lower first, equal
+    ones as they came); fcfs, the default, keeps arrival order whatever the priorities."""
+    arrivals = [("a", 5), ("b", 0), ("c", 5), ("d", -3), ("e", 0), ("f", 2**63 - 1), ("g", -(2**63))]
+    for policy, want in (
+        ("priority", ["g", "d", "b", "e", "a", "c", "f"]),
+        ("fcfs", ["a", "b", "c", "d", "e", "f", "g"]),
+    ):
+        s = Scheduler(max_num_batched_tokens=100, max_num_seqs=1, policy=policy)
+        for name, priority in arrivals:
+            s.add(Req(name, 10, priority=priority))
+        assert [c.request.request_id for batch in drain(s) for c in batch] == want, policy
+    s = Scheduler(max_num_batched_tokens=100, max_num_seqs=1, policy="priority")
+    s.add(Req("low", 10, priority=9))
+    assert [c.request.request_id for c in s.schedule()] == ["low"]
+    s.add(Req("later", 10, priority=9))
+    s.add(Req("urgent", 10, priority=-1))  # arrives last, served next
+    assert [c.request.request_id for batch in drain(s) for c in batch] == ["urgent", "later"]

@@ -903,6 +903,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "--max-num-seqs", 256, "most sequences in one forward pass", cast=int)
     _flag(
         p,
+        "--scheduling-policy",
+        "fcfs",
+        "fcfs: waiting requests in arrival order; priority: by a request's `priority` (lower first), then arrival",
+        choices=["fcfs", "priority"],
+    )
+    _flag(
+        p,
         "--truncation",
         "auto",
         "auto: cut over-long input to max_model_len; error: reject it with 400",
@@ -1170,6 +1177,7 @@ def serve_engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.max_model_len,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
+        "scheduling_policy": args.scheduling_policy,
         "truncation": args.truncation,
         "convert": args.convert,
         "long_input": args.long_input,

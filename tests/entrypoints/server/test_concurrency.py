@@ -246,3 +246,42 @@ def test_a_large_body_is_encoded_with_the_gil_free_between_pieces():
         longest = max(np.diff([start, *[t for t in ticks if start <= t <= end], end]))
         # one orjson call: the other thread waits through it; in pieces, it runs all along
         assert (longest > 0.8 * (end - start)) if holds else (longest < 0.4 * (end - start)), (longest, end - start)
+
+
+def test_a_bodys_priority_reaches_the_scheduler(minilm_path):
+    """Each vLLM / Cohere route hands its body's `priority` to the engine's queue (null: 0), which orders by it
+    under --scheduling-policy priority (the flag was an unknown argument, and the field was dropped)."""
+    from polyvec import LLM
+    from polyvec.entrypoints.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "m", "--scheduling-policy", "priority"])
+    assert args.scheduling_policy == "priority"
+    assert build_parser().parse_args(["serve", "m"]).scheduling_policy == "fcfs"
+    from polyvec.config import EngineConfig
+
+    with pytest.raises(ValueError, match="scheduling_policy must be 'fcfs' or 'priority', got 'lifo'"):
+        EngineConfig(scheduling_policy="lifo")  # type: ignore[arg-type]
+    engine = LLM(str(minilm_path), dtype="float32", scheduling_policy="priority").engine
+    assert engine.scheduler.policy == "priority"
+    seen: list[int] = []
+    add = engine.scheduler.add
+
+    def recording(request):
+        seen.append(request.priority)
+        add(request)
+
+    engine.scheduler.add = recording
+    cases = [
+        ("/v1/embeddings", {"input": ["a", "b"], "priority": 5}, 5),
+        ("/pooling", {"input": "a", "task": "token_embed", "priority": -2}, -2),
+        ("/score", {"queries": "a", "documents": ["b"], "priority": 3}, 3),
+        ("/v1/rerank", {"query": "a", "documents": ["b"], "priority": None}, 0),
+        ("/v2/embed", {"texts": ["a"], "input_type": "search_query", "priority": 2**63 - 1}, 2**63 - 1),
+        ("/v1/embed", {"texts": ["a"]}, 0),
+    ]
+    with in_process_server(engine, warmup=False) as url:
+        for path, body, want in cases:
+            seen.clear()
+            r = httpx.post(url + path, json=body, timeout=60)
+            assert r.status_code == 200, (path, r.text)
+            assert seen and set(seen) == {want}, (path, seen)

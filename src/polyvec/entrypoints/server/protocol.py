@@ -169,8 +169,8 @@ class VLLMCompatFields(StrictModel):
     """Fields vLLM clients may send that change nothing here (scheduling and multimodal hints)."""
 
     priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] = 0
-    """Accepted for vLLM compatibility (a 64-bit integer, as vLLM checks it); polyvec schedules by arrival and
-    length."""
+    """vLLM's: under `--scheduling-policy priority`, lower values are served earlier (ties in arrival order);
+    ignored under fcfs, the default (a 64-bit integer, as vLLM checks it)."""
     request_id: Annotated[str, AfterValidator(_request_id)] | None = None
     """The response's id (after its prefix), as in vLLM; an X-Request-Id header takes precedence."""
     cache_salt: Annotated[str, AfterValidator(_cache_salt)] | None = None
@@ -552,7 +552,8 @@ class RerankRequest(PoolingBase):
     use_activation: bool | None = None
     """Cross-encoders: apply the sigmoid/softmax to the logit (default true)."""
     priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] | None = 0  # type: ignore[assignment]
-    """Accepted for compatibility; ignored (null too: Cohere's rerank takes it)."""
+    """As vLLM's `priority` (lower served earlier under `--scheduling-policy priority`); null too (0), as Cohere's
+    rerank takes it."""
     max_tokens_per_query: Annotated[int, Field(ge=0), INTEGRAL] | None = 0
     """Cut each query text to at most this many tokens, not counting special tokens or prompts (0, null: no
     limit)."""
@@ -685,8 +686,8 @@ class CohereEmbedRequest(CohereEmbedV1Request):
     """At most this many tokens per input, special tokens included (at most the model's maximum input length);
     longer input is cut as `truncate` says, or rejected with NONE."""
     priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] | None = 0
-    """Accepted for compatibility (a 64-bit integer, as vLLM checks it; null too, as Cohere's clients send it);
-    ignored."""
+    """As vLLM's `priority` (lower served earlier under `--scheduling-policy priority`, else ignored); a 64-bit
+    integer, or null (0), as Cohere's clients send it."""
 
 
 class TokenizeRequest(StrictModel):

@@ -407,11 +407,13 @@ async def run_pooling(
     names: dict[str, str] | None = None,
     too_long_hint: str | None = None,
     single: bool = False,
+    priority: int | None = 0,
     **kwargs: Any,
 ) -> list:
     """Run one request's prompts (the items of body field `field`) through the engine; a rejected parameter or
     input is a 400 that names the field and item (`task_param`: the body field that chose the task, if any).
-    `single`: the body gave one input, not a list (TEI's metrics tell them apart)."""
+    `single`: the body gave one input, not a list (TEI's metrics tell them apart). `priority`: the body's, for
+    the priority scheduling policy (null: 0)."""
     start = time.perf_counter()
     method = count_request(state, raw, single)
     check_ids_sent(state, prompts, field if locate is None else None)
@@ -434,6 +436,10 @@ async def run_pooling(
         ),
     )
     check_limits(state, requests, field, locate)
+    for r in requests:
+        r.priority = priority or 0
+        for w in r.windows or ():
+            w.priority = r.priority
     kind = "predict" if {r.params.task for r in requests} <= {"classify", "score"} else "embed"
     state.metrics.te_inputs[kind].count.inc(len(requests))
     queued = time.monotonic()

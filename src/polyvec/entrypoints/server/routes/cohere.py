@@ -71,6 +71,7 @@ async def _embed(req: P.CohereEmbedV1Request, raw: Request, state: State, versio
         names={"dimensions": "output_dimension"},
         too_long_hint="shorten it, or send truncate END or START to cut it",
         **side,
+        priority=v2.priority if v2 else 0,
     )
     if req.truncate == "NONE" and max_tokens is not None:  # checked after the run, as vLLM does
         for i, o in enumerate(outputs):

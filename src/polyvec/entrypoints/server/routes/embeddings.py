@@ -67,6 +67,7 @@ async def create_embeddings(req: P.EmbeddingRequest, raw: Request, state: State)
         padding=req.padding,
         locate=locate,
         single=isinstance(req.input, str),
+        priority=req.priority,
     )
     if req._cut is not None:  # Infinity's dimensions: the first values, in its range check
         width = outputs[0].outputs.data.shape[-1]
@@ -153,6 +154,7 @@ async def _late_chunked(req: P.EmbeddingRequest, raw: Request, state: State, mod
         add_special_tokens=add_special_tokens,
         truncation="error",
         single=isinstance(req.input, str),
+        priority=req.priority,
     )
     data = []
     for i, (meta, out) in enumerate(zip(metas, outputs)):
@@ -199,6 +201,7 @@ async def create_pooling(req: P.PoolingRequest, raw: Request, state: State) -> R
         locate=locate,
         task_param="task" if req.task is not None else None,
         single=isinstance(req.input, str),
+        priority=req.priority,
     )
     if multi or task == "embed_sparse":
         tokenizer = state.engine.tokenizer
@@ -264,6 +267,7 @@ async def create_classify(req: P.ClassificationRequest, raw: Request, state: Sta
         padding=req.padding,
         locate=locate,
         single=isinstance(req.input, str),
+        priority=req.priority,
     )
     id2label = state.model_config.id2label
     tokens = sum(len(o.prompt_token_ids) for o in outputs)

@@ -99,6 +99,7 @@ async def score_pairs(
         truncation_side=req.truncation_side,
         add_special_tokens=req.add_special_tokens and (special or plan.task != "classify"),
         padding=req.padding,
+        priority=req.priority,
     )
     return plan.scores(outputs), sum(len(o.prompt_token_ids) for o in outputs)
 
