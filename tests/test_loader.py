@@ -236,7 +236,14 @@ def _dense(folder, name, module_input=None, module_output=None):
 
 @pytest.mark.parametrize(
     "case",
-    ["layernorm", "normalize_before_dense", "token_dense_before_pooling", "dense_to_another_output", "prompt_name"],
+    [
+        "layernorm",
+        "normalize_before_dense",
+        "token_dense_before_pooling",
+        "dense_to_another_output",
+        "prompt_name",
+        "own_pooling",
+    ],
 )
 def test_sentence_transformers_layouts_it_would_compute_otherwise_are_refused(tmp_path, minilm_path, case):
     """Modules polyvec does not compute were skipped (a LayerNorm module: cosine 0.67 to sentence-transformers),
@@ -258,11 +265,14 @@ def test_sentence_transformers_layouts_it_would_compute_otherwise_are_refused(tm
     elif case == "dense_to_another_output":
         modules.insert(2, _dense(folder, "2_Dense", module_output="projected"))
         match = "a Dense writing 'projected'"
-    else:
+    elif case == "prompt_name":
         (folder / "config_sentence_transformers.json").write_text(
             json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "doc"})
         )
         match = r"default_prompt_name 'doc' is not among the prompts \(query\)"
+    elif case == "own_pooling":  # remote code named like the built-in: it was run as sentence-transformers' Pooling
+        modules[1]["type"] = "custom_st.Pooling"
+        match = r"module 1 \(custom_st.Pooling, 1_Pooling\) is code of its own, not sentence-transformers'"
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(ValueError, match=match):
         LLM(str(folder), dtype="float32")
@@ -313,3 +323,66 @@ def test_the_tokenizers_truncation_side_is_the_default(tmp_path, minilm_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right', got 'middle'"):
         LLM(str(folder), dtype="float32")
+
+
+def test_a_transformer_config_under_its_older_name_is_read(tmp_path, minilm_path):
+    """sentence_distilbert_config.json and its kin (checkpoints from before sentence_bert_config.json), which
+    sentence-transformers and vLLM read in turn: its max_seq_length was ignored (512 against 12, cosine 0.74)."""
+    folder = _st_folder(tmp_path, minilm_path, "legacy", drop=("sentence_bert_config.json",))
+    (folder / "sentence_distilbert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.max_model_len == 12
+    assert llm.model_config.sources["max_model_len"] == "sentence_distilbert_config.json max_seq_length"
+    assert cosine_rows(_vectors(llm, TEXTS), _st_vectors(folder, TEXTS)).min() >= 0.9999
+
+
+def test_a_dense_module_activation_as_sentence_transformers_loads_it(tmp_path, minilm_path, caplog):
+    """No activation_function in a Dense config is Dense's default, Tanh (it was identity: cosine 0.997); a path
+    outside torch, which sentence-transformers does not import, is Tanh too, with a warning (it was the last
+    name's activation: ReLU, cosine 0.62)."""
+    import logging
+
+    for name, activation in (("absent", None), ("untrusted", "mypkg.acts.ReLU")):
+        folder = _st_folder(tmp_path, minilm_path, name)
+        modules = json.loads((folder / "modules.json").read_text())
+        dense = _dense(folder, "2_Dense")
+        cfg = json.loads((folder / "2_Dense" / "config.json").read_text())
+        cfg.pop("activation_function")
+        if activation is not None:
+            cfg["activation_function"] = activation
+        (folder / "2_Dense" / "config.json").write_text(json.dumps(cfg))
+        (folder / "modules.json").write_text(json.dumps([*modules[:2], dense, modules[2]]))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="polyvec.loader"):
+            llm = LLM(str(folder), dtype="float32")
+        assert llm.model_config.dense[0].activation == "tanh", name
+        assert ("is not torch's; Tanh" in caplog.text) == (activation is not None), caplog.text
+        assert cosine_rows(_vectors(llm, TEXTS), _st_vectors(folder, TEXTS)).min() >= 0.9999, name
+
+
+def test_a_truncate_dim_past_the_vector_cuts_nothing(tmp_path, minilm_path):
+    """truncate_dim 1000 on 384-d vectors: sentence-transformers' cut keeps all 384; every request was a 400
+    naming `dimensions`, a field no one had sent."""
+    folder = _st_folder(tmp_path, minilm_path, "wide", st_config={"truncate_dim": 1000})
+    llm = LLM(str(folder), dtype="float32")
+    assert llm.model_config.truncate_dim is None and not llm.model_config.is_matryoshka
+    got = _vectors(llm, TEXTS)
+    assert got.shape == (len(TEXTS), 384)
+    assert cosine_rows(got, _st_vectors(folder, TEXTS)).min() >= 0.9999
+    with pytest.raises(ValueError, match="dimensions"):  # still not a Matryoshka model
+        _vectors(llm, TEXTS, dimensions=64)
+
+
+def test_a_similarity_other_than_cosine_is_said(tmp_path, minilm_path, caplog):
+    """Scores are cosines, as vLLM's; a model naming dot (without a Normalize module), euclidean or manhattan
+    scores otherwise in sentence-transformers: a warning at load says so (it was silent)."""
+    import logging
+
+    for name, normalize, warned in (("dot", False, True), ("dot", True, False), ("euclidean", True, True),
+                                    ("cosine", True, False)):  # fmt: skip
+        folder = _st_folder(tmp_path, minilm_path, f"{name}-{normalize}", normalize=normalize,
+                            st_config={"similarity_fn_name": name})  # fmt: skip
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="polyvec.loader"):
+            load_model_config(str(folder), dtype=torch.float32)
+        assert ("score and rerank return cosines" in caplog.text) == warned, (name, normalize, caplog.text)

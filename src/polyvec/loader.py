@@ -69,6 +69,12 @@ _ACTIVATIONS: dict[str, Activation] = {
     "sigmoid": "sigmoid",
     "softmax": "softmax",
 }
+# A Transformer module's settings (max_seq_length, do_lower_case): the first of these files, as sentence-transformers
+# and vLLM look for them (checkpoints from before sentence_bert_config.json name their model type).
+ST_TRANSFORMER_CONFIGS = tuple(
+    f"sentence_{name}_config.json"
+    for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+)
 # Encoders whose positions start after the padding index (fairseq convention).
 _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "mpnet", "camembert")
 
@@ -81,6 +87,19 @@ _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "mpnet", "camembert")
 def _read_json(path: Path) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _dense_activation(cfg: dict[str, Any], where: Path) -> Activation:
+    """A Dense module's activation as sentence-transformers loads it: Tanh when its config names none (Dense's
+    default), and Tanh too, with a warning, for a path outside torch, which it does not import."""
+    if "activation_function" not in cfg:
+        return "tanh"
+    qualname = cfg["activation_function"]
+    if qualname and not str(qualname).startswith("torch."):
+        logger.warning("%s: activation_function %r is not torch's; Tanh, as sentence-transformers falls back to",
+                       where, qualname)  # fmt: skip
+        return "tanh"
+    return _activation_name(qualname)
 
 
 def _activation_name(qualname: str | None) -> Activation:
@@ -131,9 +150,11 @@ def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]
     for k, module in enumerate(modules):
         kind = module.get("type", "").rsplit(".", 1)[-1]
         folder = root / module.get("path", "")
-        if kind not in _ST_MODULES:  # skipped, it would change every vector unseen
+        own = "." in module.get("type", "") and not module["type"].startswith(("sentence_transformers.", "pylate."))
+        if kind not in _ST_MODULES or own:  # skipped, or run as the built-in, it would change every vector unseen
+            why = "code of its own, not sentence-transformers'" if own and kind in _ST_MODULES else "not supported"
             raise ValueError(
-                f"{root / 'modules.json'}: module {k} ({module.get('type')}, {module.get('path')}) is not supported; "
+                f"{root / 'modules.json'}: module {k} ({module.get('type')}, {module.get('path')}) is {why}; "
                 f"supported: {', '.join(_ST_MODULES)}"
             )
         if out["normalize"] and kind != "Dropout":  # sentence-transformers runs modules in order
@@ -162,7 +183,7 @@ def _read_modules(root: Path, modules: list[dict[str, Any]], out: dict[str, Any]
                     in_features=int(cfg["in_features"]),
                     out_features=int(cfg["out_features"]),
                     bias=bool(cfg.get("bias", True)),
-                    activation=_activation_name(cfg.get("activation_function")),
+                    activation=_dense_activation(cfg, folder / "config.json"),
                     use_residual=bool(cfg.get("use_residual", False)),
                     on_tokens=on_tokens,
                 )
@@ -527,7 +548,8 @@ def load_model_config(
     elif convert == "classify" and not architecture.endswith("ForSequenceClassification"):
         raise ValueError(f"convert='classify' needs a causal LM or sequence classifier checkpoint, not {architecture}")
 
-    st_cfg = _read_json(tdir / "sentence_bert_config.json") if (tdir / "sentence_bert_config.json").is_file() else {}
+    st_file = next((tdir / n for n in ST_TRANSFORMER_CONFIGS if (tdir / n).is_file()), None)
+    st_cfg = _read_json(st_file) if st_file is not None else {}
     limit = position_limit(hf_config)
     if max_model_len is not None:
         if max_model_len < 1 or max_model_len > limit:
@@ -535,7 +557,7 @@ def load_model_config(
         sources["max_model_len"] = "argument"
     elif st_cfg.get("max_seq_length"):
         max_model_len = min(int(st_cfg["max_seq_length"]), limit)
-        sources["max_model_len"] = "sentence_bert_config.json max_seq_length"
+        sources["max_model_len"] = f"{st_file.name if st_file else 'sentence_bert_config.json'} max_seq_length"
     elif (root / "modules.json").is_file() and (st_len := tokenizer_max_length(tdir)):
         # sentence-transformers >= 6 stores max_seq_length as the tokenizer's model_max_length.
         max_model_len = min(st_len, limit)
@@ -605,6 +627,7 @@ def load_model_config(
 
     st_model_cfg = root / "config_sentence_transformers.json"
     prompts, default_prompt, truncate_dim = {}, None, None
+    declared_matryoshka = bool(hf_config.get("is_matryoshka", False) or matryoshka)
     if st_model_cfg.is_file():
         st_model = _read_json(st_model_cfg)
         prompts = {k: v for k, v in (st_model.get("prompts") or {}).items() if isinstance(v, str)}
@@ -616,6 +639,12 @@ def load_model_config(
             )
         if prompts:
             sources["prompts"] = "config_sentence_transformers.json"
+        similarity = st_model.get("similarity_fn_name")
+        if similarity not in (None, "cosine") and not (similarity == "dot" and st["normalize"]):
+            logger.warning(
+                "%s names similarity_fn_name %r; score and rerank return cosines here, as vLLM's do (rank by "
+                "the vectors from embed to use %s)", st_model_cfg, similarity, similarity,
+            )  # fmt: skip
         truncate_dim = st_model.get("truncate_dim")
         if truncate_dim is not None and pooler_config.dimensions is None:
             if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1:
@@ -630,7 +659,7 @@ def load_model_config(
         sources["score_template"] = "sentence_bert_config.json modality_config message"
     from .models.registry import CAUSAL_FAMILIES
 
-    return ModelConfig(
+    mc = ModelConfig(
         model=str(model),
         # a decoder with vLLM's `is_causal: false` (gte-Qwen2) reads whole prompts both ways, as an encoder
         is_causal=(architecture.startswith(CAUSAL_FAMILIES) and hf_config.get("is_causal", True) is not False)
@@ -665,3 +694,7 @@ def load_model_config(
         bge_m3=_read_bge_m3(root),
         sources=sources,
     )
+    if mc.truncate_dim is not None and mc.truncate_dim >= mc.embed_dim:  # cuts nothing, as sentence-transformers
+        mc.sources.pop("dimensions", None)
+        mc = dataclasses.replace(mc, truncate_dim=None, is_matryoshka=declared_matryoshka)
+    return mc
