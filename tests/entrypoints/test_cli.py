@@ -333,3 +333,25 @@ def test_environment_variables_are_read_for_their_own_command(monkeypatch, capsy
     from polyvec.entrypoints.cli import check_env
 
     check_env(build_parser().parse_args(["serve", "--uvicorn-log-level", "debug"]))
+
+
+def test_ctrl_c_while_torch_imports_is_held_until_the_import_ends():
+    """SIGINT inside `import torch` raised KeyboardInterrupt in torch's C++ initialisation: the process aborted
+    (std::terminate) or the interrupt was lost and the server started anyway. It is held, then raised."""
+    code = """
+import os, signal, sys
+class Interrupting:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as torch starts to import
+        return None
+sys.meta_path.insert(0, Interrupting())
+from polyvec.entrypoints.cli import import_torch
+try:
+    import_torch()
+except KeyboardInterrupt:
+    restored = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    print("interrupted after the import:", "torch" in sys.modules, restored)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "interrupted after the import: True True", (r.stdout, r.stderr[-2000:])

@@ -217,6 +217,7 @@ def _read_parquet(
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    import_torch()
     from ..index import Index
 
     try:
@@ -290,6 +291,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    import_torch()
     from .. import LLM
     from ..index import Index
 
@@ -550,6 +552,7 @@ def error_line(text: str) -> str | None:
 def cmd_embed(args: argparse.Namespace) -> int:
     if args.ray:
         return cmd_embed_ray(args)
+    import_torch()
     tasks = args.pooling_task.split("+")
     task = tasks[0] if len(tasks) == 1 else tasks
     parquet = bool(args.output) and args.output.endswith(".parquet")
@@ -1148,8 +1151,27 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def import_torch() -> None:
+    """Import torch with Ctrl-C held until the import ends, then raised: a KeyboardInterrupt raised inside torch's
+    C++ initialisation aborted the process (std::terminate), or was lost there and the server then ignored it."""
+    import signal
+    import threading
+
+    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _: held.append(signum))
+    try:
+        import torch  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
 def load_engine(args: argparse.Namespace, **kwargs):
     """The engine for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
+    import_torch()
     from ..engine.factory import create_engine
 
     try:
@@ -1224,6 +1246,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas, args.ray)):
         return cmd_serve_ray(args)
 
+    import_torch()
     import torch
     import uvicorn
 
@@ -1530,6 +1553,7 @@ def _haproxy_408(body_timeout: float) -> str:
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     import importlib.util
 
+    import_torch()
     from ..eval.retrieval import KINDS, load_beir, run_hybrid, run_retrieval
 
     # the eval extra's libraries are named before anything is encoded (a traceback after the corpus, before)
