@@ -233,3 +233,26 @@ def test_the_priority_policy_serves_lower_values_first_and_ties_in_arrival_order
     s.add(Req("later", 10, priority=9))
     s.add(Req("urgent", 10, priority=-1))  # arrives last, served next
     assert [c.request.request_id for batch in drain(s) for c in batch] == ["urgent", "later"]
+
+
+def test_the_priority_policy_fills_a_batch_with_higher_priorities_first():
+    """The batch's anchor is the first by priority; the rest of the batch was filled by closeness in length
+    alone, so lower-priority requests took the step while a higher one waited for the next."""
+    s = Scheduler(max_num_batched_tokens=100, max_num_seqs=8, policy="priority")
+    s.add(Req("urgent-a", 10, priority=0))
+    s.add(Req("urgent-b", 60, priority=0))
+    for i in range(9):
+        s.add(Req(f"low{i}", 10, priority=9))
+    first = [c.request.request_id for c in s.schedule()]
+    assert first[:2] == ["urgent-a", "urgent-b"] and first[2:] == ["low0", "low1", "low2"], first
+
+
+def test_queueing_many_under_the_priority_policy_is_one_merge():
+    """A call's requests are merged into the sorted queue at once (one at a time, each walked back from the
+    end: 1,000 urgent requests behind 20,000 took 6.4 s, on the server's event loop)."""
+    s = Scheduler(max_num_batched_tokens=10, max_num_seqs=1, policy="priority")
+    s.add_all([Req(f"old{i}", 1, priority=10) for i in range(20_000)])
+    s.add_all([Req(f"new{i}", 1, priority=p) for i, p in enumerate([0, 10, 5, 0])])
+    order = [r.request_id for r in s.waiting]
+    assert order[:3] == ["new0", "new3", "new2"] and order[-1] == "new1" and len(order) == 20_004
+    assert order[3:-1] == [f"old{i}" for i in range(20_000)]  # ties: those queued first stay first

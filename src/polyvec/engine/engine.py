@@ -216,16 +216,17 @@ class Engine:
         return self.runner.warmup(self.engine_config.max_num_batched_tokens)
 
     def add_requests(self, requests: list[Request]) -> None:
+        queued: list[Request] = []
         for r in requests:
             if r.static_output is not None:
                 with self._ready_lock:
                     self._ready.append(r)
             elif r.windows:
                 self._window_groups[r.request_id] = r
-                for w in r.windows:
-                    self.scheduler.add(w)
+                queued.extend(r.windows)
             else:
-                self.scheduler.add(r)
+                queued.append(r)
+        self.scheduler.add_all(queued)
 
     def abort_requests(self, request_ids: set[str]) -> int:
         ids = set(request_ids)

@@ -172,7 +172,13 @@ CASES = [
     Bad("/v1/embeddings", {"input": "x", "add_special_tokens": "maybe"}, 400, "field 'add_special_tokens'"),
     Bad("/v1/embeddings", {"input": "x", "user": 5}, 400, "field 'user'", "user"),
     Bad("/v1/embeddings", {"input": "x", "mm_processor_kwargs": 5}, 400, "field 'mm_processor_kwargs'"),
-    Bad("/v1/embeddings", {"input": "x", "input_type": "banana"}, 400, "Unsupported input_type 'banana'; allowed:"),
+    Bad(
+        "/v1/embeddings",
+        {"input": "x", "input_type": "banana"},
+        400,
+        "Unsupported input_type 'banana'; allowed:",
+        "input_type",
+    ),
     Bad("/v1/embeddings", {"input": "x", "normalize": True, "use_activation": False}, 400, "conflicts"),
     Bad("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 404, "the model 'gpt-4' does not exist", "model"),
     Bad("/v1/embeddings", {"input": "x", "a" * 500: 1}, 400, "unknown field 'aaaa"),
@@ -270,7 +276,13 @@ CASES = [
     ),  # fmt: skip
     Bad("/v2/embed", {"inputs": [{"content": [{"type": "text", "text": "\ud800"}]}]}, 400, "is not valid UTF-8"),
     Bad("/v2/embed", {"texts": ["x"], "input_type": "image"}, 400, "images are not supported yet", "input_type"),
-    Bad("/v2/embed", {"texts": ["x"], "input_type": "poetry"}, 400, "Unsupported input_type 'poetry'; allowed:"),
+    Bad(
+        "/v2/embed",
+        {"texts": ["x"], "input_type": "poetry"},
+        400,
+        "Unsupported input_type 'poetry'; allowed:",
+        "input_type",
+    ),
     Bad("/v2/embed", {"texts": ["x"], "max_tokens": 257}, 400, "max_tokens=257 is more than", "max_tokens"),
     Bad(
         "/v2/embed",

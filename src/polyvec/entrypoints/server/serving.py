@@ -374,7 +374,7 @@ def check_ids_sent(state: ServerState, prompts: list, param: str | None) -> None
         )
 
 
-_PARAM = re.compile(r"^([a-z_]+)\b")
+_PARAM = re.compile(r"^(?:Unsupported )?([a-z_]+)\b")  # "input_type=...", or vLLM's "Unsupported input_type ..."
 
 
 def _param_of(message: str) -> str | None:
