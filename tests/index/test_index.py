@@ -459,6 +459,10 @@ def test_the_recipe_names_a_local_model_by_its_whole_path(tmp_path, monkeypatch)
         assert index.config.model == str(tmp_path / "colbert")
     with Index.create(tmp_path / "hub", model="org/not-a-folder", dim=4, first_stage="none") as index:
         assert index.config.model == "org/not-a-folder"  # a hub id as given
+    from polyvec.index.index import stored_name
+
+    # polyvec search --model compares by it: the recipe's folder by any spelling is the recipe's model
+    assert stored_name("./colbert") == stored_name(str(tmp_path / "." / "colbert")) == str(tmp_path / "colbert")
 
 
 def test_blank_texts_ids_and_huge_k_are_refused(minilm_llm, tmp_path):
@@ -480,6 +484,14 @@ def test_blank_texts_ids_and_huge_k_are_refused(minilm_llm, tmp_path):
             with pytest.raises(ValueError, match=f"{option} must be at most 1,000,000, got {2**70}"):
                 index.search("cone", **{option: 2**70})
         assert index.search({"prompt": "cone flow"}, k=1) == index.search("cone flow", k=1)
+        for blank in ({"prompt": ""}, {"prompt": " \t"}):  # a prompt dict's text likewise
+            with pytest.raises(ValueError, match="document 0 is"):
+                index.add([blank], ["d"])
+            with pytest.raises(ValueError, match="query 0 is"):
+                index.search(blank)
+        with pytest.raises(ValueError, match="document 5 is blank"):  # refused before a batch is written
+            index.add(["a", "b", "c", "d", "e", " "], [f"x{i}" for i in range(6)], batch_size=2)
+        assert len(index) == 2
 
 
 def test_cli_names_the_query_and_writes_nothing_on_an_error(capsys, tmp_path, minilm_path):
@@ -507,3 +519,6 @@ def test_cli_names_the_query_and_writes_nothing_on_an_error(capsys, tmp_path, mi
     assert out.out == "" and "the id 'doc 1' has whitespace" in out.err, out.err
     assert main(["search", "--index", idx, "flutter", "-k", "1"]) == 0  # JSON lines hold any id
     assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "doc 1"
+    run = tmp_path / "run.trec"
+    assert main(["search", "--index", idx, "flutter", "--format", "trec", "--output", str(run)]) == 2
+    assert not run.exists() and not Path(f"{run}.partial").exists()  # nothing half-written left behind

@@ -294,6 +294,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     import_torch()
     from .. import LLM
     from ..index import Index
+    from ..index.index import stored_name
 
     if args.query and args.queries:  # ids would repeat: both number their queries from 0
         raise CommandError("give queries as arguments or with --queries FILE, not both")
@@ -306,67 +307,83 @@ def cmd_search(args: argparse.Namespace) -> int:
         queries = [(qid, text) for qid, text in zip(qids, texts) if text.strip()]  # blank lines: no query
     if not queries:
         raise CommandError("give queries as arguments or with --queries FILE")
+    if args.format == "trec":  # a run's columns are split at whitespace
+        _check_trec_ids([qid for qid, _ in queries])
+    empty = next((qid for qid, q in queries if not q.strip()), None)
+    if empty is not None:  # before any query is searched or written
+        raise CommandError(f"query {empty!r} is empty: it has no text to encode")
     try:
         index = Index.open(args.index, collection=args.collection)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise CommandError(str(exc)) from None
     try:
         # its recipe's model, loaded with the options that shaped the documents' vectors
-        same = args.model in (None, index.config.model)
+        same = args.model is None or stored_name(args.model) == index.config.model
         options = dict(index.config.engine) if same else {}
         if args.dtype != "auto" or "dtype" not in options:  # given here, else the documents' own
             options["dtype"] = args.dtype
         llm = LLM(args.model or index.config.model, **options)
         sparse = index.config.sparse_model
         sparse_llm = LLM(sparse, dtype=args.dtype) if sparse and sparse != index.config.model else None
-    except ModelNotFoundError as exc:
+    except BaseException as exc:
         index.close()  # its lock: a caller in this process may open it again
-        raise CommandError(str(exc)) from None
-    except (ValueError, OSError) as exc:  # a bad --dtype, a model that cannot be read
-        index.close()
-        raise CommandError(f"cannot load the model: {exc}") from None
+        if isinstance(exc, ModelNotFoundError):
+            raise CommandError(str(exc)) from None
+        if isinstance(exc, (ValueError, OSError)):  # a bad --dtype, a model that cannot be read
+            raise CommandError(f"cannot load the model: {exc}") from None
+        raise
     index = Index(index.backend, llm, sparse_llm)
-    found: list[list[Any]] = []  # every query's hits before any is written: an error leaves no partial run
-    with index:
-        for start in range(0, len(queries), 64):
-            chunk = queries[start : start + 64]
-            try:
-                found += index.search(
-                    [q for _, q in chunk],
-                    k=args.k,
-                    prefetch=args.prefetch,
-                    rescore=args.rescore,
-                    oversampling=args.oversampling,
-                )
-            except ValueError as exc:  # a query refused, or a --model whose vectors or tasks are not the index's
-                # the index numbers the chunk's queries from 0: name the query by its id
-                message = _name_query(str(exc), [qid for qid, _ in chunk])
-                if args.model is None:
-                    raise CommandError(message) from None
-                raise CommandError(
-                    f"--model {args.model} does not fit the index (written with {index.config.model}): {message}"
-                ) from None
-    if args.format == "trec":  # a run's columns are split at whitespace
-        spaced = next((i for (qid, _), hits in zip(queries, found) for i in [qid, *(h.id for h in hits)]
-                       if not i or any(c.isspace() for c in i)), None)  # fmt: skip
-        if spaced is not None:
-            raise CommandError(f"the id {spaced!r} has whitespace, which a TREC run cannot hold: use --format jsonl")
+    # --output is written beside and renamed when whole: an error leaves no partial run behind
+    partial = f"{args.output}.partial" if args.output else None
     try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+        out = open(partial, "w", encoding="utf-8") if partial else sys.stdout
     except OSError as exc:
+        index.close()
         raise CommandError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     try:
-        for (qid, text), hits in zip(queries, found):
-            if args.format == "trec":
-                for rank, h in enumerate(hits, 1):
-                    out.write(f"{qid} Q0 {h.id} {rank} {h.score:.6f} polyvec\n")
-            else:
-                row = {"query_id": qid, "query": text, "hits": [{"id": h.id, "score": h.score} for h in hits]}
-                out.write(json.dumps(row) + "\n")
-    finally:
-        if out is not sys.stdout:
+        with index:
+            for start in range(0, len(queries), 64):
+                chunk = queries[start : start + 64]
+                try:
+                    found = index.search(
+                        [q for _, q in chunk],
+                        k=args.k,
+                        prefetch=args.prefetch,
+                        rescore=args.rescore,
+                        oversampling=args.oversampling,
+                    )
+                except ValueError as exc:  # a query refused, or a --model whose vectors or tasks are not the index's
+                    # the index numbers the chunk's queries from 0: name the query by its id
+                    message = _name_query(str(exc), [qid for qid, _ in chunk])
+                    if args.model is None:
+                        raise CommandError(message) from None
+                    raise CommandError(
+                        f"--model {args.model} does not fit the index (written with {index.config.model}): {message}"
+                    ) from None
+                if args.format == "trec":
+                    _check_trec_ids([h.id for hits in found for h in hits])
+                for (qid, text), hits in zip(chunk, found):
+                    if args.format == "trec":
+                        for rank, h in enumerate(hits, 1):
+                            out.write(f"{qid} Q0 {h.id} {rank} {h.score:.6f} polyvec\n")
+                    else:
+                        row = {"query_id": qid, "query": text, "hits": [{"id": h.id, "score": h.score} for h in hits]}
+                        out.write(json.dumps(row) + "\n")
+    except BaseException:
+        if partial:
             out.close()
+            os.unlink(partial)
+        raise
+    if partial:
+        out.close()
+        os.replace(partial, args.output)
     return 0
+
+
+def _check_trec_ids(ids: list[str]) -> None:
+    spaced = next((i for i in ids if not i or any(c.isspace() for c in i)), None)
+    if spaced is not None:
+        raise CommandError(f"the id {spaced!r} has whitespace, which a TREC run cannot hold: use --format jsonl")
 
 
 def _name_query(message: str, ids: list[str]) -> str:

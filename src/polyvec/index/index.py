@@ -57,11 +57,12 @@ def _check_texts(texts: Sequence[Any], what: str, first: int = 0) -> None:
     """An empty or blank text as a document or query: refused (its marker and expansion tokens alone would match
     every query, and rank first)."""
     for i, t in enumerate(texts):
-        if isinstance(t, str) and not t.strip():
-            raise ValueError(f"{what} {first + i} is {'empty' if not t else 'blank'}: it has no text to encode")
+        text = t.get("prompt") if isinstance(t, dict) and "prompt_token_ids" not in t else t  # a prompt dict's
+        if isinstance(text, str) and not text.strip() and not (isinstance(t, dict) and t.get("multi_modal_data")):
+            raise ValueError(f"{what} {first + i} is {'empty' if not text else 'blank'}: it has no text to encode")
 
 
-def _stored_name(name: str) -> str:
+def stored_name(name: str) -> str:
     """A model as the recipe keeps it: a local folder by its absolute path (a relative one named another folder,
     or a hub id, from another working directory), else the name given."""
     path = os.path.expanduser(name)
@@ -127,11 +128,11 @@ class Index:
         if model is None or dim is None:
             raise ValueError("give an LLM, or model and dim")
         config = IndexConfig(
-            model=_stored_name(model),
+            model=stored_name(model),
             dim=dim,
             first_stage=first_stage,
             dense_dim=dense_dim,
-            sparse_model=_stored_name(sparse_model) if first_stage == "sparse" and sparse_model else None,
+            sparse_model=stored_name(sparse_model) if first_stage == "sparse" and sparse_model else None,
             quantization=quantization,
             pool_factor=pool_factor,
             engine=options,
@@ -229,6 +230,8 @@ class Index:
             texts = [texts]
         if isinstance(texts, Sequence) and isinstance(ids, Sequence) and len(texts) != len(ids):
             raise ValueError(f"{len(ids)} ids for {len(texts)} documents")  # before any is written
+        if isinstance(texts, Sequence):
+            _check_texts(texts, "document")  # likewise
         start = self.backend.count() if ids is None else 0
         id_iter = iter(ids) if ids is not None else None
         batch: list[Any] = []

@@ -86,7 +86,13 @@ def _lock(root: Path) -> IO[str] | None:
         import fcntl
     except ImportError:  # not POSIX: no lock, as before
         return None
-    f = open(root / LOCK, "a")  # noqa: SIM115 (held open while the index is)
+    try:
+        f = open(root / LOCK, "a")  # noqa: SIM115 (held open while the index is)
+    except OSError:  # a folder this user may only read: locked as it is, if the lock file is there
+        try:
+            f = open(root / LOCK)  # noqa: SIM115
+        except OSError:
+            return None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
