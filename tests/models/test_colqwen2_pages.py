@@ -133,8 +133,10 @@ def test_readme_pages_match_reference(seeded):
 
     got = torch.tensor([[_maxsim(q.outputs.data, d.outputs.data) for d in docs] for q in qouts])
     want = torch.tensor([[_maxsim(q, d) for d in refs] for q in qrefs])
-    rel = ((got - want).abs() / want.abs()).max().item()
-    assert rel <= 1e-4, (got, want)
+    # relative to each query's scores (a score near 0, -5e-3 among scores of -8, made an elementwise ratio of a
+    # 1e-6 difference 2.7e-4)
+    rel = ((got - want).abs().amax(1) / want.abs().amax(1)).max().item()
+    assert rel <= 1e-4, (rel, got, want)
     for g, w in zip(got, want):
         assert g.argsort(descending=True).tolist() == w.argsort(descending=True).tolist(), (got, want)
         gaps = w.sort(descending=True).values.diff().abs()

@@ -264,13 +264,14 @@ def test_a_bodys_priority_reaches_the_scheduler(minilm_path):
     engine = LLM(str(minilm_path), dtype="float32", scheduling_policy="priority").engine
     assert engine.scheduler.policy == "priority"
     seen: list[int] = []
-    add = engine.scheduler.add
+    add = engine.scheduler.add_all
 
-    def recording(request):
-        seen.append(request.priority)
-        add(request)
+    def recording(requests):
+        requests = list(requests)
+        seen.extend(r.priority for r in requests)
+        add(requests)
 
-    engine.scheduler.add = recording
+    engine.scheduler.add_all = recording
     cases = [
         ("/v1/embeddings", {"input": ["a", "b"], "priority": 5}, 5),
         ("/pooling", {"input": "a", "task": "token_embed", "priority": -2}, -2),
