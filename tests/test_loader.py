@@ -327,7 +327,7 @@ def test_the_tokenizers_truncation_side_is_the_default(tmp_path, minilm_path):
 
 def test_a_transformer_config_under_its_older_name_is_read(tmp_path, minilm_path):
     """sentence_distilbert_config.json and its kin (checkpoints from before sentence_bert_config.json), which
-    sentence-transformers and vLLM read in turn: its max_seq_length was ignored (512 against 12, cosine 0.74)."""
+    sentence-transformers and vLLM read in turn: its max_seq_length was ignored."""
     folder = _st_folder(tmp_path, minilm_path, "legacy", drop=("sentence_bert_config.json",))
     (folder / "sentence_distilbert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
     llm = LLM(str(folder), dtype="float32")
@@ -337,9 +337,9 @@ def test_a_transformer_config_under_its_older_name_is_read(tmp_path, minilm_path
 
 
 def test_a_dense_module_activation_as_sentence_transformers_loads_it(tmp_path, minilm_path, caplog):
-    """No activation_function in a Dense config is Dense's default, Tanh (it was identity: cosine 0.997); a path
+    """No activation_function in a Dense config is Dense's default, Tanh (it was identity); a path
     outside torch, which sentence-transformers does not import, is Tanh too, with a warning (it was the last
-    name's activation: ReLU, cosine 0.62)."""
+    name's activation, ReLU)."""
     import logging
 
     for name, activation in (("absent", None), ("untrusted", "mypkg.acts.ReLU")):

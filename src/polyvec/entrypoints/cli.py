@@ -1170,7 +1170,8 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def import_torch() -> None:
     """Import torch with Ctrl-C held until the import ends, then raised: a KeyboardInterrupt raised inside torch's
-    C++ initialisation aborted the process (std::terminate), or was lost there and the server then ignored it."""
+    C++ initialisation aborted the process (std::terminate), or was lost there and the server then ignored it.
+    Each command that loads a model calls it first (the --ray drivers never import torch)."""
     import signal
     import threading
 
@@ -1188,7 +1189,6 @@ def import_torch() -> None:
 
 def load_engine(args: argparse.Namespace, **kwargs):
     """The engine for a command; a model that cannot be found or read is one line on stderr, not a traceback."""
-    import_torch()
     from ..engine.factory import create_engine
 
     try:

@@ -109,7 +109,7 @@ class EdgeBackend:
 
     @classmethod
     def create(cls, path: str | os.PathLike, config: IndexConfig, overwrite: bool = False) -> EdgeBackend:
-        _edge()  # the extra not installed: said before a folder is made
+        q = _edge()  # the extra not installed: said before a folder is made
         root = Path(path)
         exists = (root / MANIFEST).exists() or (root / "shard").exists()
         if exists and not overwrite:
@@ -117,7 +117,7 @@ class EdgeBackend:
         root.mkdir(parents=True, exist_ok=True)
         lock = _lock(root)
         try:
-            backend = cls._create(root, config, exists, lock)
+            backend = cls._create(q, root, config, exists, lock)
         except BaseException:
             if lock is not None:
                 lock.close()
@@ -125,8 +125,7 @@ class EdgeBackend:
         return backend
 
     @classmethod
-    def _create(cls, root: Path, config: IndexConfig, exists: bool, lock: IO[str] | None) -> EdgeBackend:
-        q = _edge()
+    def _create(cls, q: Any, root: Path, config: IndexConfig, exists: bool, lock: IO[str] | None) -> EdgeBackend:
         if exists:
             shutil.rmtree(root / "shard", ignore_errors=True)
         quant: Any = None

@@ -73,8 +73,8 @@ BF16_MIN_SPEEDUP = 1.2  # below this, float32's exactness wins (AMX and Zen 4 me
 def bf16_speedup(rounds: int = 10) -> float:
     """float32 time / bfloat16 time of a projection-shaped matmul (256 x 384 @ 384 x 1536) on one thread, the
     two dtypes alternated, best of `rounds` each: on two threads, or one dtype's runs after the other's, a busy
-    neighbour process swung the ratio from 0.3 to 1.8 between runs (and auto's choice with it); one thread,
-    interleaved, measures the cores' own ratio (0.52-0.54 on a Xeon without AMX, idle or beside a busy loop)."""
+    neighbour process swung the ratio across the threshold between runs (and auto's choice with it); one thread,
+    interleaved, measures the cores' own ratio whether or not the machine is busy."""
     import time
 
     pairs = [(torch.randn(256, 384, dtype=d), torch.randn(384, 1536, dtype=d)) for d in (torch.float32, torch.bfloat16)]
