@@ -297,6 +297,9 @@ class ModelConfig:
     """Instruction prompts by name (config_sentence_transformers.json), prepended to text prompts whose
     input_type (query / document) names one."""
     default_prompt_name: str | None = None
+    default_prompt: str | None = None
+    """A prompt text put before text inputs that name no input_type, in place of default_prompt_name's (TEI's
+    `--default-prompt`)."""
     score_template: ScoreTemplate | None = None
     """A sentence-transformers CrossEncoder that scores pairs as "query" / "document" messages through a chat
     template (used where no chat template is given, as vLLM does)."""

@@ -615,11 +615,13 @@ class InputProcessor:
     def _with_prompt(self, text: str, params: PoolingParams) -> str:
         """Prepend the model's instruction prompt named by input_type (or its default prompt), a ColBERT model's
         too (PyLate puts the prompt before the text, then its query or document marker after [CLS])."""
-        prompts = self.model_config.prompts
-        if not prompts:
+        mc = self.model_config
+        if params.input_type is None and mc.default_prompt is not None:
+            return mc.default_prompt + text
+        if not mc.prompts:
             return text
-        name = params.input_type or self.model_config.default_prompt_name
-        return prompts.get(name, "") + text if name else text
+        name = params.input_type or mc.default_prompt_name
+        return mc.prompts.get(name, "") + text if name else text
 
     def _token_prompt(
         self,

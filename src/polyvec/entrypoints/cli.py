@@ -29,7 +29,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..eval import json_line, row_id, row_text
@@ -1043,6 +1043,99 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--threads is then threads per replica (default: a node's CPUs shared by its replicas)",
     )
     add_vllm_args(p)
+    add_tei_args(p)
+
+
+# text-embeddings-router's flags with no effect here (name → takes a value).
+TEI_IGNORED = {
+    "tokenization_workers": True,
+    "uds_path": True,
+    "json_output": False,
+    "disable_spans": False,
+    "otlp_endpoint": True,
+    "otlp_service_name": True,
+    "prometheus_port": True,  # /metrics is on the server's own port
+    "cors_allow_origin": True,
+}
+
+TEI_POOLING = {"cls": "CLS", "mean": "MEAN", "last-token": "LAST"}
+
+
+def add_tei_args(p: argparse.ArgumentParser) -> None:
+    """text-embeddings-router's flags, so that a TEI command line runs as `polyvec serve --model-id M ...`: its
+    names for polyvec's own settings, its prompt and pooling flags, and those with no effect here (one warning)."""
+    g = p.add_argument_group("text-embeddings-inference compatibility")
+    for flag, dest, cast, ours in (
+        ("--max-batch-tokens", "max_num_batched_tokens", token_count, "--max-num-batched-tokens"),
+        ("--max-batch-requests", "max_num_seqs", positive_int, "--max-num-seqs"),
+        ("--max-client-batch-size", "max_inputs_per_request", positive_int, "--max-inputs-per-request"),
+        ("--hostname", "host", str, "--host"),
+        ("--payload-limit", "max_request_bytes", positive_int, "--max-request-bytes"),
+        ("--huggingface-hub-cache", "download_dir", str, "--download-dir"),
+        ("--hf-api-token", "hf_token", str, "--hf-token"),
+    ):  # no default of their own: polyvec's flag keeps its default and environment variable
+        g.add_argument(flag, dest=dest, type=cast, default=argparse.SUPPRESS, help=f"TEI's name for {ours}")
+    g.add_argument(
+        "--auto-truncate",
+        dest="truncation",
+        action="store_const",
+        const="auto",
+        default=argparse.SUPPRESS,
+        help="TEI's: cut over-long inputs (--truncation auto, polyvec's default)",
+    )
+    g.add_argument(
+        "--pooling",
+        dest="tei_pooling",
+        choices=(*TEI_POOLING, "splade"),
+        help="TEI's: an embedding model's pooling (cls, mean, last-token: --pooler-config's seq_pooling_type); "
+        "splade: a masked-LM model's sparse vectors, which polyvec serves without it",
+    )
+    prompt = g.add_mutually_exclusive_group()
+    _flag(prompt, "--default-prompt-name", help="TEI's: the model's prompt put before text inputs that name none")
+    _flag(prompt, "--default-prompt", help="TEI's: this text before text inputs that name no prompt")
+    g.add_argument("--dense-path", help="TEI's: refused (polyvec reads the Dense modules modules.json lists)")
+    g.add_argument("--device-id", type=non_negative(int), help="TEI's: the CUDA device N (0: --device auto's)")
+    for name, takes_value in TEI_IGNORED.items():
+        flag = f"--{name.replace('_', '-')}"
+        if takes_value:
+            g.add_argument(flag, dest=name, nargs="+" if name == "cors_allow_origin" else None,
+                           help="accepted from TEI; no effect here")  # fmt: skip
+        else:
+            g.add_argument(flag, dest=name, action="store_true", default=None, help="accepted from TEI; no effect here")
+
+
+def tei_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Check TEI's flags (CommandError for a refused one, one warning for those with no effect) and return the
+    pooler settings `--pooling` carries."""
+    if getattr(args, "dense_path", None) is not None:
+        raise CommandError(
+            "--dense-path is not supported: polyvec reads the Dense modules the model's modules.json lists "
+            "(give a folder whose modules.json names the one you want)"
+        )
+    ignored = [n for n in TEI_IGNORED if getattr(args, n, None) not in (None, False)]
+    if ignored:
+        logging.getLogger("polyvec").warning(
+            "text-embeddings-inference flags with no effect in polyvec: %s",
+            ", ".join("--" + n.replace("_", "-") for n in ignored),
+        )
+    pooling = TEI_POOLING.get(getattr(args, "tei_pooling", None) or "")
+    return {"seq_pooling_type": pooling} if pooling else {}
+
+
+def tei_device(args: argparse.Namespace) -> None:
+    """TEI's `--device-id N` as `--device cuda:N` (0, TEI's default, is what --device auto picks on CUDA)."""
+    if args.device_id:
+        if args.device not in (None, "auto"):
+            raise CommandError(f"--device-id {args.device_id} and --device {args.device}: give one of them")
+        args.device = f"cuda:{args.device_id}"
+
+
+def check_tei_pooling(pooling: str | None, tasks: Sequence[str]) -> None:
+    """TEI's `--pooling` for what the loaded model serves, refused in TEI's words where it does not fit."""
+    if pooling == "splade" and "embed_sparse" not in tasks:
+        raise CommandError("--pooling splade is not supported: model is not a ForMaskedLM model (as TEI says)")
+    if pooling in TEI_POOLING and "embed" not in tasks:  # TEI ignores it for a classifier; here it would pool it
+        raise CommandError(f"--pooling {pooling} is for embedding models; this model serves {', '.join(tasks)}")
 
 
 def add_vllm_args(p: argparse.ArgumentParser) -> None:
@@ -1125,6 +1218,8 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
         ignored = vllm_compat.check(vars(args))
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
         pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
+        if hasattr(args, "tei_pooling") and (tei := tei_options(args)):  # serve's TEI flags
+            pooler = {**(pooler or {}), **tei}
         if getattr(args, "task", None) not in (None, "auto"):  # serve's vLLM flags; other commands have none
             task, args.convert = vllm_compat.task_options(args.task, (pooler or {}).get("task"), args.convert)
             pooler = {**(pooler or {}), "task": task}
@@ -1243,6 +1338,8 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         "chat_template": args.chat_template,
         "trust_request_chat_template": args.trust_request_chat_template,
         "chat_template_content_format": args.chat_template_content_format,
+        "default_prompt_name": args.default_prompt_name,
+        "default_prompt": args.default_prompt,
     }
 
 
@@ -1253,6 +1350,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
         args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tei_device(args)
     if args.chat_template:  # a mistyped path is refused here, not used as the template's text
         from ..chat import ChatError, load_template
 
@@ -1305,7 +1403,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine.engine_config.max_num_batched_tokens,
         engine.engine_config.max_num_seqs,
     )
-    app = build_app(engine, ServerConfig(**server_options(args)))
+    check_tei_pooling(args.tei_pooling, tasks)
+    try:
+        app = build_app(engine, ServerConfig(**server_options(args)))
+    except ValueError as exc:  # a --default-prompt-name the model does not have
+        raise CommandError(str(exc)) from None
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=60
@@ -1834,10 +1936,29 @@ def _index_location_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collection", default="polyvec", help="collection name on a Qdrant server (default: polyvec)")
 
 
+def tei_argv(argv: list[str]) -> list[str]:
+    """TEI's `--model-id M` (the model) and `-p PORT` in a `serve` command line, as polyvec reads them."""
+    if argv[:1] != ["serve"]:
+        return argv
+    out, model, i = [], [], 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--model-id" and i + 1 < len(argv):
+            model, i = [argv[i + 1]], i + 2
+            continue
+        if arg.startswith("--model-id="):
+            model = [arg.removeprefix("--model-id=")]
+        else:
+            out.append("--port" if arg == "-p" else arg)
+        i += 1
+    return ["serve", *model, *out]
+
+
 def main(argv: list[str] | None = None) -> int:
     from .vllm_compat import expand_dotted, vllm_argv
 
     argv, moved = vllm_argv(sys.argv[1:] if argv is None else list(argv))
+    argv = tei_argv(argv)
     if moved:
         print("polyvec: warning: --model is vLLM's deprecated form; give it as `polyvec serve MODEL`", file=sys.stderr)
     try:

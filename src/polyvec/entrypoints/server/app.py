@@ -76,6 +76,11 @@ class ServerConfig:
     request_id_headers: bool = False
     """Send X-Request-Id with every response: the client's own, else a new id (vLLM's
     --enable-request-id-headers)."""
+    default_prompt_name: str | None = None
+    """TEI's --default-prompt-name: the model's prompt (config_sentence_transformers.json) before text inputs that
+    name none, in place of the model's own default."""
+    default_prompt: str | None = None
+    """TEI's --default-prompt: this text before text inputs that name no prompt."""
     warmup: bool = True
     """Compile the kernels of every batch size while idle after start (vLLM's CUDA-graph capture, which
     `--enforce-eager` turns off, plays the same role)."""
@@ -390,6 +395,9 @@ class _App(FastAPI):
 
 
 def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
+    """The app over `engine`, which it owns (a default prompt of the config is set on its model; ValueError for
+    one the model does not have)."""
+    tei.set_default_prompt(engine.model_config, config.default_prompt_name, config.default_prompt)
     state = ServerState.create(engine, config)
     app = _App(
         title="polyvec",

@@ -276,30 +276,51 @@ def _chars(prompts: list) -> int:
     return sum(sum(map(len, p)) if isinstance(p, tuple) else len(p) for p in prompts)
 
 
-def _prompt_text(state: ServerState, name: str | None) -> str | None:
-    """The text of the prompt `prompt_name` names (None when not given), refused in TEI's words if the model has
-    no such prompt."""
-    if name is None:
-        return None
-    prompts = state.model_config.prompts
+def prompt_named(prompts: dict[str, str], name: str) -> str:
+    """The text of the model's prompt `name`; ValueError in TEI's words if the model has no such prompt."""
     quoted = shorten(name)
     if not prompts:
-        raise invalid(
+        raise ValueError(
             f"`default-prompt-name` is set to `{quoted}` but no prompts were found in the Sentence Transformers "
             "configuration"
         )
     if name not in prompts:
         available = "[" + ", ".join(json.dumps(k) for k in prompts) + "]"
-        raise invalid(
+        raise ValueError(
             f"`default-prompt-name` is set to `{quoted}` but it was not found in the Sentence Transformers prompts. "
             f"Available prompts: {available}"
         )
     return prompts[name]
 
 
+def set_default_prompt(model_config: Any, name: str | None, text: str | None) -> None:
+    """TEI's `--default-prompt-name` (one of the model's prompts) or `--default-prompt` (a text): what text inputs
+    that name no prompt get, in place of the model's own default (ValueError for an unknown name, or both)."""
+    if name is not None and text is not None:
+        raise ValueError("--default-prompt-name and --default-prompt cannot be used together (as in TEI)")
+    if name is not None:
+        prompt_named(model_config.prompts, name)
+        model_config.default_prompt_name, model_config.default_prompt = name, None
+    elif text is not None:
+        model_config.default_prompt = text
+
+
+def _prompt_text(state: ServerState, name: str | None) -> str | None:
+    """The text of the prompt `prompt_name` names (None when not given), refused in TEI's words if the model has
+    no such prompt."""
+    if name is None:
+        return None
+    try:
+        return prompt_named(state.model_config.prompts, name)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
 def _default_prompt(state: ServerState) -> str:
     """The prompt the engine puts before text inputs by default (InputProcessor._with_prompt)."""
     mc = state.model_config
+    if mc.default_prompt is not None:
+        return mc.default_prompt
     if not mc.prompts or not mc.default_prompt_name:
         return ""
     return mc.prompts.get(mc.default_prompt_name, "")
