@@ -154,6 +154,10 @@ def test_a_tei_command_line_serves(prompted_folder, minilm_llm):
         assert torch.allclose(torch.tensor(r.json()), want, atol=1e-5)
         own_default = embed_ref(minilm_llm, ["passage: wing flutter", "passage: heat transfer"])
         assert not torch.allclose(torch.tensor(r.json()), own_default, atol=1e-3)
+        # token ids get it too, as in TEI (decoded, prompted, encoded again)
+        ids = minilm_llm.engine.tokenizer.encode_prompts(["wing flutter"], 1 << 62, False)[0].input_ids
+        r = s.post("/embed", {"inputs": [ids, "heat transfer"]})
+        assert torch.allclose(torch.tensor(r.json()), want, atol=1e-5)
         r = s.post("/v1/embeddings", {"input": "wing flutter"})
         assert torch.allclose(torch.tensor(r.json()["data"][0]["embedding"]), want[0], atol=1e-5)
         r = s.post("/embed", {"inputs": ["a", "b", "c"]})
@@ -173,6 +177,9 @@ def test_default_prompt_text_and_an_unknown_name(prompted_folder, minilm_llm, ca
     llm = LLM(str(prompted_folder), dtype="float32")
     with in_process_server(llm.engine, default_prompt="search: ") as url:
         r = httpx.post(url + "/embed", json={"inputs": "wing flutter"}, timeout=60)
+        assert torch.allclose(torch.tensor(r.json()[0]), embed_ref(minilm_llm, ["search: wing flutter"])[0], atol=1e-5)
+        ids = llm.engine.tokenizer.encode_prompts(["wing flutter"], 1 << 62, False)[0].input_ids
+        r = httpx.post(url + "/embed", json={"inputs": [ids]}, timeout=60)
         assert torch.allclose(torch.tensor(r.json()[0]), embed_ref(minilm_llm, ["search: wing flutter"])[0], atol=1e-5)
         r = httpx.post(url + "/v1/embeddings", json={"input": "wing flutter", "input_type": "query"}, timeout=60)
         got = torch.tensor(r.json()["data"][0]["embedding"])

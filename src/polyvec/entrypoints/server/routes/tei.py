@@ -346,20 +346,29 @@ def _with_long_input(params: PoolingParams | list[PoolingParams], long_input: st
     return [copies.setdefault(id(p), dataclasses.replace(p, long_input=long_input)) for p in params]
 
 
-def _prompted(engine: Engine, prompts: list, prompt: str) -> list:
+def _prompted(engine: Engine, prompts: list, prompt: str, ids_only: bool = False) -> list:
     """Prompts with the text of `prompt_name` before each text, as token ids (the engine knows prompts by
     input_type only, and would put the model's default prompt before a text); a token-id input is decoded and
-    prompted too, as in TEI."""
+    prompted too, as in TEI. `ids_only`: only token-id inputs (texts get the default prompt from the engine)."""
     tokenizer = engine.tokenizer
     vocab = tokenizer.vocab_size
-    texts = []
+    out, texts, at = list(prompts), [], []
     for i, p in enumerate(prompts):
         if isinstance(p, list):
             if any(t >= vocab for t in p):
                 raise invalid(f"`inputs` item {i} has token ids outside the vocabulary (size {vocab})")
             p = tokenizer.decode(p, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # TEI's
+        elif ids_only:
+            continue
         texts.append(prompt + p)
-    return [enc.input_ids for enc in tokenizer.encode_prompts(texts, 1 << 62, truncate=False)]
+        at.append(i)
+    for i, enc in zip(at, tokenizer.encode_prompts(texts, 1 << 62, truncate=False) if texts else ()):
+        out[i] = enc.input_ids
+    return out
+
+
+_PROMPTED_TASKS = ("embed", "token_embed", "embed_sparse")
+"""The tasks of TEI's routes that take a prompt_name (its embed routes and /similarity)."""
 
 
 async def _run(
@@ -381,6 +390,9 @@ async def _run(
     prompt = _prompt_text(state, prompt_name)
     if prompt is not None:
         prompts = await state.async_engine.call(_prompted, state.engine, prompts, prompt)
+    elif task in _PROMPTED_TASKS and any(isinstance(p, list) for p in prompts) and (default := _default_prompt(state)):
+        # token ids get the default prompt too, as in TEI (the engine puts it before texts only)
+        prompts = await state.async_engine.call(_prompted, state.engine, prompts, default, True)
     params = _with_long_input(params, long_input)
     return await run_pooling(
         state, raw, prompts, params, task, field=field, locate=locate, single=single,
