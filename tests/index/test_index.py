@@ -423,6 +423,14 @@ def test_one_handle_at_a_time_on_an_embedded_index(minilm_llm, tmp_path):
         again.add(["a flap"], ["b"])
     with Index.open(idx, minilm_llm) as again:
         assert len(again) == 2
+    # closing twice (a `with` block, then close()) does nothing; using a closed index says so (both were Qdrant's
+    # bare "Shard is not initialized")
+    again.close()
+    for use in (lambda: len(again), lambda: again.add(["a slat"], ["c"]), lambda: again.search(["wing"])):
+        with pytest.raises(ValueError, match="this index is closed"):
+            use()
+    with Index.open(idx, minilm_llm) as again:
+        assert len(again) == 2
 
 
 def test_damaged_index_folders_are_named(minilm_llm, tmp_path):

@@ -71,7 +71,15 @@ def stored_name(name: str) -> str:
 
 class Index:
     def __init__(self, backend: Backend, llm: LLM | None = None, sparse_llm: LLM | None = None):
-        self.backend, self.config, self._llm, self._sparse_llm = backend, backend.config, llm, sparse_llm
+        self._backend, self.config, self._llm, self._sparse_llm = backend, backend.config, llm, sparse_llm
+        self._closed = False
+
+    @property
+    def backend(self) -> Backend:
+        """The store; ValueError once the index is closed (Qdrant's own error was a bare Exception)."""
+        if self._closed:
+            raise ValueError("this index is closed (open it again with Index.open)")
+        return self._backend
 
     # ------------------------------------------------------------------------------------------- open
 
@@ -391,7 +399,10 @@ class Index:
         return self.backend.disk_bytes()
 
     def close(self) -> None:
-        self.backend.close()
+        """Flush and release the index (its folder's lock); closing it again does nothing."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
 
     def __enter__(self) -> Index:
         return self

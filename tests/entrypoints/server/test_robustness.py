@@ -497,3 +497,22 @@ def test_a_large_request_is_tokenized_in_parts(minilm_llm):
         bad = [*texts[:700], [999999], *texts[701:]]
         r = httpx.post(f"{url}/v1/embeddings", json={"input": bad}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("'input' item 700"), r.text
+
+
+def test_a_stopped_server_lets_its_model_go(minilm_path):
+    """A server started and stopped in a process (a notebook, Ray Serve, these tests) gave its model back: the
+    lifespan froze the collector's view of everything alive at start and never thawed it, so each cycle kept a
+    model (MiniLM: ~115 MB a cycle)."""
+    import weakref
+
+    from polyvec import LLM
+
+    models = []
+    for _ in range(2):
+        engine = LLM(str(minilm_path), dtype="float32").engine
+        models.append(weakref.ref(engine.runner.model))
+        with in_process_server(engine) as url:
+            assert httpx.post(url + "/v1/embeddings", json={"input": "wing"}, timeout=60).status_code == 200
+        del engine
+        gc.collect()
+    assert [m() for m in models] == [None, None]

@@ -374,8 +374,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # The model, modules and caches live as long as the server: out of the collector's reach, a large body's
     # objects are collected without scanning them (the collector was most of such a body's parse)
     gc.freeze()
-    yield
-    engine.stop()
+    try:
+        yield
+    finally:
+        engine.stop()
+        gc.unfreeze()  # a process that stops its server (a notebook, tests) gets the model's memory back
 
 
 class _App(FastAPI):
