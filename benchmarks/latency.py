@@ -37,7 +37,7 @@ def short_queries(model_path: str, max_tokens: int = 10) -> list[str]:
         words = json.loads(line)["text"].split()
         lens = [
             len(e.input_ids)
-            for e in tok.encode([" ".join(words[:n]) for n in range(1, len(words) + 1)], 512, truncate=True)
+            for e in tok.encode_prompts([" ".join(words[:n]) for n in range(1, len(words) + 1)], 512, truncate=True)
         ]
         n = max((i + 1 for i, k in enumerate(lens) if k <= max_tokens), default=0)
         if n:
@@ -88,7 +88,7 @@ def main() -> int:
         return 0
     from polyvec.tokenizer import PolyTokenizer
 
-    enc = PolyTokenizer(Path(model_path) / "tokenizer.json").encode(queries, 512, truncate=True)
+    enc = PolyTokenizer(Path(model_path) / "tokenizer.json").encode_prompts(queries, 512, truncate=True)
     mean_len = statistics.fmean(len(e.input_ids) for e in enc)
     print(
         f"## Single-query latency: {args.model}, {len(queries)} Cranfield queries cut to ≤ 10 tokens "

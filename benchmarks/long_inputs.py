@@ -14,8 +14,10 @@ GQA 4/2 heads, 41k positions) is built with transformers: no decoder checkpoint 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,6 +142,8 @@ def main() -> None:
     import torch
 
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-long-"))
+
+    atexit.register(shutil.rmtree, tmp, True)  # gigabytes of outputs and models
     model = args.model
     if model is None:
         model = str(tmp / "decoder")

@@ -10,9 +10,11 @@ Prints resident memory every 10% of the run: it must stay flat (bounded by the i
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -56,6 +58,7 @@ def main() -> None:
     )
     print(f"RSS after loading the model: {rss_mib():,.0f} MiB\n")
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-mem-"))
+    atexit.register(shutil.rmtree, tmp, True)  # gigabytes of outputs and models
     for task in args.tasks.split(","):
         texts = itertools.islice(itertools.cycle(corpus), args.passages)
         marks = {int(args.passages * k / 10) for k in range(1, 11)}

@@ -14,6 +14,7 @@ and interleaved, for embed and token_embed (passages truncated to 256 tokens, lo
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,10 @@ def main() -> int:
     args = ap.parse_args()
     folder = Path(args.folder or tempfile.mkdtemp(prefix="modernbert-"))
     model = folder / "model" if (folder / "model" / "modules.json").is_file() else build(folder, args.layers)
-    print(f"ModernBERT-base shape, {args.layers} layers, seeded weights: {model}\n", flush=True)
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]  # a reused folder's own
+    if layers != args.layers:
+        sys.exit(f"{model} has {layers} layers, not --layers {args.layers}: give another --folder or remove it")
+    print(f"ModernBERT-base shape, {layers} layers, seeded weights: {model}\n", flush=True)
     cmd = [sys.executable, str(HERE / "throughput.py"), "--model", str(model), "--passages", str(args.passages)]
     cmd += ["--repeats", str(args.repeats), "--systems", *args.systems, "--dtypes", *args.dtypes]
     return subprocess.call(cmd)

@@ -30,7 +30,9 @@ def bm25(data):
     idx, scores = retriever.retrieve(
         bm25s.tokenize(data.queries, stopwords="en", show_progress=False), k=100, show_progress=False
     )
-    return torch.tensor(scores), torch.tensor(idx), index_s, time.perf_counter() - start
+    scores, idx = torch.tensor(scores), torch.tensor(idx)
+    # bm25s pads the top 100 with documents of score 0 (no query term): not retrieved, as polyvec.eval's BM25
+    return scores, idx.masked_fill(scores <= 0, -1), index_s, time.perf_counter() - start
 
 
 def main() -> int:

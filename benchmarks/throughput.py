@@ -19,10 +19,12 @@ side-by-side check.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -200,8 +202,9 @@ def main() -> int:
     from polyvec.tokenizer import PolyTokenizer
 
     tok = PolyTokenizer(Path(model_path) / "tokenizer.json")
-    tokens = sum(len(t.input_ids) for t in tok.encode(texts, MAX_LEN, truncate=True))
+    tokens = sum(len(t.input_ids) for t in tok.encode_prompts(texts, MAX_LEN, truncate=True))
     tmp = Path(tempfile.mkdtemp(prefix="polyvec-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)
     texts_file = tmp / "texts.json"
     json.dump(texts, open(texts_file, "w"))
 

@@ -17,6 +17,8 @@ one query, and the per-token cosine between the two systems' vectors.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -190,6 +192,7 @@ def main() -> int:
     images = render_pages(texts)
     queries = ["what is the lift of a wing at supersonic speed?", "heat transfer in boundary layers"]
     folder = Path(tempfile.mkdtemp(prefix=f"{args.model}-bench-"))
+    atexit.register(shutil.rmtree, folder, True)  # gigabytes of outputs and models
     (build_colpali if args.model == "colpali" else build)(folder, args.vision_layers, args.text_layers)
     shape = "ColPali" if args.model == "colpali" else "ColQwen2"
     print(f"## {shape}-shaped ({args.vision_layers} vision + {args.text_layers} language layers), {len(images)} "
