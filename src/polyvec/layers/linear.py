@@ -33,12 +33,20 @@ _FUSABLE = {
 }
 
 
+def onednn_bf16() -> bool:
+    """oneDNN has a bf16 matmul on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT); AVX2-only CPUs have none, and
+    packing a bf16 weight there raises."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else True
+
+
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
     return (
         device.type == "cpu"
         and dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and (dtype != torch.bfloat16 or onednn_bf16())
     )
 
 
