@@ -98,3 +98,31 @@ def test_no_compiler_is_one_warning_and_the_fallback_runs(tmp_path):
         warnings = [line for line in out.stderr.splitlines() if "native CPU kernels are not used" in line]
         assert len(warnings) == 1 and "no C++ compiler 'no-such-c++'" in warnings[0], out.stderr
         assert "SDPA" in warnings[0]
+
+
+FAILING_CXX = """#!/bin/sh
+for a in "$@"; do
+  case "$a" in -c) echo "fake.cpp:1:1: error: this compiler cannot build it" >&2; exit 1;; esac
+done
+exec g++ "$@"
+"""
+
+
+@needs_build
+def test_a_failed_build_says_why_and_is_not_retried_with_that_compiler(tmp_path):
+    """A compiler that cannot build the sources (GCC 10 has no AMX intrinsics): the warning said only "ninja: build
+    stopped", and every start spent a minute building again. It names the compiler's error now, and the next
+    start with the same compiler falls back at once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "c++").write_text(FAILING_CXX)
+    (bin_dir / "c++").chmod(0o755)
+    env = {**os.environ, "POLYVEC_CACHE": str(tmp_path / "cache"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for name in ("POLYVEC_DISABLE_KERNELS", "CXX"):
+        env.pop(name, None)
+    first = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 3, first.stderr
+    assert "error: this compiler cannot build it" in first.stderr and "build-failed.log" in first.stderr
+    second = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 3 and "compiling polyvec's CPU kernels" not in second.stderr, second.stderr
+    assert "failed before with this compiler" in second.stderr

@@ -27,6 +27,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -119,6 +120,37 @@ def _missing_tool() -> str | None:
     return None
 
 
+FAILED = "build-failed.log"
+"""Beside a library whose build failed: the compiler that failed (first line), then its output. A later start
+with the same compiler falls back at once instead of building for a minute again."""
+
+
+def _compiler() -> str:
+    """The first line of the compiler's `--version`: a new compiler is worth another build."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return cxx
+    return (out.strip().splitlines() or [cxx])[0]
+
+
+def _failed_before(target: Path) -> Path | None:
+    """The log of an earlier failed build of `target` with this compiler, else None."""
+    log = target.parent / FAILED
+    try:
+        return log if log.read_text(errors="replace").partition("\n")[0] == _compiler() else None
+    except OSError:
+        return None
+
+
+def _first_error(exc: BaseException) -> str:
+    """The line of a failed build that says why (a compiler's `error:`), else the exception's last line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    error = next((line for line in lines if "error" in line.lower() and not line.startswith("Error building")), None)
+    return f"{type(exc).__name__}: {error or (lines[-1] if lines else '')}"
+
+
 def _build(target: Path, cap: str) -> None:
     """Compile into a fresh folder beside `target`, then move the library into place."""
     from torch.utils.cpp_extension import load as load_extension
@@ -142,17 +174,24 @@ def _build(target: Path, cap: str) -> None:
         )
         start = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
-        load_extension(
-            target.stem,
-            [str(p) for p in _SOURCES],
-            extra_cflags=[*_CFLAGS, *_ISA_FLAGS[cap]],
-            extra_ldflags=_LDFLAGS,
-            build_directory=str(scratch),
-            is_python_module=False,
-            verbose=False,
-        )
-        os.replace(scratch / target.name, target)
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            load_extension(
+                target.stem,
+                [str(p) for p in _SOURCES],
+                extra_cflags=[*_CFLAGS, *_ISA_FLAGS[cap]],
+                extra_ldflags=_LDFLAGS,
+                build_directory=str(scratch),
+                is_python_module=False,
+                verbose=False,
+            )
+        except Exception as e:  # kept, so that the next start does not spend a minute failing again
+            (folder / FAILED).write_text(f"{_compiler()}\n{e}\n")
+            raise
+        finally:
+            if (scratch / target.name).is_file():
+                os.replace(scratch / target.name, target)
+            shutil.rmtree(scratch, ignore_errors=True)
+        (folder / FAILED).unlink(missing_ok=True)
         logger.warning("compiled polyvec's CPU kernels in %.0f s", time.monotonic() - start)
 
 
@@ -173,14 +212,17 @@ def load() -> bool:
                     torch.ops.load_library(str(target))
                 elif (missing := _missing_tool()) is not None:
                     why = f"no {missing} to compile them with"
+                elif (log := _failed_before(target)) is not None:
+                    why = f"building them failed before with this compiler: see {log}, delete it to build again"
                 else:
                     _build(target, cap)
                 if not why:
                     ok = all(hasattr(torch.ops.polyvec, op) for op in _OPS)
                     why = "" if ok else "the library loaded without its operators"
             except Exception as e:  # a failed build or load: SDPA still works
-                last = str(e).strip().splitlines()
-                why = f"{type(e).__name__}: {last[-1] if last else ''}"
+                why = _first_error(e)
+                if (target.parent / FAILED).is_file():
+                    why += f" (the compiler's output: {target.parent / FAILED})"
         if not ok:
             logger.warning(
                 "polyvec's native CPU kernels are not used (%s); attention runs on PyTorch SDPA, slower", why
