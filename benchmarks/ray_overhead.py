@@ -99,7 +99,8 @@ def main() -> int:
     llm = LLM(args.model, dtype=args.dtype)
     tokens = sum(len(p.prompt_token_ids) for p in llm.engine.process(texts, None, "embed"))
     llm.embed(texts[:64], use_tqdm=False)  # warm-up
-    ray.init(num_cpus=cores, include_dashboard=False, logging_level="ERROR")
+    # a Ray of its own, even where one runs here (connecting to it refuses num_cpus)
+    ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
     ids = [str(i) for i in range(len(texts))]
     items = [{"id": i, "text": t} for i, t in zip(ids, texts)]
