@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from polyvec import LLM
 from polyvec.columns import token_rows
@@ -355,3 +356,26 @@ except KeyboardInterrupt:
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "interrupted after the import: True True", (r.stdout, r.stderr[-2000:])
+
+
+def test_a_beir_corpus_reads_the_same_as_jsonl_parquet_or_csv(tmp_path):
+    """BEIR's title column in a Parquet or CSV corpus (its Hugging Face copies are Parquet) is joined with the
+    text as in its JSONL: it was dropped, so the same corpus gave other vectors by format."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from polyvec.entrypoints.cli import read_corpus
+
+    rows = {"_id": ["d1", "d2", "d3"], "title": ["Wing flutter", "", None], "text": ["at Mach 2", "heat", "shocks"]}
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps(dict(zip(rows, values))) + "\n" for values in zip(*rows.values())))
+    pq.write_table(pa.table(rows), tmp_path / "corpus.parquet")
+    pacsv.write_csv(pa.table({**rows, "title": ["Wing flutter", "", ""]}), tmp_path / "corpus.csv")
+    want = (["d1", "d2", "d3"], ["Wing flutter at Mach 2", "heat", "shocks"])
+    for name in ("corpus.jsonl", "corpus.parquet", "corpus.csv"):
+        assert read_corpus(str(tmp_path / name)) == want, name
+    # another text column: read alone, as in JSONL
+    assert read_corpus(str(tmp_path / "corpus.csv"), text_column="title")[1] == ["Wing flutter", "", ""]
+    pq.write_table(pa.table({"_id": ["a"], "title": [None], "text": [None]}), tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="row 0 has no title or text that is a text"):
+        read_corpus(str(tmp_path / "empty.parquet"))

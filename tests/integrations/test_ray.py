@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import psutil
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
@@ -150,6 +151,16 @@ def test_cli_embed_on_ray(cluster, tmp_path, minilm_path, minilm_llm):
         minilm_llm.embed(table.column("text").to_pylist()[:1], use_tqdm=False)[0].outputs.data.numpy(),
         atol=1e-3,
     )
+    # the same corpus as Parquet (BEIR's Hugging Face copies): its title column joined as well (it was dropped)
+    pq.write_table(pa.table({k: [r[k] for r in rows] for k in ("_id", "title", "text")}), tmp_path / "c.parquet")
+    pcmd = [sys.executable, "-m", "polyvec", "embed", str(tmp_path / "c.parquet"), "--ray", cluster.address, *flags,
+            "--pooling-task", "embed", "--output", str(tmp_path / "pout")]  # fmt: skip
+    r = subprocess.run(pcmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from_parquet = pq.read_table(str(tmp_path / "pout")).sort_by("id")
+    assert from_parquet.column("text").to_pylist() == want_table.column("text").to_pylist()
+    got_parquet = from_parquet.column("embed").combine_chunks().values.to_numpy().reshape(40, 384)
+    assert np.allclose(got_parquet, got, atol=1e-5)
     r = subprocess.run([c for c in cmd if c not in ("--output", str(tmp_path / "out"))], capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "give --output DIR" in r.stderr

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..eval import json_line, row_id, row_text
+from ..eval import document_text, json_line, row_id, row_text
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -122,8 +122,9 @@ CSV_SUFFIXES = (".csv", ".tsv")
 def read_corpus(path: str, limit: int | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
     """Ids and texts of a BEIR-style `corpus.jsonl` (`_id`, title + text; a `queries.jsonl` reads the same; another
     field with `text_column`), of a Parquet file or folder (ids from `_id` or `id`, else the row number; texts
-    from `text_column`) or of a plain file, one text per line: a blank line is an empty text, so that output
-    row i is line i (its id). Raises ValueError naming what is wrong."""
+    from `text_column`, BEIR's `title` joined before `text` as in its JSONL) or of a plain file, one text per
+    line: a blank line is an empty text, so that output row i is line i (its id). Raises ValueError naming what
+    is wrong."""
     if path.endswith(".parquet") or os.path.isdir(path):
         return _read_parquet(path, limit, text_column)
     if path.endswith(CSV_SUFFIXES):
@@ -195,24 +196,33 @@ def _read_parquet(
     names = data.schema.names
     if text_column not in names:
         raise ValueError(f"no column {text_column!r} (give --text-column); it has: {', '.join(names)}")
-    columns = [c for c in ("_id", "id") if c in names][:1] + [text_column]
+    id_column = next((c for c in ("_id", "id") if c in names), None)
+    title = "title" if text_column == "text" and "title" in names else None  # BEIR's, joined as in its JSONL
+    columns = [c for c in (id_column, text_column, title) if c is not None]
     table = data.head(limit, columns=columns) if limit else data.to_table(columns=columns)
     texts = table.column(text_column).to_pylist()
+    if title is not None:
+        titles = table.column(title).to_pylist()
+        for i, pair in enumerate(zip(titles, texts)):
+            bad_value = next((v for v in pair if v is not None and not isinstance(v, str)), None)
+            if bad_value is not None or pair == (None, None):
+                raise ValueError(f"row {i} has no title or text that is a text: {pair[0]!r}, {pair[1]!r}")
+        texts = [document_text({"title": a or "", "text": b or ""}) for a, b in zip(titles, texts)]
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise ValueError(f"row {bad} of column {text_column!r} is not a text: {texts[bad]!r}")
-    if len(columns) == 1:
+    if id_column is None:
         return list(map(str, range(len(texts)))), texts
-    values = table.column(columns[0]).to_pylist()
+    values = table.column(id_column).to_pylist()
     seen: dict[str, int] = {}
     for i, value in enumerate(values):
         if value is None:
-            raise ValueError(f"row {i} has no {columns[0]!r}")
+            raise ValueError(f"row {i} has no {id_column!r}")
         if isinstance(value, bool) or not isinstance(value, (str, int)):  # as a JSONL row's id is checked
-            raise ValueError(f"row {i} has {type(value).__name__} {value!r} in column {columns[0]!r}, not an id")
+            raise ValueError(f"row {i} has {type(value).__name__} {value!r} in column {id_column!r}, not an id")
         first = seen.setdefault(str(value), i)
         if first != i:
-            raise ValueError(f"row {i} repeats the {columns[0]!r} {str(value)!r} of row {first}")
+            raise ValueError(f"row {i} repeats the {id_column!r} {str(value)!r} of row {first}")
     return list(seen), texts
 
 
@@ -476,6 +486,8 @@ def cmd_embed_ray(args: argparse.Namespace) -> int:
             task=tasks[0] if len(tasks) == 1 else tasks,
             text_column="text" if text_file is not None else args.text_column,  # the table read here names it
             rows="jsonl" if jsonl else "plain",  # JSONL: parsed by the engines, BEIR's title joined as without --ray
+            # Parquet: a BEIR title column joined too (the engines skip it where a file has none)
+            title_column="title" if parquet and args.text_column == "text" else None,
             actors=args.actors,
             threads_per_actor=args.threads_per_actor or args.threads,
             num_gpus=args.gpus_per_actor,
