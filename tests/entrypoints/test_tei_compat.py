@@ -9,6 +9,7 @@ import logging
 import httpx
 import pytest
 import torch
+import torch.nn.functional as F
 
 from polyvec import LLM, PoolingParams
 from polyvec.entrypoints.cli import (
@@ -54,6 +55,7 @@ def test_teis_names_for_polyvecs_settings():
         "12",
     )
     assert (args.model, args.port, args.host) == (MINILM, 3000, "0.0.0.0")
+    assert parse(MINILM, "-p=3001").port == 3001 and parse(MINILM, "-p3002").port == 3002  # clap's forms
     assert (args.max_num_batched_tokens, args.max_num_seqs) == (4096, 64)
     assert (args.max_inputs_per_request, args.max_request_bytes, args.download_dir) == (8, 2_000_000, "/tmp/hub")
     assert (args.truncation, args.max_concurrent_requests) == ("auto", 12)
@@ -97,6 +99,10 @@ def test_teis_pooling_and_device_id():
     merged = model_options(parse(MINILM, "--pooling", "last-token", "--pooler-config", '{"dimensions": 8}'))
     assert (merged["pooler_config"].seq_pooling_type, merged["pooler_config"].dimensions) == ("LAST", 8)
     assert model_options(parse(MINILM, "--pooling", "splade"))["pooler_config"] is None
+    with pytest.raises(CommandError, match="--pooling cls and --pooler-config's pooling type: give one of them"):
+        model_options(parse(MINILM, "--pooling", "cls", "--pooler-config", '{"seq_pooling_type": "MEAN"}'))
+    code = main(["serve", MINILM, "--pooling", "cls", "--replicas", "1"])
+    assert code == 2  # replicas load the model on their own: the check against it would be skipped
     check_tei_pooling("splade", ("embed_sparse", "token_classify"))
     with pytest.raises(CommandError, match="not a ForMaskedLM model"):
         check_tei_pooling("splade", ("embed", "token_embed"))
@@ -190,3 +196,32 @@ def test_default_prompt_text_and_an_unknown_name(prompted_folder, minilm_llm, ca
     code = main(["serve", "--model-id", str(prompted_folder), "--default-prompt-name", "doc", "--port", port])
     err = capsys.readouterr().err
     assert code == 2 and "`default-prompt-name` is set to `doc` but it was not found" in err, err
+
+
+def test_include_prompt_false_and_the_servers_prompt_ends_with_it(prompted_folder, minilm_path, tmp_path):
+    """A model that pools without its prompt (include_prompt false): TEI's prompt_name and token-id inputs with a
+    default prompt gave vectors pooled over the prompt too (cosine 0.94 to sentence-transformers); and a server's
+    --default-prompt stayed on the engine after the server stopped."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "no-prompt-pooling"
+    folder.mkdir()
+    for entry in prompted_folder.iterdir():
+        if entry.name != "1_Pooling":
+            (folder / entry.name).symlink_to(entry.resolve())
+    pooling = json.loads((minilm_path / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "include_prompt": False}))
+    st = SentenceTransformer(str(folder), device="cpu")
+    want = torch.from_numpy(st.encode(["wing flutter"], prompt_name="query", normalize_embeddings=True))[0]
+    llm = LLM(str(folder), dtype="float32")
+    before = llm.embed(["wing flutter"], use_tqdm=False)[0].outputs.data
+    ids = llm.engine.tokenizer.encode_prompts(["wing flutter"], 1 << 62, False)[0].input_ids
+    with in_process_server(llm.engine, default_prompt_name="query") as url:
+        for body in ({"inputs": "wing flutter"}, {"inputs": [ids]}, {"inputs": "wing flutter", "prompt_name": "query"},
+                     {"inputs": [ids], "prompt_name": "query"}):  # fmt: skip
+            r = httpx.post(url + "/embed", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert F.cosine_similarity(torch.tensor(r.json()[0]), want, dim=0) > 0.9999, body
+    after = llm.embed(["wing flutter"], use_tqdm=False)[0].outputs.data
+    assert torch.equal(before, after)  # the model's own default ("passage") again, offline

@@ -1231,6 +1231,8 @@ def vllm_options(args: argparse.Namespace) -> dict[str, Any]:
         hf_overrides = vllm_compat.json_arg("hf_overrides", args.hf_overrides)
         pooler = vllm_compat.json_arg("pooler_config", args.pooler_config)
         if hasattr(args, "tei_pooling") and (tei := tei_options(args)):  # serve's TEI flags
+            if {"pooling_type", "seq_pooling_type"} & set(pooler or {}):
+                raise ValueError(f"--pooling {args.tei_pooling} and --pooler-config's pooling type: give one of them")
             pooler = {**(pooler or {}), **tei}
         if getattr(args, "task", None) not in (None, "auto"):  # serve's vLLM flags; other commands have none
             task, args.convert = vllm_compat.task_options(args.task, (pooler or {}).get("task"), args.convert)
@@ -1371,6 +1373,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ChatError as exc:
             raise CommandError(str(exc)) from None
     if any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas, args.ray)):
+        if args.tei_pooling:  # checked against the model once it loads, which replicas do on their own
+            raise CommandError("--pooling is TEI's single-server flag: with replicas give --pooler-config")
         return cmd_serve_ray(args)
 
     import_torch()
@@ -1960,6 +1964,8 @@ def tei_argv(argv: list[str]) -> list[str]:
             continue
         if arg.startswith("--model-id="):
             model = [arg.removeprefix("--model-id=")]
+        elif arg.startswith("-p") and arg != "-p" and arg[2:].lstrip("=").isdigit():  # clap's -p=3000 and -p3000
+            out += ["--port", arg[2:].lstrip("=")]
         else:
             out.append("--port" if arg == "-p" else arg)
         i += 1

@@ -11,6 +11,7 @@ OpenAPI document); the endpoints live in `routes/`, what they share in `serving.
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import hashlib
 import hmac
@@ -369,7 +370,10 @@ async def _on_api_error(request: Request, exc: Exception) -> Response:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    engine = app.state.server.async_engine
+    state = app.state.server
+    engine, config = state.async_engine, state.config
+    # the server's default prompt, for as long as it serves (the engine may serve on after it, offline)
+    before = tei.set_default_prompt(state.model_config, config.default_prompt_name, config.default_prompt)
     engine.start()
     # The model, modules and caches live as long as the server: out of the collector's reach, a large body's
     # objects are collected without scanning them (the collector was most of such a body's parse)
@@ -379,6 +383,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         engine.stop()
         gc.unfreeze()  # a process that stops its server (a notebook, tests) gets the model's memory back
+        state.model_config.default_prompt_name, state.model_config.default_prompt = before
 
 
 class _App(FastAPI):
@@ -398,9 +403,10 @@ class _App(FastAPI):
 
 
 def build_app(engine: Engine, config: ServerConfig) -> FastAPI:
-    """The app over `engine`, which it owns (a default prompt of the config is set on its model; ValueError for
-    one the model does not have)."""
-    tei.set_default_prompt(engine.model_config, config.default_prompt_name, config.default_prompt)
+    """The app over `engine` (ValueError for a default prompt the model does not have: the config's is set on the
+    model while the app serves)."""
+    if config.default_prompt_name is not None or config.default_prompt is not None:  # checked on a copy
+        tei.set_default_prompt(copy.copy(engine.model_config), config.default_prompt_name, config.default_prompt)
     state = ServerState.create(engine, config)
     app = _App(
         title="polyvec",

@@ -293,9 +293,11 @@ def prompt_named(prompts: dict[str, str], name: str) -> str:
     return prompts[name]
 
 
-def set_default_prompt(model_config: Any, name: str | None, text: str | None) -> None:
+def set_default_prompt(model_config: Any, name: str | None, text: str | None) -> tuple[str | None, str | None]:
     """TEI's `--default-prompt-name` (one of the model's prompts) or `--default-prompt` (a text): what text inputs
-    that name no prompt get, in place of the model's own default (ValueError for an unknown name, or both)."""
+    that name no prompt get, in place of the model's own default (ValueError for an unknown name, or both; nothing
+    changes then). Returns the model's (default_prompt_name, default_prompt) before, to put back."""
+    before = model_config.default_prompt_name, model_config.default_prompt
     if name is not None and text is not None:
         raise ValueError("--default-prompt-name and --default-prompt cannot be used together (as in TEI)")
     if name is not None:
@@ -303,6 +305,7 @@ def set_default_prompt(model_config: Any, name: str | None, text: str | None) ->
         model_config.default_prompt_name, model_config.default_prompt = name, None
     elif text is not None:
         model_config.default_prompt = text
+    return before
 
 
 def _prompt_text(state: ServerState, name: str | None) -> str | None:
@@ -346,25 +349,37 @@ def _with_long_input(params: PoolingParams | list[PoolingParams], long_input: st
     return [copies.setdefault(id(p), dataclasses.replace(p, long_input=long_input)) for p in params]
 
 
-def _prompted(engine: Engine, prompts: list, prompt: str, ids_only: bool = False) -> list:
-    """Prompts with the text of `prompt_name` before each text, as token ids (the engine knows prompts by
-    input_type only, and would put the model's default prompt before a text); a token-id input is decoded and
-    prompted too, as in TEI. `ids_only`: only token-id inputs (texts get the default prompt from the engine)."""
+def _decoded(engine: Engine, prompts: list) -> list:
+    """Token-id inputs as their text (special tokens left out, as TEI decodes them to put a prompt before them)."""
     tokenizer = engine.tokenizer
     vocab = tokenizer.vocab_size
-    out, texts, at = list(prompts), [], []
+    out = list(prompts)
     for i, p in enumerate(prompts):
         if isinstance(p, list):
             if any(t >= vocab for t in p):
                 raise invalid(f"`inputs` item {i} has token ids outside the vocabulary (size {vocab})")
-            p = tokenizer.decode(p, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # TEI's
-        elif ids_only:
-            continue
-        texts.append(prompt + p)
-        at.append(i)
-    for i, enc in zip(at, tokenizer.encode_prompts(texts, 1 << 62, truncate=False) if texts else ()):
+            out[i] = tokenizer.decode(p, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # TEI's
+    return out
+
+
+def _prompted(engine: Engine, prompts: list, prompt: str, ids_only: bool = False) -> list:
+    """Prompts with the text of `prompt_name` before each text, as token ids (the engine knows prompts by
+    input_type only, and would put the model's default prompt before a text); a token-id input is decoded and
+    prompted too, as in TEI. `ids_only`: only token-id inputs (texts get the default prompt from the engine)."""
+    texts = _decoded(engine, prompts)
+    at = [i for i, p in enumerate(prompts) if isinstance(p, list) or not ids_only]
+    out = list(prompts)
+    encoded = engine.tokenizer.encode_prompts([prompt + texts[i] for i in at], 1 << 62, truncate=False) if at else []
+    for i, enc in zip(at, encoded):
         out[i] = enc.input_ids
     return out
+
+
+def _with_input_type(params: PoolingParams | list[PoolingParams], name: str) -> Any:
+    if isinstance(params, PoolingParams):
+        return dataclasses.replace(params, input_type=name)
+    copies: dict[int, PoolingParams] = {}
+    return [copies.setdefault(id(p), dataclasses.replace(p, input_type=name)) for p in params]
 
 
 _PROMPTED_TASKS = ("embed", "token_embed", "embed_sparse")
@@ -388,11 +403,19 @@ async def _run(
     """`run_pooling` with TEI's truncate, truncation_direction and prompt_name (`single`: one input, not a list)."""
     kwargs, long_input = _truncation(options.truncate, options.truncation_direction)
     prompt = _prompt_text(state, prompt_name)
-    if prompt is not None:
-        prompts = await state.async_engine.call(_prompted, state.engine, prompts, prompt)
+    mc = state.model_config
+    # a model that pools without its prompt (include_prompt false) gets texts and the prompt's name: the engine
+    # puts the prompt before them and leaves its tokens out (prompted token ids would be pooled whole)
+    as_texts = not mc.pool_prompt and mc.colbert is None
+    call = state.async_engine.call
+    if prompt is not None and as_texts:
+        prompts, params = await call(_decoded, state.engine, prompts), _with_input_type(params, prompt_name or "")
+    elif prompt is not None:
+        prompts = await call(_prompted, state.engine, prompts, prompt)
     elif task in _PROMPTED_TASKS and any(isinstance(p, list) for p in prompts) and (default := _default_prompt(state)):
         # token ids get the default prompt too, as in TEI (the engine puts it before texts only)
-        prompts = await state.async_engine.call(_prompted, state.engine, prompts, default, True)
+        prompts = await (call(_decoded, state.engine, prompts) if as_texts else call(_prompted, state.engine, prompts,
+                                                                                   default, True))  # fmt: skip
     params = _with_long_input(params, long_input)
     return await run_pooling(
         state, raw, prompts, params, task, field=field, locate=locate, single=single,
