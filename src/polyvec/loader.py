@@ -458,6 +458,21 @@ def _classifier_activation(hf_config: dict[str, Any], num_labels: int, root: Pat
     return "softmax"
 
 
+BASE_ARCHITECTURES = {
+    "bert": "BertModel",
+    "roberta": "RobertaModel",
+    "xlm-roberta": "XLMRobertaModel",
+    "mpnet": "MPNetModel",
+    "modernbert": "ModernBertModel",
+    "llama": "LlamaModel",
+    "mistral": "MistralModel",
+    "qwen2": "Qwen2Model",
+    "qwen3": "Qwen3Model",
+}
+"""A config.json without `architectures` (older hub repos): its model_type's bare model, as transformers' auto
+mapping (and so vLLM) reads it."""
+
+
 def load_model_config(
     model: str | os.PathLike,
     *,
@@ -493,10 +508,16 @@ def load_model_config(
         sources["lora"] = f"{adapter_root / ADAPTER_CONFIG} (merged into {lora.base_model})"
 
     architectures = hf_config.get("architectures") or []
-    if not architectures:
-        raise ValueError(f"{tdir / 'config.json'} names no architectures")
-    architecture = architectures[0]
     sources["architecture"] = "config.json"
+    if not architectures and hf_config.get("model_type") in BASE_ARCHITECTURES:  # older repos: as vLLM fills it in
+        architectures = [BASE_ARCHITECTURES[hf_config["model_type"]]]
+        sources["architecture"] = f"config.json model_type {hf_config['model_type']!r}"
+    if not architectures:
+        raise ValueError(
+            f"{tdir / 'config.json'} names no architectures (give one, e.g. hf_overrides="
+            '{"architectures": ["BertModel"]})'
+        )
+    architecture = architectures[0]
     colqwen2 = None
     if architecture in COLQWEN2:  # the adapter's processor settings, where it ships them
         processor = adapter_root if (adapter_root / "preprocessor_config.json").is_file() else root
@@ -562,6 +583,9 @@ def load_model_config(
         # sentence-transformers >= 6 stores max_seq_length as the tokenizer's model_max_length.
         max_model_len = min(st_len, limit)
         sources["max_model_len"] = "tokenizer_config.json model_max_length (sentence-transformers)"
+    elif (tok_len := tokenizer_max_length(tdir)) and tok_len < limit:  # vLLM caps a model's length so too
+        max_model_len = tok_len
+        sources["max_model_len"] = "tokenizer_config.json model_max_length"
     else:
         max_model_len = limit
         sources["max_model_len"] = "config.json max_position_embeddings"

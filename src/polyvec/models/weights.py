@@ -31,6 +31,7 @@ def load_mapped(
     filled: set[str] = set()
     compiled = [(re.compile(p), r, s) for p, r, s in rules]
     skipped = []
+    num_shards = 1 + max((s for _, _, s in rules if s is not None), default=0)
     for key, tensor in state.items():
         for prefix in strip_prefixes:
             if key.startswith(prefix):
@@ -54,13 +55,17 @@ def load_mapped(
                     )
                 param.copy_(tensor)
                 filled.add(target)
-            else:
-                size = tensor.shape[0]
+            else:  # one of equal slices of a fused parameter (q, k and v of one qkv)
+                size = param.shape[0] // num_shards
+                if tuple(tensor.shape) != (size, *param.shape[1:]):
+                    raise ValueError(
+                        f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {(size, *param.shape[1:])}"
+                    )
                 param[shard * size : (shard + 1) * size].copy_(tensor)
                 filled.add(f"{target}#{shard}")
     if skipped:
         logger.debug("checkpoint tensors not used: %s", skipped)
-    num_shards = 1 + max((s for _, _, s in rules if s is not None), default=0)
     missing = []
     for name in params:
         if name in filled or any(name.startswith(o) for o in optional):
@@ -85,8 +90,13 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
             state.update(load_file(folder / shard))
     elif (folder / "pytorch_model.bin").is_file():
         state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    elif (folder / "pytorch_model.bin.index.json").is_file():  # sharded pickles, as transformers saved them
+        index = json.loads((folder / "pytorch_model.bin.index.json").read_text(encoding="utf-8"))
+        state = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(torch.load(folder / shard, map_location="cpu", weights_only=True))
     else:
-        raise ValueError(f"no model.safetensors or pytorch_model.bin in {folder}")
+        raise ValueError(f"no model.safetensors or pytorch_model.bin (nor a sharded one's .index.json) in {folder}")
     return {_legacy_name(k): v for k, v in state.items()}
 
 
