@@ -283,3 +283,36 @@ def test_a_vocab_txt_tokenizer_has_berts_special_tokens_by_default(tmp_path, min
     assert ours.pad_token_id == ref.pad_token_id == 0
     assert ours.all_special_tokens == ref.all_special_tokens and ours.all_special_ids == ref.all_special_ids
     assert ours.token_ids("hello [MASK] world")[0] == ref("hello [MASK] world")["input_ids"]
+
+
+@pytest.mark.parametrize("variant", ["cased_config", "lowercase_default", "added_tokens_json", "vocab_specials"])
+def test_folder_variants_tokenize_as_transformers(tmp_path, minilm_path, variant):
+    """A folder whose tokenizer_config.json and tokenizer.json disagree on lowercasing (transformers' BERT
+    tokenizers follow the config's do_lower_case, true where it says none), an older added_tokens.json, and a
+    vocab.txt-only tokenizer with its own [CLS] / [SEP]: each tokenized otherwise than transformers (embed
+    cosine 0.61, 0.86, 0.88 to sentence-transformers)."""
+    import json
+    import shutil
+
+    folder = tmp_path / variant
+    shutil.copytree(minilm_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.onnx"))
+
+    def edit(name, change):
+        path = folder / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+    if variant == "cased_config":
+        edit("tokenizer_config.json", lambda c: {**c, "do_lower_case": False})
+    elif variant == "lowercase_default":
+        edit("tokenizer.json", lambda t: {**t, "normalizer": {**t["normalizer"], "lowercase": False}})
+        edit("tokenizer_config.json", lambda c: {k: v for k, v in c.items() if k != "do_lower_case"})
+    elif variant == "added_tokens_json":
+        (folder / "added_tokens.json").write_text('{"[unused1]": 2}')
+    else:
+        (folder / "tokenizer.json").unlink()
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            edit(name, lambda c: {**c, "cls_token": "[unused0]", "sep_token": "[unused2]"})
+    texts = ["Hello World, Über CAFÉ naïve [unused1] token 中文", "wing FLUTTER"]
+    file = folder / ("vocab.txt" if variant == "vocab_specials" else "tokenizer.json")
+    ours = [e.input_ids for e in PolyTokenizer(file).encode_prompts(texts, 256, True)]
+    assert ours == AutoTokenizer.from_pretrained(str(folder))(texts)["input_ids"]

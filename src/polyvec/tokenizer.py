@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, normalizers
 
 
 @dataclass
@@ -122,6 +122,36 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
     }
 
 
+_BERT_FAMILY = ("Bert", "DistilBert", "Electra", "MPNet")
+_BERT_CLASSES = {f"{name}Tokenizer{fast}" for name in _BERT_FAMILY for fast in ("", "Fast")}
+
+
+def _bert_normalizer(base: Tokenizer, folder: Path) -> None:
+    """transformers' BERT-family tokenizers take do_lower_case, strip_accents and tokenize_chinese_chars from
+    tokenizer_config.json (do_lower_case true where it says nothing) over tokenizer.json's normalizer, which they
+    rebuild where the two differ: so here too, or the same folder tokenizes otherwise ("Hello" whole against
+    [UNK] in a cased vocabulary)."""
+    cfg = _read_config(folder / "tokenizer_config.json")
+    if cfg.get("tokenizer_class", "BertTokenizer") not in _BERT_CLASSES:
+        return
+    state = json.loads(base.to_str()).get("normalizer") or {}
+    if state.get("type") != "BertNormalizer":
+        return
+    lowercase, strip_accents = bool(cfg.get("do_lower_case", True)), cfg.get("strip_accents")
+    chinese = bool(cfg.get("tokenize_chinese_chars", True))
+    if (state.get("lowercase"), state.get("strip_accents"), state.get("handle_chinese_chars")) != (
+        lowercase,
+        strip_accents,
+        chinese,
+    ):
+        base.normalizer = normalizers.BertNormalizer(
+            clean_text=bool(state.get("clean_text", True)),
+            handle_chinese_chars=chinese,
+            strip_accents=strip_accents,
+            lowercase=lowercase,
+        )
+
+
 _BERT_SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                  "mask_token": "[MASK]"}  # fmt: skip
 
@@ -162,6 +192,9 @@ def _declared_tokens(folder: Path) -> list[AddedToken]:
             if isinstance(spec, dict) and isinstance(spec.get("content"), str):
                 options = ("single_word", "lstrip", "rstrip", "normalized", "special")
                 declared.append(AddedToken(spec["content"], **{k: bool(spec[k]) for k in options if k in spec}))
+    added = _read_config(folder / "added_tokens.json")  # older checkpoints' {token: id}, read by transformers too
+    for text, _ in sorted(added.items(), key=lambda item: item[1] if isinstance(item[1], int) else 0):
+        declared.append(AddedToken(str(text), special=False, normalized=True))
     named = special_tokens_map(folder)
     declared += [AddedToken(named[k], special=True, normalized=False) for k in _SPECIAL_ATTRIBUTES if k in named]
     smap = _read_config(folder / "special_tokens_map.json")
@@ -192,9 +225,22 @@ class PolyTokenizer:
         if path.name == "vocab.txt":
             from tokenizers.implementations import BertWordPieceTokenizer
 
-            base = BertWordPieceTokenizer(str(path), **_wordpiece_options(path.parent))._tokenizer
+            named = special_tokens_map(path.parent)  # a checkpoint's own [CLS] / [SEP] / ..., as transformers'
+            options = _wordpiece_options(path.parent)
+            base = BertWordPieceTokenizer(
+                str(path),
+                unk_token=named["unk_token"],
+                sep_token=named["sep_token"],
+                cls_token=named["cls_token"],
+                pad_token=named["pad_token"],
+                mask_token=named["mask_token"],
+                lowercase=options["lowercase"],
+                strip_accents=options["strip_accents"],
+                handle_chinese_chars=options["handle_chinese_chars"],
+            )._tokenizer
         else:
             base = Tokenizer.from_file(str(path))
+            _bert_normalizer(base, path.parent)
         # Checkpoints often ship tokenizer.json with padding/truncation baked in; the engine packs sequences
         # itself and truncates explicitly.
         base.no_padding()
