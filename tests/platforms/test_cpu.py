@@ -3,6 +3,8 @@ sentence-transformers, and the paths really are the fallbacks."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -68,3 +70,36 @@ def test_the_bfloat16_measure_runs_on_one_thread_and_gives_the_threads_back():
     assert torch.get_num_threads() == before
     assert {t for _, t in seen} == {1} and len(seen) == 2 + 2 * 3
     assert [d for d, _ in seen[2:4]] == [torch.float32, torch.bfloat16]  # alternated
+
+
+_FORK = """
+import os, signal, sys
+import torch
+from polyvec import LLM
+llm = LLM({model!r}, dtype="float32")
+if {embed_first}:
+    parent = llm.embed(["hello world"] * 4, use_tqdm=False)[0].outputs.data
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # the hang: the child's first parallel op waited for the parent's OpenMP pool
+    child = llm.embed(["hello world"] * 4, use_tqdm=False)[0].outputs.data
+    x = torch.randn(256, 384) @ torch.randn(384, 1536)  # torch itself too, not only polyvec's calls
+    os._exit(0 if {embed_first} == 0 or torch.equal(child, parent) else 5)
+_, status = os.waitpid(pid, 0)
+print(os.WIFSIGNALED(status), os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1)
+"""
+
+
+@pytest.mark.parametrize("embed_first", [0, 1])
+def test_a_process_forked_after_loading_a_model_embeds(minilm_path, embed_first):
+    """Load once, fork workers (gunicorn --preload, DataLoader or multiprocessing workers): loading alone started
+    torch's OpenMP pool, and the forked child hung at its first parallel op (sentence-transformers' children
+    did not). Children run torch on one thread, as DataLoader's workers do."""
+    import subprocess
+    import sys
+
+    script = _FORK.format(model=str(minilm_path), embed_first=embed_first)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "0"], run.stdout

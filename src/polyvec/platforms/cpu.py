@@ -129,11 +129,24 @@ class Projections:
         return pack_linear(linear, activation, int8=self.int8, amx=self.amx)
 
 
+def _one_thread_after_fork() -> None:
+    """In a forked child (gunicorn --preload, DataLoader or multiprocessing workers): torch on one thread. The
+    parent's OpenMP pool (which loading a model starts) does not exist there, and the child's first parallel op
+    waited for it for ever; torch's DataLoader sets its workers to one thread the same way."""
+    torch.set_num_threads(1)
+
+
+_FORK_HOOK: list[bool] = []
+
+
 class CpuPlatform(Platform):
     name = "cpu"
 
     def __init__(self, device: torch.device, options: KernelOptions | None = None):
         super().__init__(device)
+        if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_one_thread_after_fork)
+            _FORK_HOOK.append(True)
         self.options = options or KernelOptions.from_env()
         self.onednn = False
         self._batches = 0
