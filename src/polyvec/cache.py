@@ -9,6 +9,7 @@ from pathlib import Path
 def cache_dir() -> Path:
     """`POLYVEC_CACHE`, else `$XDG_CACHE_HOME/polyvec` (default `~/.cache/polyvec`)."""
     base = os.environ.get("POLYVEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "polyvec"
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+        "polyvec",  # empty: unset (XDG's rule)
     )
     return Path(base)

@@ -126,3 +126,60 @@ def test_a_failed_build_says_why_and_is_not_retried_with_that_compiler(tmp_path)
     second = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 3 and "compiling polyvec's CPU kernels" not in second.stderr, second.stderr
     assert "failed before with this compiler" in second.stderr
+
+
+KILLED_CXX = """#!/bin/sh
+for a in "$@"; do
+  case "$a" in -c) echo "c++: fatal error: Killed signal terminated program cc1plus" >&2; exit 1;; esac
+done
+exec g++ "$@"
+"""
+
+
+def _fake_compiler(tmp_path, script: str) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "c++").write_text(script)
+    (bin_dir / "c++").chmod(0o755)
+    env = {**os.environ, "POLYVEC_CACHE": str(tmp_path / "cache"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for name in ("POLYVEC_DISABLE_KERNELS", "CXX"):
+        env.pop(name, None)
+    return env
+
+
+@needs_build
+def test_a_build_stopped_from_outside_is_not_kept_as_failed(tmp_path):
+    """A compiler killed (out of memory) or a build interrupted is no verdict on the compiler: the next start
+    builds again, as the README promises (it was kept as failed for good)."""
+    env = _fake_compiler(tmp_path, KILLED_CXX)
+    first = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 3 and "Killed signal" in first.stderr, first.stderr
+    second = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=600)
+    assert "compiling polyvec's CPU kernels" in second.stderr and "failed before" not in second.stderr
+
+
+@needs_build
+def test_processes_waiting_on_a_failing_build_do_not_repeat_it(tmp_path):
+    """Replicas or workers started together: one builds, the others wait for its lock; when that build failed,
+    each waiter built (and failed) again in turn."""
+    env = _fake_compiler(tmp_path, FAILING_CXX.replace("exit 1", "sleep 3; exit 1"))
+    runs = [subprocess.Popen([sys.executable, "-c", LOAD], env=env, stderr=subprocess.PIPE, text=True)]
+    time.sleep(1.5)  # the first holds the lock
+    runs.append(subprocess.Popen([sys.executable, "-c", LOAD], env=env, stderr=subprocess.PIPE, text=True))
+    errs = [run.communicate(timeout=600)[1] for run in runs]
+    assert [run.returncode for run in runs] == [3, 3], errs
+    assert "compiling polyvec's CPU kernels once" in errs[0]
+    assert "waiting for another process" in errs[1] and "kernels once" not in errs[1], errs[1]
+    assert "failed with this compiler" in errs[1]
+
+
+def test_an_empty_xdg_cache_home_is_unset(monkeypatch, tmp_path):
+    """XDG's rule: an empty XDG_CACHE_HOME means the default; it put the cache in the working directory."""
+    from polyvec.cache import cache_dir
+
+    monkeypatch.delenv("POLYVEC_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert cache_dir() == tmp_path / ".cache" / "polyvec"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "polyvec"

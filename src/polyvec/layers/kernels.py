@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,17 @@ def _failed_before(target: Path) -> Path | None:
         return None
 
 
+_NOT_THE_SOURCES = ("Killed signal", "interrupted by user", "signal terminated", "No space left", "Cannot allocate")
+
+
+def _compile_error(output: str) -> bool:
+    """Whether a failed build's output shows the compiler refusing the sources (`file:line:col: error: ...`),
+    not the build stopped from outside (a signal, an interrupt, a full disk), which another start may not meet."""
+    if any(text in output for text in _NOT_THE_SOURCES):
+        return False
+    return re.search(r":\d+:(\d+:)? (fatal )?error: ", output) is not None
+
+
 def _first_error(exc: BaseException) -> str:
     """The line of a failed build that says why (a compiler's `error:`), else the exception's last line."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
@@ -166,6 +178,8 @@ def _build(target: Path, cap: str) -> None:
         if target.is_file():  # built by the process we waited for
             torch.ops.load_library(str(target))
             return
+        if (log := _failed_before(target)) is not None:  # failed for the process we waited for: not again
+            raise RuntimeError(f"building them failed with this compiler: see {log}, delete it to build again")
         for stale in folder.glob("build-*"):  # left by a build that was killed; its lock died with it
             shutil.rmtree(stale, ignore_errors=True)
         logger.warning(
@@ -185,7 +199,8 @@ def _build(target: Path, cap: str) -> None:
                 verbose=False,
             )
         except Exception as e:  # kept, so that the next start does not spend a minute failing again
-            (folder / FAILED).write_text(f"{_compiler()}\n{e}\n")
+            if _compile_error(str(e)):  # not an interrupt or a compiler killed (out of memory): those build again
+                (folder / FAILED).write_text(f"{_compiler()}\n{e}\n")
             raise
         finally:
             if (scratch / target.name).is_file():
@@ -221,7 +236,7 @@ def load() -> bool:
                     why = "" if ok else "the library loaded without its operators"
             except Exception as e:  # a failed build or load: SDPA still works
                 why = _first_error(e)
-                if (target.parent / FAILED).is_file():
+                if (target.parent / FAILED).is_file() and FAILED not in why:
                     why += f" (the compiler's output: {target.parent / FAILED})"
         if not ok:
             logger.warning(
