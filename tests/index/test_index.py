@@ -376,6 +376,11 @@ def test_cli_index_and_search_refusals(capsys, tmp_path, minilm_path, splade_pat
     code, err = _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--first-stage",
                       "none", "--muvera", '{"k_sim": 3}')  # fmt: skip
     assert code == 2 and "--muvera goes with --first-stage muvera" in err
+    # an --index path that cannot be made (through a file here; a folder this user may not write alike): one
+    # line, not PermissionError's traceback
+    code, err = _main(capsys, "index", str(corpus), "--index", str(corpus / "i"), "--model", str(minilm_path),
+                      "--first-stage", "none")  # fmt: skip
+    assert code == 2 and f"cannot write --index {corpus / 'i'}: Not a directory" in err and err.count("\n") == 1
     code, err = _main(capsys, "index", str(corpus), "--index", idx, "--model", str(minilm_path), "--quiet",
                       "--first-stage", "none", "--dtype", "float32")  # fmt: skip
     assert code == 0, err

@@ -273,6 +273,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileExistsError, ImportError) as exc:
         raise CommandError(str(exc)) from None
+    except OSError as exc:  # a folder this user may not write, or a path through a file
+        raise CommandError(f"cannot write --index {args.index}: {exc.strerror or exc}") from None
     bar = None
     if not args.quiet:
         from tqdm.auto import tqdm

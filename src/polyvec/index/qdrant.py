@@ -126,8 +126,8 @@ class EdgeBackend:
 
     @classmethod
     def _create(cls, q: Any, root: Path, config: IndexConfig, exists: bool, lock: IO[str] | None) -> EdgeBackend:
-        if exists:
-            shutil.rmtree(root / "shard", ignore_errors=True)
+        if exists and (root / "shard").exists():  # a folder this user may not write: said, not left half-replaced
+            shutil.rmtree(root / "shard")
         quant: Any = None
         if config.quantization == "int8":
             quant = q.ScalarQuantizationConfig(q.ScalarType.Int8, always_ram=True)
@@ -177,6 +177,11 @@ class EdgeBackend:
         except Exception as exc:  # Qdrant Edge's own error type for a missing or damaged shard
             if lock is not None:
                 lock.close()
+            if "Permission denied" in str(exc):  # not damaged: Qdrant Edge opens its files for writing, even to search
+                raise ValueError(
+                    f"{root}: this user may not write the index's files, which Qdrant Edge opens for writing even "
+                    f"to search ({exc})"
+                ) from None
             raise ValueError(f"{root} is not a readable polyvec index: {exc}") from None
         return cls(root, config, shard, lock)
 
