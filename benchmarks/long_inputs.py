@@ -201,7 +201,7 @@ def main() -> None:
         f"\nEncoder ({args.encoder}, max_model_len 256): one {args.tokens}-token document, long_input='window', "
         f"overlap {args.overlap}\n"
     )
-    print("| task | windows | seconds | tokens/s | peak RSS MiB | output shape |")
+    print("| task | batches | seconds | tokens/s | peak RSS MiB | output shape |")
     print("|---|---|---|---|---|---|")
     for task in ("embed", "token_embed"):
         r = run(
@@ -228,7 +228,7 @@ def main() -> None:
             ]
         )
         print(
-            f"| {task} | {r['batches']} batches | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"| {task} | {r['batches']} | {r['seconds']:.2f} | {r['tokens'] / r['seconds']:,.0f} | "
             f"{r['peak_rss_mib']:,.0f} | {r['shape']} |"
         )
 
