@@ -285,7 +285,9 @@ def test_a_vocab_txt_tokenizer_has_berts_special_tokens_by_default(tmp_path, min
     assert ours.token_ids("hello [MASK] world")[0] == ref("hello [MASK] world")["input_ids"]
 
 
-@pytest.mark.parametrize("variant", ["cased_config", "lowercase_default", "added_tokens_json", "vocab_specials"])
+@pytest.mark.parametrize(
+    "variant", ["cased_config", "lowercase_default", "added_tokens_json", "vocab_specials", "no_class_modernbert"]
+)
 def test_folder_variants_tokenize_as_transformers(tmp_path, minilm_path, variant):
     """A folder whose tokenizer_config.json and tokenizer.json disagree on lowercasing (transformers' BERT
     tokenizers follow the config's do_lower_case, true where it says none), an older added_tokens.json, and a
@@ -306,6 +308,13 @@ def test_folder_variants_tokenize_as_transformers(tmp_path, minilm_path, variant
     elif variant == "lowercase_default":
         edit("tokenizer.json", lambda t: {**t, "normalizer": {**t["normalizer"], "lowercase": False}})
         edit("tokenizer_config.json", lambda c: {k: v for k, v in c.items() if k != "do_lower_case"})
+    elif variant == "no_class_modernbert":  # no class named: transformers picks it by model_type, not BERT's here
+        edit("tokenizer.json", lambda t: {**t, "normalizer": {**t["normalizer"], "lowercase": False}})
+        edit(
+            "tokenizer_config.json",
+            lambda c: {k: v for k, v in c.items() if k not in ("do_lower_case", "tokenizer_class")},
+        )
+        edit("config.json", lambda c: {**c, "model_type": "modernbert"})
     elif variant == "added_tokens_json":
         (folder / "added_tokens.json").write_text('{"[unused1]": 2}')
     else:

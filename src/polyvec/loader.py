@@ -583,7 +583,11 @@ def load_model_config(
         # sentence-transformers >= 6 stores max_seq_length as the tokenizer's model_max_length.
         max_model_len = min(st_len, limit)
         sources["max_model_len"] = "tokenizer_config.json model_max_length (sentence-transformers)"
-    elif (tok_len := tokenizer_max_length(tdir)) and tok_len < limit:  # vLLM caps a model's length so too
+    elif (
+        hf_config.get("position_embedding_type") == "absolute"  # vLLM's rule: absolute positions only (BERT's)
+        and (tok_len := tokenizer_max_length(tdir))
+        and tok_len < limit
+    ):
         max_model_len = tok_len
         sources["max_model_len"] = "tokenizer_config.json model_max_length"
     else:

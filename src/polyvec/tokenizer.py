@@ -122,8 +122,10 @@ def _wordpiece_options(folder: Path) -> dict[str, Any]:
     }
 
 
-_BERT_FAMILY = ("Bert", "DistilBert", "Electra", "MPNet")
+_BERT_FAMILY = ("Bert", "DistilBert", "Electra", "MPNet", "SqueezeBert", "LayoutLM", "Funnel", "Lxmert", "MobileBert",
+                "ConvBert")  # fmt: skip
 _BERT_CLASSES = {f"{name}Tokenizer{fast}" for name in _BERT_FAMILY for fast in ("", "Fast")}
+_BERT_MODEL_TYPES = {name.lower() for name in _BERT_FAMILY}  # where tokenizer_config.json names no class
 
 
 def _bert_normalizer(base: Tokenizer, folder: Path) -> None:
@@ -132,7 +134,11 @@ def _bert_normalizer(base: Tokenizer, folder: Path) -> None:
     rebuild where the two differ: so here too, or the same folder tokenizes otherwise ("Hello" whole against
     [UNK] in a cased vocabulary)."""
     cfg = _read_config(folder / "tokenizer_config.json")
-    if cfg.get("tokenizer_class", "BertTokenizer") not in _BERT_CLASSES:
+    named = cfg.get("tokenizer_class")
+    if named is None:  # transformers picks the class by config.json's model_type then
+        if _read_config(folder / "config.json").get("model_type") not in _BERT_MODEL_TYPES:
+            return
+    elif named not in _BERT_CLASSES:
         return
     state = json.loads(base.to_str()).get("normalizer") or {}
     if state.get("type") != "BertNormalizer":

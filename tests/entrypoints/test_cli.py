@@ -377,5 +377,8 @@ def test_a_beir_corpus_reads_the_same_as_jsonl_parquet_or_csv(tmp_path):
     # another text column: read alone, as in JSONL
     assert read_corpus(str(tmp_path / "corpus.csv"), text_column="title")[1] == ["Wing flutter", "", ""]
     pq.write_table(pa.table({"_id": ["a"], "title": [None], "text": [None]}), tmp_path / "empty.parquet")
-    with pytest.raises(ValueError, match="row 0 has no title or text that is a text"):
+    with pytest.raises(ValueError, match="row 0 has no title or text"):
         read_corpus(str(tmp_path / "empty.parquet"))
+    pq.write_table(pa.table({"_id": ["a"], "title": [1999], "text": ["x"]}), tmp_path / "year.parquet")
+    with pytest.raises(ValueError, match="row 0 has int 1999 in column 'title', not a string"):
+        read_corpus(str(tmp_path / "year.parquet"))

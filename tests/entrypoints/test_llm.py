@@ -484,6 +484,8 @@ def test_do_lower_case_of_tokenization_kwargs_overrides_the_models(tmp_path, min
     tok = json.loads((folder / "tokenizer.json").read_text())
     tok["normalizer"]["lowercase"] = False
     (folder / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((folder / "tokenizer_config.json").read_text())  # transformers' BERT reads this one
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
     llm = LLM(str(folder), dtype="float32")
     assert llm.embed("Hello", use_tqdm=False)[0].prompt_token_ids == [101, 100, 102]
     lower = llm.embed(["Hello"], tokenization_kwargs={"do_lower_case": True}, use_tqdm=False)
@@ -499,13 +501,12 @@ def test_do_lower_case_of_tokenization_kwargs_overrides_the_models(tmp_path, min
     # counts it (its cased length, 4 tokens, was left out where the lowercased prompt has 8)
     from sentence_transformers import SentenceTransformer
 
-    (folder / "sentence_bert_config.json").write_text(json.dumps(cfg))
     pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "include_prompt": False}))
     (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "Xylophonist query: "}}))
-    st = SentenceTransformer(str(folder), device="cpu")
-    st[0].do_lower_case = True
+    st = SentenceTransformer(str(folder), device="cpu")  # do_lower_case read from sentence_bert_config.json
     want = torch.as_tensor(st.encode(["what is a wing"], prompt_name="query"))
+    (folder / "sentence_bert_config.json").write_text(json.dumps(cfg))  # here: the call's do_lower_case instead
     prompted = LLM(str(folder), dtype="float32")
     got = prompted.embed(["what is a wing"], PoolingParams(input_type="query"),
                          tokenization_kwargs={"do_lower_case": True}, use_tqdm=False)[0]  # fmt: skip

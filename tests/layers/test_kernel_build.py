@@ -183,3 +183,17 @@ def test_an_empty_xdg_cache_home_is_unset(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / ".cache" / "polyvec"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "polyvec"
+
+
+def test_which_failed_builds_are_kept():
+    """The toolchain's refusals are kept (a compile error, a linker's or the driver's: collect2's was rebuilt on
+    every start); a build stopped from outside is not."""
+    for output, kept in (
+        ("amx_linear.cpp:12:5: error: '_tile_loadd' was not declared", True),
+        ("/usr/bin/ld: cannot find -lgomp\ncollect2: error: ld returned 1 exit status", True),
+        ("c++: error: unrecognized command-line option '-mamx-tile'", True),
+        ("c++: fatal error: Killed signal terminated program cc1plus", False),
+        ("ninja: build stopped: interrupted by user.", False),
+        ("fatal error: error writing to /tmp/x.s: No space left on device", False),
+    ):
+        assert kernels._compile_error(output) is kept, output

@@ -57,6 +57,11 @@ def test_config_without_architectures_and_a_tokenizers_length(minilm_path, minil
     llm = LLM(str(bare), dtype="float32")
     assert llm.model_config.max_model_len == 64
     assert llm.model_config.sources["max_model_len"] == "tokenizer_config.json model_max_length"
+    # only for absolute positions, as vLLM reads it (a decoder's rotary positions keep max_position_embeddings)
+    rotary = json.loads((bare / "config.json").read_text())
+    (bare / "config.json").unlink()
+    (bare / "config.json").write_text(json.dumps({k: v for k, v in rotary.items() if k != "position_embedding_type"}))
+    assert LLM(str(bare), dtype="float32").model_config.max_model_len == 512
     (bare / "config.json").unlink()
     (bare / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(ValueError, match='names no architectures .*hf_overrides=.*"architectures"'):

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..eval import document_text, json_line, row_id, row_text
+from ..eval import json_line, row_id, row_text, titled_texts
 from ..resolve import DEFAULT_MODEL, ModelNotFoundError
 
 
@@ -202,12 +202,7 @@ def _read_parquet(
     table = data.head(limit, columns=columns) if limit else data.to_table(columns=columns)
     texts = table.column(text_column).to_pylist()
     if title is not None:
-        titles = table.column(title).to_pylist()
-        for i, pair in enumerate(zip(titles, texts)):
-            bad_value = next((v for v in pair if v is not None and not isinstance(v, str)), None)
-            if bad_value is not None or pair == (None, None):
-                raise ValueError(f"row {i} has no title or text that is a text: {pair[0]!r}, {pair[1]!r}")
-        texts = [document_text({"title": a or "", "text": b or ""}) for a, b in zip(titles, texts)]
+        texts = titled_texts(table.column(title).to_pylist(), texts)
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise ValueError(f"row {bad} of column {text_column!r} is not a text: {texts[bad]!r}")

@@ -11,6 +11,19 @@ def document_text(row: dict[str, Any]) -> str:
     return " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
 
 
+def titled_texts(titles: list[Any], texts: list[Any], text_column: str = "text") -> list[str]:
+    """A table's title and text columns as BEIR's one text per row (`document_text`), as its JSONL reads: a
+    null in one of them is an empty one; ValueError naming the row for a value that is not a string, or a row
+    with neither."""
+    for i, (title, text) in enumerate(zip(titles, texts)):
+        for name, value in (("title", title), (text_column, text)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"row {i} has {type(value).__name__} {value!r:.40} in column {name!r}, not a string")
+        if title is None and text is None:
+            raise ValueError(f"row {i} has no title or text")
+    return [document_text({"title": a or "", "text": b or ""}) for a, b in zip(titles, texts)]
+
+
 def json_line(line: str, where: str) -> Any:
     """One JSONL line parsed; ValueError saying `where` it is ("line 4") when it is not JSON."""
     try:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import ROW_BATCH_SIZE, TOKEN_BATCH_SIZE, default_batch_size, output_columns, token_rows
-from ..eval import document_text, row_id, row_text
+from ..eval import row_id, row_text, titled_texts
 from . import engine_device
 
 __all__ = [
@@ -77,13 +77,12 @@ class PolyvecEncoder:
                 names = ", ".join(batch.column_names)
                 raise ValueError(f"no column {self.text_column!r} (give --text-column); it has: {names}")
             texts = batch.column(self.text_column).to_pylist()
+            if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
+                texts = titled_texts(batch.column(self.title_column).to_pylist(), texts, self.text_column)
+                batch = batch.set_column(batch.column_names.index(self.text_column), self.text_column, pa.array(texts))
             bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
             if bad is not None:
                 raise ValueError(f"a row of column {self.text_column!r} is not a text: {texts[bad]!r}")
-            if self.title_column and self.title_column in batch.column_names:  # BEIR: title and text as one text
-                titles = batch.column(self.title_column).to_pylist()
-                texts = [document_text({"title": a, "text": b}) for a, b in zip(titles, texts)]
-                batch = batch.set_column(batch.column_names.index(self.text_column), self.text_column, pa.array(texts))
             if self.rows == "plain":
                 batch = pa.table({"id": _ids(batch), "text": texts})
         outs = self.llm.encode(texts, self.params, pooling_task=self.task, use_tqdm=False)

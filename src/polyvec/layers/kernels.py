@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -149,11 +148,12 @@ _NOT_THE_SOURCES = ("Killed signal", "interrupted by user", "signal terminated",
 
 
 def _compile_error(output: str) -> bool:
-    """Whether a failed build's output shows the compiler refusing the sources (`file:line:col: error: ...`),
-    not the build stopped from outside (a signal, an interrupt, a full disk), which another start may not meet."""
+    """Whether a failed build's output shows the toolchain refusing it (`file:line: error: ...`, a linker's or the
+    driver's `error:`), not the build stopped from outside (a signal, an interrupt, a full disk), which another
+    start may not meet."""
     if any(text in output for text in _NOT_THE_SOURCES):
         return False
-    return re.search(r":\d+:(\d+:)? (fatal )?error: ", output) is not None
+    return "error: " in output
 
 
 def _first_error(exc: BaseException) -> str:
