@@ -112,7 +112,7 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def _wordpiece_options(folder: Path) -> dict[str, Any]:
-    """A vocab.txt-only BERT tokenizer's settings from tokenizer_config.json, with transformers' BertTokenizer
+    """A BERT-family tokenizer's normalizer settings from tokenizer_config.json, with transformers' BertTokenizer
     defaults (lowercase, accents stripped when lowercasing, CJK characters split)."""
     cfg = _read_config(folder / "tokenizer_config.json")
     return {
@@ -143,19 +143,9 @@ def _bert_normalizer(base: Tokenizer, folder: Path) -> None:
     state = json.loads(base.to_str()).get("normalizer") or {}
     if state.get("type") != "BertNormalizer":
         return
-    lowercase, strip_accents = bool(cfg.get("do_lower_case", True)), cfg.get("strip_accents")
-    chinese = bool(cfg.get("tokenize_chinese_chars", True))
-    if (state.get("lowercase"), state.get("strip_accents"), state.get("handle_chinese_chars")) != (
-        lowercase,
-        strip_accents,
-        chinese,
-    ):
-        base.normalizer = normalizers.BertNormalizer(
-            clean_text=bool(state.get("clean_text", True)),
-            handle_chinese_chars=chinese,
-            strip_accents=strip_accents,
-            lowercase=lowercase,
-        )
+    want = _wordpiece_options(folder)  # BertTokenizer's reading of the config, its defaults included
+    if any(state.get(k) != v for k, v in want.items()):
+        base.normalizer = normalizers.BertNormalizer(clean_text=bool(state.get("clean_text", True)), **want)
 
 
 _BERT_SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
@@ -231,19 +221,9 @@ class PolyTokenizer:
         if path.name == "vocab.txt":
             from tokenizers.implementations import BertWordPieceTokenizer
 
-            named = special_tokens_map(path.parent)  # a checkpoint's own [CLS] / [SEP] / ..., as transformers'
-            options = _wordpiece_options(path.parent)
-            base = BertWordPieceTokenizer(
-                str(path),
-                unk_token=named["unk_token"],
-                sep_token=named["sep_token"],
-                cls_token=named["cls_token"],
-                pad_token=named["pad_token"],
-                mask_token=named["mask_token"],
-                lowercase=options["lowercase"],
-                strip_accents=options["strip_accents"],
-                handle_chinese_chars=options["handle_chinese_chars"],
-            )._tokenizer
+            named: dict[str, Any] = special_tokens_map(path.parent)  # a checkpoint's own [CLS], [SEP], ...
+            special = {k: named[k] for k in _BERT_SPECIAL}
+            base = BertWordPieceTokenizer(str(path), **_wordpiece_options(path.parent), **special)._tokenizer
         else:
             base = Tokenizer.from_file(str(path))
             _bert_normalizer(base, path.parent)

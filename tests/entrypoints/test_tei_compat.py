@@ -200,7 +200,7 @@ def test_default_prompt_text_and_an_unknown_name(prompted_folder, minilm_llm, ca
 
 def test_include_prompt_false_and_the_servers_prompt_ends_with_it(prompted_folder, minilm_path, tmp_path):
     """A model that pools without its prompt (include_prompt false): TEI's prompt_name and token-id inputs with a
-    default prompt gave vectors pooled over the prompt too (cosine 0.94 to sentence-transformers); and a server's
+    default prompt gave vectors pooled over the prompt too, unlike sentence-transformers; and a server's
     --default-prompt stayed on the engine after the server stopped."""
     from sentence_transformers import SentenceTransformer
 

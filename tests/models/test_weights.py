@@ -43,7 +43,7 @@ def test_sharded_pytorch_bin(minilm_path, minilm_llm, tmp_path):
 def test_config_without_architectures_and_a_tokenizers_length(minilm_path, minilm_llm, tmp_path):
     """An older config.json without `architectures` is read by its model_type (as vLLM and transformers' auto
     classes do; it was refused); without modules.json the tokenizer's model_max_length caps the length, as in
-    vLLM and sentence-transformers (it was max_position_embeddings: 512 against 64)."""
+    vLLM and sentence-transformers (it was max_position_embeddings)."""
     folder = _copy(minilm_path, tmp_path / "old", skip=("config.json", "tokenizer_config.json"))
     config = json.loads((minilm_path / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))

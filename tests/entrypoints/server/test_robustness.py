@@ -500,9 +500,9 @@ def test_a_large_request_is_tokenized_in_parts(minilm_llm):
 
 
 def test_a_stopped_server_lets_its_model_go(minilm_path):
-    """A server started and stopped in a process (a notebook, Ray Serve, these tests) gave its model back: the
+    """A server started and stopped in a process (a notebook, Ray Serve, these tests) gives its model back: the
     lifespan froze the collector's view of everything alive at start and never thawed it, so each cycle kept a
-    model (MiniLM: ~115 MB a cycle)."""
+    model."""
     import weakref
 
     from polyvec import LLM
