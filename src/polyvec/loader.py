@@ -439,6 +439,9 @@ def position_limit(hf_config: dict[str, Any]) -> int:
         limit -= 2
     elif hf_config.get("model_type") in _PADDING_OFFSET_POSITIONS:
         limit -= int(hf_config.get("pad_token_id", 1)) + 1
+    rope = {**(hf_config.get("rope_scaling") or {}), **(hf_config.get("rope_parameters") or {})}
+    if rope.get("rope_type", rope.get("type")) == "linear" and rope.get("factor"):
+        limit = int(limit * float(rope["factor"]))  # vLLM's rule: linear scaling stretches the positions trained on
     return limit
 
 

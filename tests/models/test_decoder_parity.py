@@ -455,10 +455,41 @@ def test_a_mistral_config_without_sliding_window_has_transformers_default():
     assert DecoderArgs.from_hf({**base, "model_type": "mistral", "is_causal": False}).sliding_window is None
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
-                                  {"rope_type": "dynamic", "factor": 2.0}])  # fmt: skip
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 24, "beta_fast": 8, "truncate": False},
+        {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 20, "attention_factor": 1.5},
+        {"rope_type": "yarn", "factor": 4.0},  # the length trained on: max_position_embeddings
+    ],
+)
+def test_yarn_rope_matches_transformers(tmp_path, minilm_path, rope):
+    """YaRN (Qwen's recipe for long inputs) was refused at load; prompts past the original length, chunked too."""
+    model = save_decoder("qwen3", "Model", tmp_path, minilm_path, rope_scaling=rope)
+    ps = prompts()
+    llm = LLM(str(tmp_path), dtype="float32", max_num_batched_tokens=16, enable_prefix_caching=False)
+    for p, out in zip(ps, llm.token_embed([{"prompt_token_ids": p} for p in ps], use_tqdm=False)):
+        ref = F.normalize(reference_hidden(model, p), dim=-1)
+        assert cosine_rows(out.outputs.data, ref).min().item() >= 0.9999, (rope, len(p))
+    assert llm.model_config.max_model_len == 512  # vLLM's rule: a YaRN config's max_position_embeddings is scaled
+
+
+def test_linear_rope_stretches_the_length_limit(tmp_path, minilm_path):
+    """vLLM multiplies max_position_embeddings by a linear (or dynamic) factor: inputs up to 1,024 here, not 512."""
+    save_decoder("qwen2", "Model", tmp_path, minilm_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.model_config.max_model_len == 1024
+    assert llm.embed([{"prompt_token_ids": [1000] * 700}], use_tqdm=False)[0].outputs.data.shape == (64,)
+
+
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 128}  # fmt: skip
+
+
+@pytest.mark.parametrize("rope", [LONGROPE, {"rope_type": "dynamic", "factor": 2.0}])
 def test_an_unsupported_rope_type_is_refused_at_load(tmp_path, minilm_path, rope):
-    """yarn / dynamic rope loaded, then every forward pass failed (a server healthy, each request a 500)."""
+    """dynamic / longrope loaded, then every forward pass failed (a server healthy, each request a 500)."""
     from polyvec import LLM
 
     save_decoder("qwen2", "Model", tmp_path, minilm_path, rope_scaling=rope)

@@ -61,6 +61,8 @@ def rope_inv_freq(args: DecoderArgs, head_dim: int) -> torch.Tensor:
         return inv_freq.float()
     if kind == "linear":
         return (inv_freq / float(p["factor"])).float()
+    if kind == "yarn":
+        return _yarn(args, p, inv_freq, head_dim)
     if kind == "llama3":
         # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
         factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
@@ -74,7 +76,52 @@ def rope_inv_freq(args: DecoderArgs, head_dim: int) -> torch.Tensor:
     raise ValueError(f"rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
 
 
-ROPE_TYPES = ("default", "mrope", "linear", "llama3")
+ROPE_TYPES = ("default", "mrope", "linear", "llama3", "yarn")
+
+
+def rope_attention_factor(args: DecoderArgs) -> float:
+    """What cos and sin are multiplied by: YaRN's attention factor (its paper's mscale), 1 for the other types."""
+    p = rope_parameters(args)
+    if p["rope_type"] != "yarn":
+        return 1.0
+    if p.get("attention_factor") is not None:
+        return float(p["attention_factor"])
+    factor = _yarn_factor(args, p)
+
+    def mscale(m: float = 1.0) -> float:
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+    return mscale(m) / mscale(m_all) if m and m_all else mscale()
+
+
+def _yarn_old_len(args: DecoderArgs, p: dict[str, Any]) -> float:
+    """The length trained on (transformers: max_position_embeddings where the parameters give none)."""
+    old_len = p.get("original_max_position_embeddings") or args.max_position_embeddings
+    if not old_len:
+        raise ValueError("yarn rope (config.json) needs original_max_position_embeddings or max_position_embeddings")
+    return float(old_len)
+
+
+def _yarn_factor(args: DecoderArgs, p: dict[str, Any]) -> float:
+    old_len = _yarn_old_len(args, p)
+    return float(p.get("factor") or (args.max_position_embeddings or old_len) / old_len)
+
+
+def _yarn(args: DecoderArgs, p: dict[str, Any], inv_freq: torch.Tensor, dim: int) -> torch.Tensor:
+    """YaRN (transformers' `_compute_yarn_parameters`): frequencies that turn fewer than `beta_slow` times over
+    the original length are divided by `factor`, those past `beta_fast` kept, a linear ramp between."""
+    old_len, base = _yarn_old_len(args, p), float(p["rope_theta"])
+
+    def correction_dim(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(float(p.get("beta_fast") or 32)), correction_dim(float(p.get("beta_slow") or 1))
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / ((high - low) or 0.001)).clamp(0, 1)
+    return (inv_freq / _yarn_factor(args, p) * ramp + inv_freq * (1 - ramp)).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -183,6 +230,7 @@ class DecoderModel(nn.Module):
         self.causal = args.is_causal and self.causal
         # Not a buffer: the model is built on the meta device and only its parameters are loaded.
         self._inv_freq: torch.Tensor | None = None
+        self._attention_factor = rope_attention_factor(args)
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(layers, kv heads, head dim): what one token costs in a KV cache, times 2 (keys and values)."""
@@ -202,6 +250,8 @@ class DecoderModel(nn.Module):
         else:
             freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)  # [T, d/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
+        if self._attention_factor != 1.0:
+            return (emb.cos() * self._attention_factor).to(dtype), (emb.sin() * self._attention_factor).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(
