@@ -113,6 +113,40 @@ def test_messages_as_vllm_hands_them_to_the_template():
     assert render(template, late) == "system:A\n\nB|user:q|"
 
 
+def test_each_message_carries_only_the_fields_vllm_passes_on():
+    """vLLM builds each message anew: `tool_calls: null` (the OpenAI SDK's model_dump) left a Llama-3.1 template
+    a None to measure (400), an assistant's `reasoning` never reached Qwen3's `reasoning_content`, a client's own
+    `reasoning_content` or a user's `tool_calls` reached the template, and empty text parts added newlines."""
+    template = (
+        "{% for m in messages %}{{ m.role }}:{% if 'tool_calls' in m %}{{ m.tool_calls | length }}calls {% endif %}"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
+        "{% if m.name %} ({{ m.name }}){% endif %}{% if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}|"
+        "{% endfor %}"
+    )
+    conversation = [
+        {"role": "user", "content": ["hello", "", {"type": "text", "text": ""}, "there"], "tool_calls": [{}],
+         "reasoning_content": "no", "name": "ann", "extra": 1},
+        {"role": "assistant", "content": "4", "tool_calls": None, "reasoning": "sum"},
+        {"role": "assistant", "content": "x", "reasoning_content": "not vLLM's field"},
+        {"role": "tool", "content": [{"type": "text", "text": "r1"}, "r2"], "tool_call_id": "c"},
+    ]  # fmt: skip
+    assert (
+        render(template, conversation)
+        == "user:hello\nthere (ann)|assistant:<think>sum</think>4|assistant:x|tool:r1\nr2 [c]|"
+    )
+    loops = (  # vLLM's "openai" format: parts kept as given, a tool's joined into one string
+        "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}{% else %}"
+        "{% for p in m.content %}{{ p.text }},{% endfor %}{% endif %}|{% endfor %}"
+    )
+    tool = {"role": "tool", "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]}
+    user = {"role": "user", "content": ["a", "", "b"]}
+    assert render(loops, [user, tool]) == "<user>a,,b,|<tool>r1\nr2|"
+    late = [{"role": "user", "content": "q"}, {"role": "developer", "content": [{"type": "text", "text": "dev"}]}]
+    assert render(loops, late) == "<system>dev|<user>q,|"  # merged system messages: one string, as vLLM's
+    with pytest.raises(ChatError, match="messages item 0 'tool_calls' must be a list"):
+        render(template, [{"role": "assistant", "content": "a", "tool_calls": {"id": 1}}])
+
+
 def test_template_variables_and_names(tmp_path):
     """Request variables override the special tokens (as transformers lets them); a list of named templates
     gives "tool_use" to a request with tools; a --chat-template that looks like a path must exist."""

@@ -67,15 +67,17 @@ def load_template(value: str) -> str:
 
 
 def text_messages(messages: Sequence[Any], parts: bool = False) -> list[dict[str, Any]]:
-    """Messages as vLLM hands them to the template: content as one string (text parts joined by newlines, its
-    "string" content format; null content ""), or with `parts` as a list of {"type": "text", "text"} parts (its
-    "openai" format, for templates that iterate over the content); assistant tool-call arguments parsed from JSON
-    to objects."""
+    """Messages as vLLM hands them to the template: content as one string (text parts joined by newlines, empty
+    ones skipped: its "string" content format; null content ""), or with `parts` as a list of {"type": "text",
+    "text"} parts (its "openai" format, for templates that iterate over the content). Each message is built anew
+    from the fields vLLM passes on: role, content, a string name or task, an assistant's tool calls (arguments
+    parsed from JSON to objects) and reasoning (also as `reasoning_content`), a tool's call id (its content one
+    string in either format), a developer's tools."""
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ChatError(f"messages item {i} must be an object with a string 'role'")
-        content = message.get("content")
+        role, content = message["role"], message.get("content")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
@@ -90,17 +92,30 @@ def text_messages(messages: Sequence[Any], parts: bool = False) -> list[dict[str
                     raise ChatError(f"messages item {i} content part {j} is an image; this model reads text only")
                 else:
                     raise ChatError(f"messages item {i} content part {j} must be {{'type': 'text', 'text': str}}")
-            content = [{"type": "text", "text": t} for t in texts] if parts else "\n".join(texts)
         elif content is None:
-            content = [] if parts else ""
-        elif not isinstance(content, str):
+            texts = []
+        elif isinstance(content, str):
+            texts = [content]
+        else:
             raise ChatError(f"messages item {i} 'content' must be a string or a list of content parts")
-        elif parts:
-            content = [{"type": "text", "text": content}]
-        message = {**message, "content": content}
-        if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
-            message = _with_parsed_tool_calls(i, message)
-        out.append(message)
+        if parts and role != "tool":  # vLLM joins a tool's text parts into one string in either format
+            built: dict[str, Any] = {"role": role, "content": [{"type": "text", "text": t} for t in texts]}
+        else:  # vLLM's string format drops empty texts before joining
+            built = {"role": role, "content": "\n".join(t for t in texts if t or parts)}
+        if role == "assistant":
+            if message.get("tool_calls") is not None:
+                built["tool_calls"] = message["tool_calls"]
+                built = _with_parsed_tool_calls(i, built)
+            if message.get("reasoning") is not None:  # what Qwen3-style templates read as reasoning_content
+                built["reasoning"] = built["reasoning_content"] = message["reasoning"]
+        elif role == "tool" and "tool_call_id" in message:
+            built["tool_call_id"] = message["tool_call_id"]
+        for key in ("name", "task"):
+            if isinstance(message.get(key), str):
+                built[key] = message[key]
+        if role == "developer":
+            built["tools"] = message.get("tools")
+        out.append(built)
     return out
 
 
@@ -108,6 +123,8 @@ def _with_parsed_tool_calls(i: int, message: dict[str, Any]) -> dict[str, Any]:
     """vLLM's treatment of an assistant's tool_calls: none dropped; each a function whose `arguments` JSON text
     becomes an object (what tool-use templates expect), anything else an empty object."""
     calls = message["tool_calls"]
+    if not isinstance(calls, list):
+        raise ChatError(f"messages item {i} 'tool_calls' must be a list of function call objects")
     if not calls:
         return {k: v for k, v in message.items() if k != "tool_calls"}
     parsed_calls = []
@@ -216,15 +233,18 @@ def _developer_as_system(template: str, conversation: list[dict[str, Any]]) -> l
         or '"developer"' in template
     ):
         return conversation
-    converted = [{**m, "role": "system"} if m["role"] == "developer" else m for m in conversation]
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer" else m
+        for m in conversation
+    ]
     systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
     if systems == [0]:
         return converted
     texts = [converted[i]["content"] for i in systems]
     texts = [t if isinstance(t, str) else "\n".join(p["text"] for p in t) for t in texts]  # "openai" parts
+    # one string in either content format, as vLLM merges them
     joined = "\n\n".join(t for t in texts if t)
-    content: Any = joined if isinstance(converted[systems[0]]["content"], str) else [{"type": "text", "text": joined}]
-    return [{"role": "system", "content": content}, *(m for m in converted if m["role"] != "system")]
+    return [{"role": "system", "content": joined}, *(m for m in converted if m["role"] != "system")]
 
 
 def _generation_extension() -> Any:
