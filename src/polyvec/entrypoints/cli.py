@@ -1053,6 +1053,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_vllm_args(p)
     add_tei_args(p)
+    add_infinity_args(p)
 
 
 # text-embeddings-router's flags with no effect here (name → takes a value).
@@ -1103,7 +1104,7 @@ def add_tei_args(p: argparse.ArgumentParser) -> None:
     _flag(prompt, "--default-prompt-name", help="TEI's: the model's prompt put before text inputs that name none")
     _flag(prompt, "--default-prompt", help="TEI's: this text before text inputs that name no prompt")
     g.add_argument("--dense-path", help="TEI's: refused (polyvec reads the Dense modules modules.json lists)")
-    g.add_argument("--device-id", type=non_negative(int), help="TEI's: the CUDA device N (0: --device auto's)")
+    g.add_argument("--device-id", type=device_id, help="TEI's and Infinity's: the CUDA device N (0: --device auto's)")
     for name, takes_value in TEI_IGNORED.items():
         flag = f"--{name.replace('_', '-')}"
         if takes_value:
@@ -1111,6 +1112,75 @@ def add_tei_args(p: argparse.ArgumentParser) -> None:
                            help="accepted from TEI; no effect here")  # fmt: skip
         else:
             g.add_argument(flag, dest=name, action="store_true", default=None, help="accepted from TEI; no effect here")
+
+
+# `infinity_emb v2`'s flags with no effect here (name → takes a value); the switches have --no- forms.
+INFINITY_IGNORED = {
+    "engine": True,
+    "model_warmup": False,
+    "vector_disk_cache": False,
+    "lengths_via_tokenize": False,
+    "compile": False,
+    "bettertransformer": False,
+    "onnx_disable_optimize": False,
+    "onnx_do_not_prefer_quantized": False,
+    "permissive_cors": False,
+    "redirect_slash": True,
+    "proxy_root_path": True,
+}
+
+
+def add_infinity_args(p: argparse.ArgumentParser) -> None:
+    """`infinity_emb v2`'s flags, so that its command line runs as `polyvec serve --model-id M ...` (or `polyvec
+    v2 ...`): `--model-id`, `--port`, `--host`, `--served-model-name`, `--dtype`, `--device`, `--device-id`,
+    `--revision`, `--trust-remote-code` and `--api-key` are shared with polyvec, TEI or vLLM; these are the rest."""
+    g = p.add_argument_group("Infinity (infinity_emb v2) compatibility")
+    g.add_argument("--batch-size", dest="max_num_seqs", type=positive_int, default=argparse.SUPPRESS,
+                   help="Infinity's name for --max-num-seqs")  # fmt: skip
+    g.add_argument(
+        "--pooling-method",
+        choices=("mean", "cls", "auto"),
+        help="Infinity's: an embedding model's pooling (auto: the model's own), as TEI's --pooling",
+    )
+    g.add_argument("--url-prefix", help="Infinity's: refused unless empty (polyvec's routes are at the root)")
+    g.add_argument("--embedding-dtype", help="Infinity's: refused unless float32 (give encoding_format per request)")
+    g.add_argument(
+        "--preload-only",
+        action="store_true",
+        help="Infinity's: download and load the model, then exit (e.g. while building an image)",
+    )
+    for name, takes_value in INFINITY_IGNORED.items():
+        flag = f"--{name.replace('_', '-')}"
+        if takes_value:
+            g.add_argument(flag, dest=name, help="accepted from Infinity; no effect here")
+        else:
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help="accepted from Infinity; no effect here")  # fmt: skip
+
+
+def infinity_options(args: argparse.Namespace) -> None:
+    """Check Infinity's flags (CommandError for a refused one, one warning for those with no effect) and give
+    `--pooling-method` to TEI's `--pooling`, which does the same."""
+    if getattr(args, "url_prefix", None) not in (None, "", "/"):
+        raise CommandError(
+            f"--url-prefix {args.url_prefix} is not supported: polyvec serves Infinity's routes (/embeddings, "
+            "/rerank, /classify, /models) at the root; give the client the server's root URL"
+        )
+    if getattr(args, "embedding_dtype", None) not in (None, "float32"):
+        raise CommandError(
+            f"--embedding-dtype {args.embedding_dtype} is not supported: vectors are float32; ask for another "
+            "encoding per request (encoding_format, or /v2/embed's embedding_types)"
+        )
+    method = getattr(args, "pooling_method", None)
+    if method not in (None, "auto"):
+        if args.tei_pooling not in (None, method):
+            raise CommandError(f"--pooling {args.tei_pooling} and --pooling-method {method}: give one of them")
+        args.tei_pooling = method
+    ignored = [n for n in INFINITY_IGNORED if getattr(args, n, None) is not None]
+    if ignored:
+        logging.getLogger("polyvec").warning(
+            "Infinity flags with no effect in polyvec: %s", ", ".join("--" + n.replace("_", "-") for n in ignored)
+        )
 
 
 def tei_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -1129,6 +1199,15 @@ def tei_options(args: argparse.Namespace) -> dict[str, Any]:
         )
     pooling = TEI_POOLING.get(getattr(args, "tei_pooling", None) or "")
     return {"seq_pooling_type": pooling} if pooling else {}
+
+
+def device_id(value: str) -> int:
+    """One CUDA device's number; Infinity's list of them (a model per device) is refused by name."""
+    if "," in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: a server runs on one device (several: --replicas N on Ray, or a server per device)"
+        )
+    return non_negative(int)(value)
 
 
 def tei_device(args: argparse.Namespace) -> None:
@@ -1362,6 +1441,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tei_device(args)
+    infinity_options(args)
     if args.chat_template:  # a mistyped path is refused here, not used as the template's text
         from ..chat import ChatError, load_template
 
@@ -1381,9 +1461,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server.app import ServerConfig, build_app
 
     log = logging.getLogger("polyvec.serve")
-    check_port(args.host, args.port)  # before the model loads: uvicorn's bind error came after, in log lines
+    if not args.preload_only:
+        check_port(args.host, args.port)  # before the model loads: uvicorn's bind error came after, in log lines
     engine = load_engine(args, **serve_engine_options(args))
     mc = engine.model_config
+    if args.preload_only:
+        log.info("model %s loaded from %s; --preload-only: exiting", mc.model, mc.path)
+        return 0
     tasks = engine.supported_tasks
     log.info(
         "model %s (%s) from %s [architecture: %s]",
@@ -1951,11 +2035,18 @@ def _index_location_args(p: argparse.ArgumentParser) -> None:
 
 def tei_argv(argv: list[str]) -> list[str]:
     """TEI's `--model-id M` (the model) and `-p PORT` in a `serve` command line, as polyvec reads them."""
+    if argv[:1] in (["v2"], ["v1"]):  # `infinity_emb v2 --model-id M ...`
+        argv = ["serve", *argv[1:]]
     if argv[:1] != ["serve"]:
         return argv
-    out, model, i = [], [], 1
+    out: list[str] = []
+    model: list[str] = []
+    i = 1
     while i < len(argv):
         arg = argv[i]
+        if arg == "--model-id" or arg.startswith("--model-id="):
+            if model:  # Infinity serves one model per --model-id; TEI refuses a second
+                raise CommandError(f"--model-id given twice ({model[0]}, then more): a server serves one model")
         if arg == "--model-id" and i + 1 < len(argv):
             model, i = [argv[i + 1]], i + 2
             continue
@@ -1973,7 +2064,11 @@ def main(argv: list[str] | None = None) -> int:
     from .vllm_compat import expand_dotted, vllm_argv
 
     argv, moved = vllm_argv(sys.argv[1:] if argv is None else list(argv))
-    argv = tei_argv(argv)
+    try:
+        argv = tei_argv(argv)
+    except CommandError as exc:
+        print(f"polyvec: error: {exc}", file=sys.stderr)
+        return 2
     if moved:
         print("polyvec: warning: --model is vLLM's deprecated form; give it as `polyvec serve MODEL`", file=sys.stderr)
     try:
