@@ -344,8 +344,9 @@ def test_error_messages_carry_vllms_key_words(minilm_path, minilm_llm):
     """What vLLM users' code and tests match on, beside polyvec's own wording."""
     with pytest.raises(ValueError, match="Unsupported task: 'classify'"):
         minilm_llm.classify(QUERY, use_tqdm=False)
-    with pytest.raises(ValueError, match="token id 99999 is out of vocabulary"):
+    with pytest.raises(ValueError, match="token id 99999 is out of vocabulary") as caught:
         minilm_llm.embed([[101, 99999, 102]], use_tqdm=False)
+    assert "ids of another tokenizer, such as tiktoken's? send the texts" in str(caught.value)  # LangChain's
     strict = LLM(str(minilm_path), dtype="float32", truncation="error")
     with pytest.raises(ValueError, match="maximum context length"):
         strict.embed("wing " * 400, use_tqdm=False)
