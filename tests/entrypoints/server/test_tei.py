@@ -687,3 +687,16 @@ def test_a_token_beyond_the_models_embeddings_is_refused_by_item(tmp_path, minil
     padded = LLM(str(padx), dtype="float32", max_model_len=16)
     with pytest.raises(ValueError, match="prompt 0: padding='max_length' pads with token id 30522, beyond the model's"):
         padded.embed(["hi"], tokenization_kwargs={"padding": "max_length", "max_length": 16}, use_tqdm=False)
+
+
+def test_info_of_a_token_classifier_names_its_labels(tmp_path, minilm_path):
+    """TEI serves no token classifier; /info called a NER model an embedding model with CLS pooling."""
+    labels = {0: "O", 1: "B-PER", 2: "I-PER"}
+    save_tiny_model("BertForTokenClassification", "BertConfig", tmp_path, minilm_path, num_labels=3, id2label=labels,
+                    label2id={v: k for k, v in labels.items()}, **TINY)  # fmt: skip
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.supported_tasks == ("token_classify",)
+    with in_process_server(llm.engine) as url:
+        model_type = httpx.get(url + "/info").json()["model_type"]
+    assert model_type == {"classifier": {"id2label": {"0": "O", "1": "B-PER", "2": "I-PER"},
+                                         "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}}  # fmt: skip

@@ -774,11 +774,13 @@ _POOLING_NAMES = {"CLS": "cls", "MEAN": "mean", "LAST": "last_token"}
 def _model_type(state: ServerState) -> dict[str, Any]:
     """TEI's ModelType: a classifier, a reranker (a one-label classifier) or an embedding model and its pooling."""
     engine, mc = state.engine, state.model_config
-    if "classify" in engine.supported_tasks:
+    tasks = engine.supported_tasks
+    # TEI has no token classifier: a NER model's labels say more than an "embedding" pooling would
+    if "classify" in tasks or ("token_classify" in tasks and "embed" not in tasks and "embed_sparse" not in tasks):
         id2label = {str(i): mc.id2label.get(i, f"LABEL_{i}") for i in range(max(mc.num_labels, 1))}
         classes = {"id2label": id2label, "label2id": {label: int(i) for i, label in id2label.items()}}
         return {"reranker" if engine.is_cross_encoder else "classifier": classes}
-    if "embed" not in engine.supported_tasks and "embed_sparse" in engine.supported_tasks:
+    if "embed" not in tasks and "embed_sparse" in tasks:
         return {"embedding": {"pooling": "splade"}}  # as TEI names a SPLADE model's pooling
     pooling = engine.default_pooling("embed")
     return {"embedding": {"pooling": "+".join(_POOLING_NAMES.get(p, p.lower()) for p in pooling)}}
