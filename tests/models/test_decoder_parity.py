@@ -462,6 +462,7 @@ def test_a_mistral_config_without_sliding_window_has_transformers_default():
         {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 24, "beta_fast": 8, "truncate": False},
         {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 20, "attention_factor": 1.5},
         {"rope_type": "yarn", "factor": 4.0},  # the length trained on: max_position_embeddings
+        {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32, "mscale": 2.0, "mscale_all_dim": 1.0},
     ],
 )
 def test_yarn_rope_matches_transformers(tmp_path, minilm_path, rope):
@@ -472,7 +473,31 @@ def test_yarn_rope_matches_transformers(tmp_path, minilm_path, rope):
     for p, out in zip(ps, llm.token_embed([{"prompt_token_ids": p} for p in ps], use_tqdm=False)):
         ref = F.normalize(reference_hidden(model, p), dim=-1)
         assert cosine_rows(out.outputs.data, ref).min().item() >= 0.9999, (rope, len(p))
-    assert llm.model_config.max_model_len == 512  # vLLM's rule: a YaRN config's max_position_embeddings is scaled
+    assert llm.model_config.max_model_len == 512  # vLLM takes a YaRN config's max_position_embeddings as scaled
+
+
+@pytest.mark.parametrize(
+    "rope, top",
+    [
+        ({"rope_type": "yarn", "factor": 4.0}, {"original_max_position_embeddings": 16}),  # Phi-3's place: it wins
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, {"original_max_position_embeddings": 16}),  # noqa: E501
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, {}),
+    ],
+)  # fmt: skip
+def test_rope_lengths_as_transformers_standardizes_them(tmp_path, minilm_path, rope, top):
+    """A config.json of transformers 4 (rope_scaling, no rope_parameters): a top-level original_max_position_embeddings
+    overrides the rope's (cosine 0.86 to transformers before), and none at all is max_position_embeddings (Llama-3
+    rope loaded, then every request failed with a KeyError)."""
+    import transformers
+
+    save_decoder("qwen3", "Model", tmp_path, minilm_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "rope_theta": 10000.0, "rope_scaling": rope, **top}))
+    model = transformers.Qwen3Model.from_pretrained(str(tmp_path)).eval()
+    llm = LLM(str(tmp_path), dtype="float32", enable_prefix_caching=False)
+    for p, out in zip(prompts(), llm.token_embed([{"prompt_token_ids": p} for p in prompts()], use_tqdm=False)):
+        assert cosine_rows(out.outputs.data, F.normalize(reference_hidden(model, p), dim=-1)).min().item() >= 0.9999
 
 
 def test_linear_rope_stretches_the_length_limit(tmp_path, minilm_path):

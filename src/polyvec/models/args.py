@@ -97,7 +97,9 @@ class DecoderArgs:
     """Qwen2-VL's multimodal rotary positions: how many of each head's d/2 frequencies turn with the temporal,
     height and width position (their sum is d/2); None: one position per token."""
     max_position_embeddings: int | None = None
-    """YaRN's factor, where its parameters give none, is this over their original_max_position_embeddings."""
+    """The length trained on where a scaled rope's parameters give none; YaRN's factor over it, where none."""
+    original_max_position_embeddings: int | None = None
+    """Outside the rope parameters (Phi-3 writes it there): it overrides theirs, as in transformers."""
     is_causal: bool = True
     """False: every token attends to every token of its prompt (vLLM's `is_causal` config key, gte-Qwen2's):
     whole prompts, no KV cache."""
@@ -133,6 +135,7 @@ class DecoderArgs:
             classifier_2_way=bool(config.get("classifier_2_way", False)),
             mrope_section=_mrope_section(config),
             max_position_embeddings=config.get("max_position_embeddings"),
+            original_max_position_embeddings=config.get("original_max_position_embeddings"),
             is_causal=config.get("is_causal", True) is not False,
         )
 

@@ -49,6 +49,11 @@ def rope_parameters(args: DecoderArgs) -> dict[str, Any]:
     params.update(args.rope_parameters or {})
     params.setdefault("rope_theta", args.rope_theta)
     params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):  # transformers' standardize_rope_params
+        if args.original_max_position_embeddings is not None:  # outside the rope dict (Phi-3's): it wins
+            params["original_max_position_embeddings"] = args.original_max_position_embeddings
+        elif args.max_position_embeddings is not None:
+            params.setdefault("original_max_position_embeddings", args.max_position_embeddings)
     return params
 
 
@@ -95,23 +100,22 @@ def rope_attention_factor(args: DecoderArgs) -> float:
     return mscale(m) / mscale(m_all) if m and m_all else mscale()
 
 
-def _yarn_old_len(args: DecoderArgs, p: dict[str, Any]) -> float:
-    """The length trained on (transformers: max_position_embeddings where the parameters give none)."""
-    old_len = p.get("original_max_position_embeddings") or args.max_position_embeddings
-    if not old_len:
+def _yarn_old_len(p: dict[str, Any]) -> float:
+    """The length trained on (rope_parameters fills it in as transformers does)."""
+    if not p.get("original_max_position_embeddings"):
         raise ValueError("yarn rope (config.json) needs original_max_position_embeddings or max_position_embeddings")
-    return float(old_len)
+    return float(p["original_max_position_embeddings"])
 
 
 def _yarn_factor(args: DecoderArgs, p: dict[str, Any]) -> float:
-    old_len = _yarn_old_len(args, p)
+    old_len = _yarn_old_len(p)
     return float(p.get("factor") or (args.max_position_embeddings or old_len) / old_len)
 
 
 def _yarn(args: DecoderArgs, p: dict[str, Any], inv_freq: torch.Tensor, dim: int) -> torch.Tensor:
     """YaRN (transformers' `_compute_yarn_parameters`): frequencies that turn fewer than `beta_slow` times over
     the original length are divided by `factor`, those past `beta_fast` kept, a linear ramp between."""
-    old_len, base = _yarn_old_len(args, p), float(p["rope_theta"])
+    old_len, base = _yarn_old_len(p), float(p["rope_theta"])
 
     def correction_dim(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times
         return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
