@@ -461,8 +461,13 @@ def _classifier_activation(hf_config: dict[str, Any], num_labels: int, root: Pat
     return "softmax"
 
 
+DISTILBERT_KEYS = {"dim": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+                   "hidden_dim": "intermediate_size", "activation": "hidden_act"}  # fmt: skip
+"""DistilBERT's config keys → BERT's (the rest of polyvec reads BERT's)."""
+
 BASE_ARCHITECTURES = {
     "bert": "BertModel",
+    "distilbert": "DistilBertModel",
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
     "mpnet": "MPNetModel",
@@ -506,6 +511,11 @@ def load_model_config(
         raise ValueError(f"{tdir} has no config.json; is it a transformers checkpoint?")
     hf_config = dict(_read_json(tdir / "config.json"))
     hf_config.update(hf_overrides or {})
+    if hf_config.get("model_type") == "distilbert":  # its own names for BERT's keys, as transformers maps them
+        hf_config = {
+            **{bert: hf_config[name] for name, bert in DISTILBERT_KEYS.items() if name in hf_config},
+            **hf_config,
+        }
     sources: dict[str, str] = {}
     if lora is not None:
         sources["lora"] = f"{adapter_root / ADAPTER_CONFIG} (merged into {lora.base_model})"

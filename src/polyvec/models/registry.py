@@ -22,10 +22,13 @@ from ..layers.attention import AttentionMetadata
 from .args import DecoderArgs, EncoderArgs, ModernBertArgs
 from .bert import (
     BERT_HEAD_RULES,
+    DISTILBERT_HEAD_RULES,
+    DISTILBERT_RULES,
     ENCODER_RULES,
     ROBERTA_HEAD_RULES,
     BertEncoder,
     BertSequenceHead,
+    DistilBertSequenceHead,
     MaskedLMHead,
     RobertaSequenceHead,
 )
@@ -69,6 +72,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "Bert": Family(BertEncoder, "bert.", ENCODER_RULES, BERT_HEAD_RULES, BertSequenceHead),
+    "DistilBert": Family(BertEncoder, "distilbert.", DISTILBERT_RULES, DISTILBERT_HEAD_RULES, DistilBertSequenceHead),
     "Roberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "XLMRoberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "MPNet": Family(MPNetEncoder, "mpnet.", MPNET_ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
@@ -180,7 +184,7 @@ class PoolingModel(nn.Module):
         load_mapped(self, state, rules, strip_prefixes=(self.family.prefix,), optional=optional)
         if from_tokens:
             self._score_from_lm_head(state)
-        decoders = ("predictions.decoder.weight", "lm_head.decoder.weight")
+        decoders = ("predictions.decoder.weight", "lm_head.decoder.weight", "vocab_projector.weight")
         if tied and not any(k.endswith(decoders) or k == "decoder.weight" for k in state):
             # ForMaskedLM: a masked-LM head on an encoder (the constructor refuses decoders)
             assert isinstance(self.token_head, (MaskedLMHead, ModernBertMaskedLMHead))
