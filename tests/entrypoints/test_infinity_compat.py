@@ -35,6 +35,8 @@ def test_infinitys_command_line_and_its_flags_with_no_effect(caplog):
     assert warned == ["Infinity flags with no effect in polyvec: --engine, --model-warmup, --compile"]
     plain = parse("serve", MINILM, "--pooling-method", "auto")  # auto: the model's own pooling
     assert model_options(plain)["pooler_config"] is None and plain.max_num_seqs == 256
+    # its switches' --no- forms, and uvicorn's trace among its log levels
+    assert parse("v2", "--model-id", MINILM, "--no-preload-only", "--log-level", "trace").log_level == "debug"
 
 
 def test_what_polyvec_cannot_do_is_refused_by_name(capsys):
@@ -50,11 +52,15 @@ def test_what_polyvec_cannot_do_is_refused_by_name(capsys):
     # Infinity serves one model per --model-id and TEI refuses a second: the first was dropped without a word
     assert main(["v2", "--model-id", MINILM, "--model-id", "BAAI/bge-reranker-base"]) == 2
     assert "--model-id given twice" in capsys.readouterr().err
+    assert main(["v2", "--model-id", MINILM, "--pooling-method", "mean", "--replicas", "2"]) == 2
+    assert "--pooling-method is a single-server flag" in capsys.readouterr().err  # it named TEI's --pooling
 
 
-def test_preload_only_loads_the_model_and_exits(minilm_path, caplog):
+@pytest.mark.parametrize("replicas", [[], ["--replicas", "2"]])
+def test_preload_only_loads_the_model_and_exits(minilm_path, caplog, replicas):
+    """With replicas too (they started Ray Serve and served: a Docker build step that never ended)."""
     with caplog.at_level(logging.INFO, logger="polyvec"):
-        assert main(["v2", "--model-id", str(minilm_path), "--preload-only", "--log-level", "info"]) == 0
+        assert main(["v2", "--model-id", str(minilm_path), "--preload-only", "--log-level", "info", *replicas]) == 0
     assert any("--preload-only: exiting" in r.getMessage() for r in caplog.records)
 
 

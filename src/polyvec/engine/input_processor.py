@@ -642,7 +642,9 @@ class InputProcessor:
         if bad is not None:
             what = f"token id {bad} is out of vocabulary" if type(bad) is int else f"{bad!r:.40} is not a token id"
             # the usual cause: LangChain's OpenAIEmbeddings tokenizes with tiktoken and sends its ids
-            hint = "; ids of another tokenizer, such as tiktoken's? send the texts" if type(bad) is int else ""
+            hint = (
+                "; ids of another tokenizer, such as tiktoken's? send the texts" if type(bad) is int and bad > 0 else ""
+            )
             raise PromptError(i, f": {what} (token ids must be integers in 0..{vocab - 1}{hint})")
         num_input = len(ids)
         if num_input > max_len:

@@ -754,6 +754,10 @@ QUANTIZATION_HELP = (
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+def _log_level(value: str) -> str:
+    return {"trace": "debug"}.get(value.lower(), value.lower())  # trace is below logging's levels
+
+
 def env_name(flag: str) -> str:
     """--max-model-len → POLYVEC_MAX_MODEL_LEN."""
     return "POLYVEC_" + flag.lstrip("-").replace("-", "_").upper()
@@ -1020,7 +1024,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="do not compile kernels for every batch size while idle after start; they then compile when a "
         f"batch first needs them, and memory grows over the first minutes of traffic (env {var}=1)",
     )
-    _flag(p, "--log-level", "info", "debug, info, warning, error or critical", cast=str.lower, choices=LOG_LEVELS)
+    _flag(p, "--log-level", "info", "debug, info, warning, error or critical (uvicorn's and Infinity's trace: debug)",
+          cast=_log_level, choices=LOG_LEVELS)  # fmt: skip
     g = p.add_argument_group("replicas on Ray Serve (pip install 'polyvec[ray]')")
     _flag(g, "--replicas", help="serve N copies of the app, one engine each, behind one HTTP front", cast=positive_int)
     _flag(g, "--min-replicas", help="autoscale on requests in progress, from this many replicas", cast=positive_int)
@@ -1146,7 +1151,8 @@ def add_infinity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embedding-dtype", help="Infinity's: refused unless float32 (give encoding_format per request)")
     g.add_argument(
         "--preload-only",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="Infinity's: download and load the model, then exit (e.g. while building an image)",
     )
     for name, takes_value in INFINITY_IGNORED.items():
@@ -1449,9 +1455,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             load_template(args.chat_template)
         except ChatError as exc:
             raise CommandError(str(exc)) from None
+    log = logging.getLogger("polyvec.serve")
+    if args.preload_only:  # before the replicas, which would serve
+        import_torch()
+        mc = load_engine(args, **serve_engine_options(args)).model_config
+        log.info("model %s loaded from %s; --preload-only: exiting", mc.model, mc.path)
+        return 0
     if any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas, args.ray)):
         if args.tei_pooling:  # checked against the model once it loads, which replicas do on their own
-            raise CommandError("--pooling is TEI's single-server flag: with replicas give --pooler-config")
+            flag = "--pooling-method" if args.pooling_method not in (None, "auto") else "--pooling"
+            raise CommandError(f"{flag} is a single-server flag: with replicas give --pooler-config")
         return cmd_serve_ray(args)
 
     import_torch()
@@ -1460,14 +1473,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .server.app import ServerConfig, build_app
 
-    log = logging.getLogger("polyvec.serve")
-    if not args.preload_only:
-        check_port(args.host, args.port)  # before the model loads: uvicorn's bind error came after, in log lines
+    check_port(args.host, args.port)  # before the model loads: uvicorn's bind error came after, in log lines
     engine = load_engine(args, **serve_engine_options(args))
     mc = engine.model_config
-    if args.preload_only:
-        log.info("model %s loaded from %s; --preload-only: exiting", mc.model, mc.path)
-        return 0
     tasks = engine.supported_tasks
     log.info(
         "model %s (%s) from %s [architecture: %s]",
