@@ -440,7 +440,8 @@ def position_limit(hf_config: dict[str, Any]) -> int:
     elif hf_config.get("model_type") in _PADDING_OFFSET_POSITIONS:
         limit -= int(hf_config.get("pad_token_id", 1)) + 1
     rope = {**(hf_config.get("rope_scaling") or {}), **(hf_config.get("rope_parameters") or {})}
-    if rope.get("rope_type", rope.get("type")) == "linear" and rope.get("factor"):
+    gemma3 = "gemma3" in str(hf_config.get("model_type", ""))  # vLLM: Gemma 3's length is already the scaled one
+    if rope.get("rope_type", rope.get("type")) == "linear" and rope.get("factor") and not gemma3:
         limit = int(limit * float(rope["factor"]))  # vLLM's rule: linear scaling stretches the positions trained on
     return limit
 
@@ -476,6 +477,7 @@ BASE_ARCHITECTURES = {
     "mistral": "MistralModel",
     "qwen2": "Qwen2Model",
     "qwen3": "Qwen3Model",
+    "gemma3_text": "Gemma3TextModel",
 }
 """A config.json without `architectures` (older hub repos): its model_type's bare model, as transformers' auto
 mapping (and so vLLM) reads it."""

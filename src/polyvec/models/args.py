@@ -107,6 +107,12 @@ class DecoderArgs:
     """The length trained on where a scaled rope's parameters give none; YaRN's factor over it, where none."""
     original_max_position_embeddings: int | None = None
     """Outside the rope parameters (Phi-3 writes it there): it overrides theirs, as in transformers."""
+    query_pre_attn_scalar: float | None = None
+    """Gemma 3: queries scaled by its inverse square root instead of head_dim's."""
+    rope_local_base_freq: float | None = None
+    """Gemma 3 (before transformers 5): the local (sliding) layers' rope base."""
+    attn_logit_softcapping: float | None = None
+    """Gemma 2's attention logit cap (Gemma 3 has none); refused where set."""
     is_causal: bool = True
     """False: every token attends to every token of its prompt (vLLM's `is_causal` config key, gte-Qwen2's):
     whole prompts, no KV cache."""
@@ -118,6 +124,13 @@ class DecoderArgs:
         mistral = config.get("model_type") == "mistral" and config.get("is_causal", True) is not False
         window = config.get("sliding_window", 4096 if mistral else None)
         layer_types = config.get("layer_types")
+        gemma3 = str(config.get("model_type", "")).startswith("gemma3")
+        if gemma3 and layer_types is None:  # older Gemma 3 configs: every `sliding_window_pattern`-th layer global
+            pattern = int(config.get("sliding_window_pattern", 6))
+            layer_types = [
+                "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(config["num_hidden_layers"])
+            ]
         return cls(
             hidden_size=config["hidden_size"],
             num_attention_heads=config["num_attention_heads"],
@@ -127,7 +140,7 @@ class DecoderArgs:
             intermediate_size=config["intermediate_size"],
             vocab_size=config["vocab_size"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            hidden_act=config.get("hidden_act", "silu"),
+            hidden_act=config.get("hidden_act") or config.get("hidden_activation") or "silu",  # Gemma's name
             attention_bias=bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
             rope_theta=config.get("rope_theta", 10000.0),
@@ -143,7 +156,11 @@ class DecoderArgs:
             mrope_section=_mrope_section(config),
             max_position_embeddings=config.get("max_position_embeddings"),
             original_max_position_embeddings=config.get("original_max_position_embeddings"),
-            is_causal=config.get("is_causal", True) is not False,
+            query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
+            rope_local_base_freq=config.get("rope_local_base_freq"),
+            attn_logit_softcapping=config.get("attn_logit_softcapping"),
+            # EmbeddingGemma's key for it
+            is_causal=config.get("is_causal", True) is not False and not config.get("use_bidirectional_attention"),
         )
 
 

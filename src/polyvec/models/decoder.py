@@ -136,6 +136,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DecoderLayer(nn.Module):
+    windowed_both_ways = False  # whether the layer attends both ways within a window (Gemma 3's)
+
     def __init__(self, args: DecoderArgs, index: int, qkv_bias: bool, qk_norm: bool):
         super().__init__()
         hidden, eps, head_dim = args.hidden_size, args.rms_norm_eps, args.head_dim
@@ -157,7 +159,7 @@ class DecoderLayer(nn.Module):
         self.act = get_act_fn(args.hidden_act)
         self.sliding_window = _sliding_window(args, index)
         self.bidirectional = not args.is_causal
-        if self.bidirectional and self.sliding_window is not None:
+        if self.bidirectional and self.sliding_window is not None and not self.windowed_both_ways:
             raise ValueError("is_causal: false with a sliding window is not supported")
 
     def replace_projections(self, pack: ProjectionPacker) -> None:

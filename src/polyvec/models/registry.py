@@ -41,6 +41,7 @@ from .decoder import (
     Qwen2Model,
     Qwen3Model,
 )
+from .gemma3 import Gemma3TextModel
 from .modernbert import (
     MODERNBERT_HEAD_RULES,
     MODERNBERT_RULES,
@@ -81,6 +82,7 @@ FAMILIES: dict[str, Family] = {
     "Mistral": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
     "Qwen2": Family(Qwen2Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
     "Qwen3": Family(Qwen3Model, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
+    "Gemma3Text": Family(Gemma3TextModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
 }
 CAUSAL_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.encoder.causal)
 HEADS = {
