@@ -471,6 +471,7 @@ BASE_ARCHITECTURES = {
     "distilbert": "DistilBertModel",
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
+    "camembert": "CamembertModel",
     "mpnet": "MPNetModel",
     "modernbert": "ModernBertModel",
     "llama": "LlamaModel",

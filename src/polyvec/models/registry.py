@@ -76,6 +76,7 @@ FAMILIES: dict[str, Family] = {
     "DistilBert": Family(BertEncoder, "distilbert.", DISTILBERT_RULES, DISTILBERT_HEAD_RULES, DistilBertSequenceHead),
     "Roberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "XLMRoberta": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
+    "Camembert": Family(RobertaEncoder, "roberta.", ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "MPNet": Family(MPNetEncoder, "mpnet.", MPNET_ENCODER_RULES, ROBERTA_HEAD_RULES, RobertaSequenceHead),
     "ModernBert": Family(ModernBertEncoder, "model.", MODERNBERT_RULES, MODERNBERT_HEAD_RULES, ModernBertClassifier),
     "Llama": Family(DecoderModel, "model.", DECODER_RULES, DECODER_HEAD_RULES, ScoreHead),
