@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from .layers.pooling_methods import SEQUENCE_METHODS, TOKEN_METHODS, PoolingTask
-from .platforms.base import KernelOptions, Platform
+from .platforms.base import FLOAT16_UNSTABLE, KernelOptions, Platform
 
 # Sequence pooling types produce one vector per request; token pooling types one per (selected) token
 # (the registry of methods: layers/pooling_methods.py).
@@ -471,5 +471,11 @@ def resolve_dtype(dtype: str | torch.dtype, platform: Platform, hf_config: dict[
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    model_type = (hf_config or {}).get("model_type")
+    if DTYPES[dtype] == torch.float16 and model_type in FLOAT16_UNSTABLE:  # vLLM's words
+        raise ValueError(
+            f"The model type {model_type!r} does not support float16. Reason: Numerical instability. "
+            "Please use bfloat16 or float32 instead."
+        )
     platform.check_dtype(DTYPES[dtype])
     return DTYPES[dtype]

@@ -50,10 +50,13 @@ def check_hidden_states(llm: LLM, model) -> None:
         assert (out.outputs.data - want).abs().max() <= 1e-4, len(p)
 
 
-def test_hidden_states_match_transformers(tmp_path, minilm_path):
+@pytest.mark.parametrize("extra", [{}, {"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 24}])
+def test_hidden_states_match_transformers(tmp_path, minilm_path, extra):
     """Local layers attend both ways within the window (transformers halves config.json's), global ones to the
-    whole prompt, each turning positions at its own rope base; queries scaled by query_pre_attn_scalar."""
-    model = save_gemma3(tmp_path, minilm_path, layer_types=LAYERS)
+    whole prompt, each turning positions at its own rope base; queries scaled by query_pre_attn_scalar. A head_dim
+    other than hidden / heads (24 against 32) was taken for 32 in choosing the packed kernel, which refused it:
+    every request failed."""
+    model = save_gemma3(tmp_path, minilm_path, layer_types=LAYERS, **extra)
     llm = LLM(str(tmp_path), dtype="float32")
     assert (llm.model_config.architecture, llm.supported_tasks) == ("Gemma3TextModel", ("embed", "token_embed"))
     check_hidden_states(llm, model)
@@ -95,7 +98,17 @@ def test_embeddinggemma_layout_matches_sentence_transformers(tmp_path, minilm_pa
     assert cosine_rows(got, st.encode(texts, convert_to_tensor=True)).min() >= 0.9999
 
 
-def test_a_causal_gemma3_is_refused_by_name(tmp_path, minilm_path):
-    save_gemma3(tmp_path, minilm_path, use_bidirectional_attention=False)
+def test_what_cannot_run_is_refused_at_load(tmp_path, minilm_path):
+    """A causal Gemma 3; float16 (vLLM's words: it was accepted); a layer type's rope that polyvec cannot run
+    (it loaded, then every request failed)."""
+    save_gemma3(tmp_path / "causal", minilm_path, use_bidirectional_attention=False)
     with pytest.raises(ValueError, match="needs use_bidirectional_attention: true"):
-        LLM(str(tmp_path), dtype="float32")
+        LLM(str(tmp_path / "causal"), dtype="float32")
+    save_gemma3(tmp_path / "m", minilm_path, layer_types=LAYERS)
+    with pytest.raises(ValueError, match="'gemma3_text' does not support float16. Reason: Numerical instability"):
+        LLM(str(tmp_path / "m"), dtype="float16")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["rope_parameters"]["full_attention"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="full_attention rope type 'dynamic' \\(config.json\\) is not supported"):
+        LLM(str(tmp_path / "m"), dtype="float32")

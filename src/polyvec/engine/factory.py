@@ -95,8 +95,9 @@ def create_engine(
         convert=convert,
         tokenizer=tokenizer,
     )
-    if dtype == "auto" and (chosen := resolve_dtype(dtype, platform, model_config.hf_config)) != model_config.dtype:
-        model_config = dataclasses.replace(model_config, dtype=chosen)  # a rule that reads the checkpoint's (CUDA)
+    # again with the model's type known: auto's rules that read the checkpoint (CUDA), float16 refused for Gemma 3
+    if (chosen := resolve_dtype(dtype, platform, model_config.hf_config)) != model_config.dtype:
+        model_config = dataclasses.replace(model_config, dtype=chosen)
     if mm_processor_kwargs:
         model_config = _with_processor_kwargs(model_config, mm_processor_kwargs)
     if checked.window_overlap * 2 >= model_config.max_model_len:  # as a request's own window_overlap is checked

@@ -129,9 +129,8 @@ class ModelRunner:
             sparse_head = _load_linear(model_config.bge_m3.sparse_path, self.device)
             skip_ids, drop_first = _bge_m3_ids(model_config)
         args = self.model.encoder.args
-        self.packed_attention = not self.causal and self.platform.packed_attention(
-            model_config.dtype, args.hidden_size // args.num_attention_heads
-        )
+        head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads  # decoders name it
+        self.packed_attention = not self.causal and self.platform.packed_attention(model_config.dtype, head_dim)
         self.int8 = engine_config.quantization == "int8"
         self.platform.prepare_model(self.model, model_config, engine_config.quantization)
         self.pad_to_bucket = self.platform.pads_to_bucket(self.packed_attention)

@@ -16,7 +16,16 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, varlen_attention
 from .args import DecoderArgs
-from .decoder import DecoderLayer, DecoderModel, RMSNorm, apply_rope, rope_attention_factor, rope_inv_freq
+from .decoder import (
+    ROPE_TYPES,
+    DecoderLayer,
+    DecoderModel,
+    RMSNorm,
+    apply_rope,
+    rope_attention_factor,
+    rope_inv_freq,
+    rope_parameters,
+)
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -83,6 +92,10 @@ class Gemma3TextModel(DecoderModel):
         self.norm = GemmaRMSNorm(args.hidden_size, args.rms_norm_eps)
         local, full = _rope_args(args)
         self._rope = {"sliding_attention": local, "full_attention": full}
+        for kind, rope in self._rope.items():  # at load, not in every request's forward pass (all 500s)
+            if (rope_type := rope_parameters(rope)["rope_type"]) not in ROPE_TYPES:
+                raise ValueError(f"{kind} rope type {rope_type!r} (config.json) is not supported; supported: "
+                                 f"{', '.join(ROPE_TYPES)}")  # fmt: skip
         self._tables: dict[str, tuple[torch.Tensor, float]] = {}
 
     def _cos_sin(self, kind: str, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

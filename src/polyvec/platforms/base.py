@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+# vLLM's _FLOAT16_NOT_SUPPORTED_MODELS: numerically unstable in float16 (never its default; refused when asked for).
+FLOAT16_UNSTABLE = ("gemma2", "gemma3", "gemma3_text", "glm4")
+
 if TYPE_CHECKING:
     from ..config import ModelConfig
     from ..models.registry import PoolingModel

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Platform
-
-# vLLM's _FLOAT16_NOT_SUPPORTED_MODELS: numerically unstable in float16.
-FLOAT16_UNSTABLE = ("gemma2", "gemma3", "gemma3_text", "glm4")
+from .base import FLOAT16_UNSTABLE, Platform
 
 
 class CudaPlatform(Platform):
