@@ -128,6 +128,14 @@ def _yarn(args: DecoderArgs, p: dict[str, Any], inv_freq: torch.Tensor, dim: int
     return (inv_freq / _yarn_factor(args, p) * ramp + inv_freq * (1 - ramp)).float()
 
 
+def cos_sin(freqs: torch.Tensor, factor: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, d] of the angles `freqs` [T, d/2] (both halves), times the rope's attention factor."""
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
+    if factor != 1.0:
+        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate halves (the GPT-NeoX / transformers layout) of x [T, H, d] by cos/sin [T, 1, d]."""
     half = x.shape[-1] // 2
@@ -255,10 +263,7 @@ class DecoderModel(nn.Module):
             freqs = positions.float()[rows].t() * self._inv_freq.unsqueeze(0)  # [T, d/2]: row rows[j] for freq j
         else:
             freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)  # [T, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
-        if self._attention_factor != 1.0:
-            return (emb.cos() * self._attention_factor).to(dtype), (emb.sin() * self._attention_factor).to(dtype)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return cos_sin(freqs, self._attention_factor, dtype)
 
     def forward(
         self,

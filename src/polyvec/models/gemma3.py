@@ -22,6 +22,7 @@ from .decoder import (
     DecoderModel,
     RMSNorm,
     apply_rope,
+    cos_sin,
     rope_attention_factor,
     rope_inv_freq,
     rope_parameters,
@@ -103,9 +104,7 @@ class Gemma3TextModel(DecoderModel):
             args = self._rope[kind]
             self._tables[kind] = (rope_inv_freq(args, self.head_dim).to(positions.device), rope_attention_factor(args))
         inv_freq, factor = self._tables[kind]
-        freqs = positions.float().unsqueeze(1) * inv_freq.unsqueeze(0)  # [T, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, d]
-        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+        return cos_sin(positions.float().unsqueeze(1) * inv_freq.unsqueeze(0), factor, dtype)  # [T, d/2] angles
 
     def forward(
         self,
