@@ -17,10 +17,11 @@ import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,13 +279,44 @@ def _too_many_items(body: bytes, limit: int, most_ids: int = 0) -> tuple[str, in
     """(field, count, whether of token ids) of a top-level list of prompts longer than `limit`, or one whose token
     ids (a flat list of ints is one prompt of them) number more than `most_ids` (0: no limit). None for anything
     else, invalid JSON included (FastAPI says what is wrong with it)."""
+    # The parse holds the GIL throughout (the event loop waits on it), and the collector, run every few hundred of
+    # its small lists, made it several times longer: paused, its objects freed before collection resumes.
+    with _collector_paused():
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            try:  # what orjson refuses and FastAPI's json.loads reads (a BOM, NaN, 1e400, a lone surrogate's escape)
+                value = json.loads(body)
+            except Exception:  # invalid JSON, nesting too deep: FastAPI says so
+                return None
+        try:
+            return _count_items(value, limit, most_ids)
+        finally:
+            del value
+
+
+_paused_lock = threading.Lock()
+_paused = {"depth": 0, "was_enabled": False}
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """gc disabled while any caller is inside (tokenizer threads may overlap); restored by the last one out."""
+    with _paused_lock:
+        if _paused["depth"] == 0:
+            _paused["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _paused["depth"] += 1
     try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        try:  # what orjson refuses and FastAPI's json.loads reads (a BOM, NaN, 1e400, a lone surrogate's escape)
-            value = json.loads(body)
-        except Exception:  # invalid JSON, nesting too deep: FastAPI says so
-            return None
+        yield
+    finally:
+        with _paused_lock:
+            _paused["depth"] -= 1
+            if _paused["depth"] == 0 and _paused["was_enabled"]:
+                gc.enable()
+
+
+def _count_items(value: Any, limit: int, most_ids: int) -> tuple[str, int, bool] | None:
     if not isinstance(value, dict):
         return None
     for name in _ITEM_FIELDS:
