@@ -486,7 +486,7 @@ def test_yarn_rope_matches_transformers(tmp_path, minilm_path, rope):
 )  # fmt: skip
 def test_rope_lengths_as_transformers_standardizes_them(tmp_path, minilm_path, rope, top):
     """A config.json of transformers 4 (rope_scaling, no rope_parameters): a top-level original_max_position_embeddings
-    overrides the rope's (cosine 0.86 to transformers before), and none at all is max_position_embeddings (Llama-3
+    overrides the rope's (other vectors than transformers' before), and none at all is max_position_embeddings (Llama-3
     rope loaded, then every request failed with a KeyError)."""
     import transformers
 

@@ -1444,7 +1444,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
     if args.uvicorn_log_level:  # vLLM's name; uvicorn's "trace" is below logging's levels
-        args.log_level = {"trace": "debug"}.get(args.uvicorn_log_level.lower(), args.uvicorn_log_level)
+        args.log_level = _log_level(args.uvicorn_log_level)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tei_device(args)
     infinity_options(args)
@@ -2043,7 +2043,7 @@ def _index_location_args(p: argparse.ArgumentParser) -> None:
 
 def tei_argv(argv: list[str]) -> list[str]:
     """TEI's `--model-id M` (the model) and `-p PORT` in a `serve` command line, as polyvec reads them."""
-    if argv[:1] in (["v2"], ["v1"]):  # `infinity_emb v2 --model-id M ...`
+    if argv[:1] == ["v2"]:  # `infinity_emb v2 --model-id M ...`
         argv = ["serve", *argv[1:]]
     if argv[:1] != ["serve"]:
         return argv

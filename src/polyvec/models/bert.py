@@ -7,6 +7,7 @@ them. Parameter names follow the paper's roles; `RULES` maps the transformers ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -176,13 +177,15 @@ DISTILBERT_RULES: list[Rule] = EMBEDDING_RULES + [
 class BertSequenceHead(nn.Module):
     """BertForSequenceClassification: tanh(pooler(h_CLS)) → classifier."""
 
+    activation: Callable[[torch.Tensor], torch.Tensor] = staticmethod(torch.tanh)
+
     def __init__(self, hidden: int, num_labels: int):
         super().__init__()
         self.pooler_dense = nn.Linear(hidden, hidden)
         self.classifier = nn.Linear(hidden, num_labels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.tanh(self.pooler_dense(x)))  # [N, H] → [N, labels]
+        return self.classifier(self.activation(self.pooler_dense(x)))  # [N, H] → [N, labels]
 
 
 class RobertaSequenceHead(nn.Module):
@@ -197,16 +200,11 @@ class RobertaSequenceHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(x)))  # [N, H] → [N, labels]
 
 
-class DistilBertSequenceHead(nn.Module):
-    """DistilBertForSequenceClassification: classifier(relu(pre_classifier(h_CLS)))."""
+class DistilBertSequenceHead(BertSequenceHead):
+    """DistilBertForSequenceClassification: classifier(relu(pre_classifier(h_CLS))), pre_classifier in BERT's
+    pooler's place."""
 
-    def __init__(self, hidden: int, num_labels: int):
-        super().__init__()
-        self.pre_classifier = nn.Linear(hidden, hidden)
-        self.classifier = nn.Linear(hidden, num_labels)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.relu(self.pre_classifier(x)))  # [N, H] → [N, labels]
+    activation = staticmethod(torch.relu)
 
 
 class MaskedLMHead(nn.Module):
@@ -252,7 +250,7 @@ ROBERTA_HEAD_RULES: dict[str, list[Rule]] = {
 
 DISTILBERT_HEAD_RULES: dict[str, list[Rule]] = {
     "ForSequenceClassification": [
-        (r"^pre_classifier\.", "sequence_head.pre_classifier.", None),
+        (r"^pre_classifier\.", "sequence_head.pooler_dense.", None),
         (r"^classifier\.", "sequence_head.classifier.", None),
     ],
     "ForTokenClassification": [(r"^classifier\.", "token_head.", None)],

@@ -141,8 +141,8 @@ def _post_while_probing(server, path: str, **request) -> tuple[httpx.Response, l
     """POST `request` to `path` from a thread while this one times GET /health, until the POST is answered:
     (its response, the probes' latencies)."""
     result: dict[str, httpx.Response] = {}
-    # Both clients made before measuring: a client's TLS context (~26 ms of this process's GIL, its CA bundle
-    # loaded) is not the server's latency; nor is this process's collector (a full suite's heap).
+    # Both clients made before measuring: a client's TLS context (this process's GIL while its CA bundle loads)
+    # is not the server's latency; nor is this process's collector (a full suite's heap).
     poster = httpx.Client(base_url=server.url, timeout=120)
     worker = threading.Thread(target=lambda: result.update(r=poster.post(path, **request)))
     latencies = []
